@@ -1,0 +1,124 @@
+use serde::{Deserialize, Serialize};
+
+use crate::isolation::Isolation;
+
+/// What a sandbox actually enforces, read back from what was applied, never
+/// from what was requested.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capabilities {
+    /// The backend's name (`host`, `linux`, ...).
+    pub backend: String,
+    /// The strength of the boundary.
+    pub isolation: Isolation,
+    /// What the code inside can reach on the network.
+    pub network: NetworkAccess,
+    /// How the file fence resolves paths.
+    pub fence: FenceResolver,
+    /// Each limit in force and the mechanism that enforces it.
+    pub limits: Vec<LimitReport>,
+    /// Whether the environment is built from a minimal base plus an allowlist
+    /// (host secrets stripped).
+    pub env_sanitised: bool,
+    /// Whether only file descriptors 0, 1 and 2 reach the command.
+    pub fds_closed: bool,
+    /// The Landlock ABI in force, if Landlock is applied.
+    pub landlock_abi: Option<u32>,
+    /// Whether a seccomp filter is applied to every command.
+    pub seccomp: bool,
+    /// The optional capabilities this sandbox offers.
+    pub optional: Optional,
+}
+
+/// Network reach of the code inside a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkAccess {
+    /// Loopback only, in a namespace of its own.
+    None,
+    /// Only through the egress proxy's allowlist.
+    Allowlist,
+    /// Whatever the host can reach.
+    Host,
+}
+
+/// How the file fence resolves a path against the root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FenceResolver {
+    /// The kernel resolves with `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`.
+    Openat2,
+    /// Component by component with `O_NOFOLLOW`, symlinks followed by hand
+    /// within the root (for kernels without openat2).
+    ComponentWalk,
+}
+
+/// A kind of resource limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimitKind {
+    /// Wall-clock deadline of one command.
+    Timeout,
+    /// Bytes kept of each output stream.
+    OutputBytes,
+    /// Bytes loaded by a whole-file read.
+    ReadBytes,
+    /// Entries returned by one directory listing.
+    DirEntries,
+    /// Memory.
+    Memory,
+    /// Number of processes.
+    Pids,
+    /// CPU share.
+    Cpus,
+    /// Largest file a command may write.
+    FileSize,
+    /// Open file descriptors per process.
+    OpenFiles,
+}
+
+/// The mechanism that enforces a limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimitMechanism {
+    /// The supervisor inside the boundary (hako-guest).
+    Supervisor,
+    /// hako itself, outside the boundary.
+    Hako,
+    /// cgroup v2.
+    CgroupV2,
+    /// cgroup v1.
+    CgroupV1,
+    /// `setrlimit`.
+    Rlimit,
+}
+
+/// One limit in force.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitReport {
+    /// Which limit.
+    pub kind: LimitKind,
+    /// Its value (milliseconds for time, bytes for sizes, a count otherwise);
+    /// `None` where it applies per command and the command sets it.
+    pub value: Option<u64>,
+    /// What enforces it.
+    pub mechanism: LimitMechanism,
+}
+
+/// The optional capabilities a sandbox offers, as reported in
+/// [`Capabilities`]. Discover them in code through the accessors on
+/// [`Sandbox`](crate::Sandbox).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Optional {
+    /// `read_file_limit`.
+    pub read_limit: bool,
+    /// `append_file`.
+    pub append: bool,
+    /// `make_dir_all`.
+    pub make_dir_all: bool,
+    /// `workdir`.
+    pub workdir: bool,
+    /// `stat`.
+    pub stat: bool,
+    /// Streamed exec output.
+    pub exec_stream: bool,
+}

@@ -1,0 +1,32 @@
+//! The hako sandbox interface.
+//!
+//! Every effect an agent causes (running a command, reading or writing a
+//! file) goes through one [`Sandbox`]. How strongly a sandbox separates that
+//! effect from the host is a typed, ordered property ([`Isolation`]) that
+//! policy can compare, and [`Capabilities`] report only what a backend
+//! actually enforces.
+//!
+//! This crate is pure data and traits: it makes no OS calls and contains no
+//! `unsafe`. Backends live in their own crates and depend on this one.
+
+mod capabilities;
+mod command;
+pub mod env;
+mod error;
+mod fs;
+mod isolation;
+pub mod path;
+mod sandbox;
+pub mod units;
+
+pub use capabilities::{
+    Capabilities, FenceResolver, LimitKind, LimitMechanism, LimitReport, NetworkAccess, Optional,
+};
+pub use command::{Command, ExitStatus, Output, Program, DEFAULT_MAX_OUTPUT};
+pub use error::{Error, FenceError, Result};
+pub use fs::{DirEntry, DirListing, FileKind, Metadata, ReadOutcome};
+pub use isolation::{Isolation, ParseIsolationError};
+pub use sandbox::{
+    require_isolation, AppendFile, ExecStream, MakeDirAll, ReadLimit, Sandbox, StatPath, Stream,
+    Workdir,
+};

@@ -1,0 +1,68 @@
+//! Every system call and every `unsafe` block of hako, behind small safe
+//! functions.
+//!
+//! The rest of the workspace denies `unsafe`. Safe wrappers from `rustix`
+//! are re-exported so that callers reach the kernel through this crate only;
+//! the few calls `rustix` lacks (`close_range`, `signalfd`, the hook that runs
+//! between `fork` and `exec`) are written here, each `unsafe` block with the
+//! reason it is sound.
+#![allow(unsafe_code)]
+
+pub use rustix;
+
+pub mod proc;
+pub mod spawn;
+pub mod signal;
+
+use std::io;
+
+/// Converts a libc return value into an `io::Result`, reading `errno` on -1.
+fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Marks this process a child subreaper: orphaned descendants (a child that
+/// double-forked, or called `setsid` and was left behind) are re-parented to
+/// it instead of to init, so it can find, kill and reap them.
+pub fn set_child_subreaper() -> io::Result<()> {
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid())).map_err(Into::into)
+}
+
+/// Whether the kernel has `openat2` (Linux 5.6 and later).
+pub fn has_openat2() -> bool {
+    use rustix::fs::{Mode, OFlags, ResolveFlags, CWD};
+    !matches!(
+        rustix::fs::openat2(
+            CWD,
+            "/",
+            OFlags::PATH | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::empty()
+        ),
+        Err(rustix::io::Errno::NOSYS)
+    )
+}
+
+fn max_rss(who: libc::c_int) -> u64 {
+    // SAFETY: `rusage` is plain data; zeroed is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid, writable rusage for getrusage to fill.
+    if unsafe { libc::getrusage(who, &mut usage) } != 0 {
+        return 0;
+    }
+    u64::try_from(usage.ru_maxrss).unwrap_or(0) * 1024
+}
+
+/// Peak resident set size of this process, in bytes.
+pub fn peak_rss_bytes() -> u64 {
+    max_rss(libc::RUSAGE_SELF)
+}
+
+/// Peak resident set size of the largest waited-for child, in bytes.
+pub fn children_peak_rss_bytes() -> u64 {
+    max_rss(libc::RUSAGE_CHILDREN)
+}

@@ -1,0 +1,116 @@
+//! What runs in a child between `fork` and `exec`.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+
+/// Marks every descriptor from `first` up close-on-exec, in the calling
+/// process.
+///
+/// Used between fork and exec so that nothing but stdio (and what the caller
+/// placed below `first`) reaches the new program, including descriptors this
+/// process inherited without close-on-exec. Marking rather than closing keeps
+/// the pipe through which `std` reports a failed exec working.
+pub fn cloexec_fds_from(first: RawFd) -> io::Result<()> {
+    // SAFETY: close_range takes plain integers; with CLOSE_RANGE_CLOEXEC it
+    // only sets a flag and closes nothing.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if ret == 0 {
+        return Ok(());
+    }
+    // Kernels before 5.11 lack the flag: mark one by one up to the soft
+    // limit. Only async-signal-safe calls are used.
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid, writable rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let top = RawFd::try_from(limit.rlim_cur.min(1 << 20)).unwrap_or(1 << 20);
+    for fd in first..top {
+        // SAFETY: fcntl on an integer; EBADF for unused numbers is expected
+        // and ignored.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+    Ok(())
+}
+
+/// How a child is prepared between fork and exec.
+#[derive(Debug, Default)]
+pub struct ChildSetup {
+    /// Start a new session (and with it a new process group), so the child
+    /// has no controlling terminal and its group can be signalled as one.
+    pub new_session: bool,
+    /// Change into this directory by descriptor (no path is resolved again,
+    /// so nothing can be swapped in between the check and the chdir).
+    pub cwd: Option<OwnedFd>,
+    /// Place this descriptor at fd 3 in the child.
+    pub fd3: Option<OwnedFd>,
+    /// Ask the kernel to send SIGKILL to the child when the thread that
+    /// spawned it exits.
+    pub parent_death_kill: bool,
+}
+
+/// Installs `setup` as the `pre_exec` hook of `command`; in the child, every
+/// descriptor above stdio (above fd 3 when `fd3` is given) is closed at exec.
+///
+/// The descriptors in `setup` are owned by the hook, which lives as long as
+/// `command`: drop the command after spawning it to close the parent's copies.
+pub fn prepare(command: &mut Command, setup: ChildSetup) {
+    let ChildSetup {
+        new_session,
+        cwd,
+        fd3,
+        parent_death_kill,
+    } = setup;
+    let cwd_raw = cwd.as_ref().map(AsRawFd::as_raw_fd);
+    let fd3_raw = fd3.as_ref().map(AsRawFd::as_raw_fd);
+    let hook = move || -> io::Result<()> {
+        // Keep the owned descriptors alive until the hook is dropped.
+        let _owned = (&cwd, &fd3);
+        // Everything here runs in the forked child of a possibly
+        // multi-threaded parent: only async-signal-safe calls, no allocation.
+        // SAFETY: plain system calls on integers.
+        unsafe {
+            if parent_death_kill && libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if new_session && libc::setsid() == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            if let Some(fd) = cwd_raw {
+                if libc::fchdir(fd) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if let Some(fd) = fd3_raw {
+                if fd == 3 {
+                    // dup2 onto itself keeps close-on-exec set: clear it.
+                    if libc::fcntl(3, libc::F_SETFD, 0) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                } else if libc::dup2(fd, 3) != 3 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+        }
+        cloexec_fds_from(if fd3_raw.is_some() { 4 } else { 3 })
+    };
+    // SAFETY: the hook only makes async-signal-safe system calls and does
+    // not allocate, as required between fork and exec.
+    unsafe {
+        command.pre_exec(hook);
+    }
+}
