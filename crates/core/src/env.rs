@@ -7,8 +7,22 @@
 /// Host variables every sandbox starts with, when the host has them and they
 /// do not look like secrets.
 pub const BASE_NAMES: &[&str] = &[
-    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE",
-    "LC_MESSAGES", "LC_NUMERIC", "LC_TIME", "LC_COLLATE", "TERM", "TZ", "TMPDIR",
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LANGUAGE",
+    "LC_ALL",
+    "LC_CTYPE",
+    "LC_MESSAGES",
+    "LC_NUMERIC",
+    "LC_TIME",
+    "LC_COLLATE",
+    "TERM",
+    "TZ",
+    "TMPDIR",
 ];
 
 /// The `PATH` used when the host has none.

@@ -78,9 +78,11 @@ pub fn relative(path: &Path, workdir: &Path) -> Result<PathBuf, FenceError> {
                 out.push(name);
             }
             Component::ParentDir => {
-                depth = depth.checked_sub(1).ok_or_else(|| FenceError::DotDotEscape {
-                    path: path.to_path_buf(),
-                })?;
+                depth = depth
+                    .checked_sub(1)
+                    .ok_or_else(|| FenceError::DotDotEscape {
+                        path: path.to_path_buf(),
+                    })?;
                 out.push("..");
             }
             Component::CurDir => {}
@@ -149,7 +151,12 @@ mod tests {
 
     #[test]
     fn absolute_path_outside_is_refused() {
-        for p in ["/etc/passwd", "/ws/projectX/a", "/ws", "/proc/self/root/etc"] {
+        for p in [
+            "/etc/passwd",
+            "/ws/projectX/a",
+            "/ws",
+            "/proc/self/root/etc",
+        ] {
             assert!(
                 matches!(rel(p), Err(FenceError::AbsoluteOutside { .. })),
                 "{p}"
@@ -179,7 +186,10 @@ mod tests {
         let name = "n".repeat(256);
         assert!(matches!(
             rel(&name),
-            Err(FenceError::TooLong { what: "component", .. })
+            Err(FenceError::TooLong {
+                what: "component",
+                ..
+            })
         ));
         // The message stays short whatever the input.
         assert!(rel(&long).unwrap_err().to_string().len() < 400);

@@ -11,8 +11,8 @@
 pub use rustix;
 
 pub mod proc;
-pub mod spawn;
 pub mod signal;
+pub mod spawn;
 
 use std::io;
 
@@ -65,4 +65,36 @@ pub fn peak_rss_bytes() -> u64 {
 /// Peak resident set size of the largest waited-for child, in bytes.
 pub fn children_peak_rss_bytes() -> u64 {
     max_rss(libc::RUSAGE_CHILDREN)
+}
+
+/// Takes ownership of an inherited descriptor by number, after checking that
+/// it is open, and marks it close-on-exec.
+///
+/// Call it once per number, early in `main`, before anything else could own
+/// that descriptor.
+pub fn take_inherited_fd(fd: std::os::fd::RawFd) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: F_GETFD only reads the descriptor's flags; -1 means it is not
+    // open.
+    check(unsafe { libc::fcntl(fd, libc::F_GETFD) }.into())?;
+    // SAFETY: the descriptor is open, was inherited across exec, and this
+    // function is called once per number before anything else claims it, so
+    // nothing else owns it.
+    let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC)?;
+    Ok(owned)
+}
+
+/// Points stdin, stdout and stderr of this process at `/dev/null`, so that
+/// it no longer holds the pipes it handed to a child.
+pub fn stdio_to_null() -> io::Result<()> {
+    let null = rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    rustix::stdio::dup2_stdin(&null)?;
+    rustix::stdio::dup2_stdout(&null)?;
+    rustix::stdio::dup2_stderr(&null)?;
+    Ok(())
 }

@@ -1,0 +1,139 @@
+//! The framed messages between hako and the guest.
+//!
+//! A frame is a 4-byte big-endian length and that many bytes of JSON. Frames
+//! are bounded by [`MAX_FRAME`]: a larger length is refused before anything is
+//! read into memory.
+
+use std::io::{self, Read, Write};
+
+use hako_core::ExitStatus;
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+/// The protocol version the guest speaks.
+pub const VERSION: u32 = 1;
+/// The largest frame either side accepts: 16 MiB.
+pub const MAX_FRAME: u32 = 16 << 20;
+
+/// Run one command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRequest {
+    /// Must equal [`VERSION`].
+    pub version: u32,
+    /// Program and arguments; the program is looked up in `PATH` from `env`.
+    pub argv: Vec<String>,
+    /// The complete environment of the command.
+    pub env: Vec<(String, String)>,
+    /// The process deadline in milliseconds.
+    pub timeout_ms: Option<u64>,
+}
+
+/// Why the command could not be started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpawnFailure {
+    /// The program does not exist.
+    NotFound,
+    /// The program exists and cannot be executed.
+    CannotExecute,
+    /// Anything else.
+    Other,
+}
+
+/// The guest's one reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunReply {
+    /// The command ran; every process it started is gone.
+    Finished {
+        /// How the command's first process ended.
+        status: ExitStatus,
+        /// Whether the deadline killed it.
+        timed_out: bool,
+    },
+    /// The command never started.
+    SpawnFailed {
+        /// The kind of failure.
+        kind: SpawnFailure,
+        /// The OS error number, if there was one.
+        errno: Option<i32>,
+        /// A readable message.
+        message: String,
+    },
+    /// The request was refused (bad frame, wrong version, empty argv).
+    Refused {
+        /// Why.
+        message: String,
+    },
+}
+
+/// Writes one frame.
+pub fn write_frame<T: Serialize>(mut w: impl Write, msg: &T) -> io::Result<()> {
+    let body = serde_json::to_vec(msg).map_err(io::Error::other)?;
+    let len = u32::try_from(body.len())
+        .ok()
+        .filter(|&n| n <= MAX_FRAME)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "frame too large"))?;
+    let mut frame = Vec::with_capacity(body.len() + 4);
+    frame.extend_from_slice(&len.to_be_bytes());
+    frame.extend_from_slice(&body);
+    w.write_all(&frame)?;
+    w.flush()
+}
+
+/// Reads one frame, refusing a length over [`MAX_FRAME`] before reading it.
+pub fn read_frame<T: DeserializeOwned>(mut r: impl Read) -> io::Result<T> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len)?;
+    let len = u32::from_be_bytes(len);
+    if len > MAX_FRAME {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("frame of {len} bytes is over the {MAX_FRAME}-byte limit"),
+        ));
+    }
+    let mut body = Vec::new();
+    r.take(u64::from(len)).read_to_end(&mut body)?;
+    if body.len() != len as usize {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "truncated frame",
+        ));
+    }
+    serde_json::from_slice(&body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        let req = RunRequest {
+            version: VERSION,
+            argv: vec!["echo".into(), "hi".into()],
+            env: vec![("PATH".into(), "/bin".into())],
+            timeout_ms: Some(5),
+        };
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &req).unwrap();
+        assert_eq!(read_frame::<RunRequest>(&buf[..]).unwrap(), req);
+    }
+
+    #[test]
+    fn oversized_frame_is_refused_without_reading_it() {
+        let mut buf = (MAX_FRAME + 1).to_be_bytes().to_vec();
+        buf.extend_from_slice(b"{}");
+        let err = read_frame::<RunRequest>(&buf[..]).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn truncated_and_malformed_frames_are_errors() {
+        let mut buf = 100u32.to_be_bytes().to_vec();
+        buf.extend_from_slice(b"{\"version\"");
+        assert!(read_frame::<RunRequest>(&buf[..]).is_err());
+        let mut buf = 3u32.to_be_bytes().to_vec();
+        buf.extend_from_slice(b"{x}");
+        assert!(read_frame::<RunRequest>(&buf[..]).is_err());
+    }
+}

@@ -1,0 +1,202 @@
+//! Running one command and cleaning up after it.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use hako_core::ExitStatus;
+use hako_sys::rustix::event::{poll, PollFd, PollFlags, Timespec};
+use hako_sys::rustix::io::Errno;
+use hako_sys::rustix::process::{self as rproc, Pid, Signal, WaitOptions};
+use hako_sys::signal::ChildSignals;
+use hako_sys::spawn::{prepare, ChildSetup};
+
+use crate::proto::{self, RunReply, RunRequest, SpawnFailure};
+
+/// Serves one request on the control socket `ctl` and returns the guest's
+/// own exit code (0 when a reply was sent).
+pub fn serve(ctl: OwnedFd) -> u8 {
+    let mut ctl = UnixStream::from(ctl);
+    let request: RunRequest = match proto::read_frame(&mut ctl) {
+        Ok(req) => req,
+        Err(err) => {
+            let _ = proto::write_frame(
+                &mut ctl,
+                &RunReply::Refused {
+                    message: format!("bad request frame: {err}"),
+                },
+            );
+            return 2;
+        }
+    };
+    let reply = run(&request, &ctl);
+    match proto::write_frame(&mut ctl, &reply) {
+        Ok(()) => 0,
+        Err(_) => 3,
+    }
+}
+
+fn refuse(message: impl Into<String>) -> RunReply {
+    RunReply::Refused {
+        message: message.into(),
+    }
+}
+
+fn run(request: &RunRequest, ctl: &UnixStream) -> RunReply {
+    if request.version != proto::VERSION {
+        return refuse(format!(
+            "protocol version {} is not supported; this guest speaks {}",
+            request.version,
+            proto::VERSION
+        ));
+    }
+    let Some((program, args)) = request.argv.split_first() else {
+        return refuse("empty argv");
+    };
+    if let Err(err) = hako_sys::set_child_subreaper() {
+        return refuse(format!("cannot become child subreaper: {err}"));
+    }
+    // Block SIGCHLD before the first fork so no exit is missed.
+    let signals = match ChildSignals::new() {
+        Ok(s) => s,
+        Err(err) => return refuse(format!("cannot open signalfd: {err}")),
+    };
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .env_clear()
+        .envs(request.env.iter().cloned());
+    prepare(
+        &mut command,
+        ChildSetup {
+            new_session: true,
+            ..ChildSetup::default()
+        },
+    );
+    let start = Instant::now();
+    let child = match command.spawn() {
+        Ok(child) => child,
+        Err(err) => {
+            let kind = match err.kind() {
+                io::ErrorKind::NotFound => SpawnFailure::NotFound,
+                io::ErrorKind::PermissionDenied => SpawnFailure::CannotExecute,
+                _ if err.raw_os_error() == Some(libc_enoexec()) => SpawnFailure::CannotExecute,
+                _ => SpawnFailure::Other,
+            };
+            return RunReply::SpawnFailed {
+                kind,
+                errno: err.raw_os_error(),
+                message: err.to_string(),
+            };
+        }
+    };
+    drop(command);
+    // The command holds the stdio pipes now; hako sees end of file only when
+    // every process of the command has closed them, so let go of ours.
+    let _ = hako_sys::stdio_to_null();
+    let main = Pid::from_raw(child.id() as i32);
+    // From here the child is reaped with wait(), not through `child`.
+    std::mem::forget(child);
+    let deadline = request
+        .timeout_ms
+        .map(|ms| start + Duration::from_millis(ms));
+    let mut status: Option<ExitStatus> = None;
+    let mut timed_out = false;
+    loop {
+        reap(main, &mut status);
+        if status.is_some() {
+            break;
+        }
+        let timeout = match deadline {
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    timed_out = true;
+                    break;
+                }
+                Some(Timespec::try_from(left).unwrap_or(Timespec {
+                    tv_sec: 1,
+                    tv_nsec: 0,
+                }))
+            }
+            None => None,
+        };
+        let mut fds = [
+            PollFd::new(&signals, PollFlags::IN),
+            PollFd::new(ctl, PollFlags::IN),
+        ];
+        match poll(&mut fds, timeout.as_ref()) {
+            Ok(_) | Err(Errno::INTR) => {}
+            Err(err) => return refuse(format!("poll failed: {err}")),
+        }
+        let ctl_event = fds[1].revents();
+        signals.drain();
+        if !ctl_event.is_empty() {
+            // hako closed the socket or asked to cancel: kill everything.
+            kill_tree(main, &mut status);
+            return RunReply::Finished {
+                status: status.unwrap_or(ExitStatus::Signal(9)),
+                timed_out: false,
+            };
+        }
+    }
+    kill_tree(main, &mut status);
+    RunReply::Finished {
+        status: status.unwrap_or(ExitStatus::Signal(9)),
+        timed_out,
+    }
+}
+
+fn libc_enoexec() -> i32 {
+    Errno::NOEXEC.raw_os_error()
+}
+
+fn convert(status: rproc::WaitStatus) -> Option<ExitStatus> {
+    if let Some(code) = status.exit_status() {
+        Some(ExitStatus::Code(code))
+    } else {
+        status.terminating_signal().map(ExitStatus::Signal)
+    }
+}
+
+/// Reaps every child that has exited, without blocking; records the main
+/// command's status when it is among them.
+fn reap(main: Option<Pid>, status: &mut Option<ExitStatus>) {
+    while let Ok(Some((pid, st))) = rproc::wait(WaitOptions::NOHANG) {
+        if Some(pid) == main && status.is_none() {
+            *status = convert(st);
+        }
+    }
+}
+
+/// Kills every descendant and reaps them all.
+///
+/// Orphans are re-parented to the guest (it is their subreaper), so every
+/// process the command started is, at some point, a child of the guest.
+/// Each round kills all current children; their children become the
+/// guest's and are killed in the next round. When `wait` says there are no
+/// children left, the tree is empty.
+fn kill_tree(main: Option<Pid>, status: &mut Option<ExitStatus>) {
+    if let Some(main) = main {
+        let _ = rproc::kill_process_group(main, Signal::KILL);
+    }
+    let me = rproc::getpid();
+    loop {
+        if let Ok(children) = hako_sys::proc::children_of(me) {
+            for pid in children {
+                let _ = rproc::kill_process(pid, Signal::KILL);
+            }
+        }
+        match rproc::wait(WaitOptions::empty()) {
+            Ok(Some((pid, st))) => {
+                if Some(pid) == main && status.is_none() {
+                    *status = convert(st);
+                }
+            }
+            Ok(None) | Err(Errno::INTR) => {}
+            Err(_) => break,
+        }
+    }
+}
