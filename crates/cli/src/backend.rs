@@ -1,0 +1,127 @@
+//! The closed set of backends and how each is opened.
+
+use std::path::PathBuf;
+
+use clap::ValueEnum;
+use hako_core::env::EnvPolicy;
+use hako_core::{Error, Isolation, Sandbox};
+
+/// A backend name on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// The strongest backend that works on this host.
+    Auto,
+    /// Host processes and the file fence; trusted code only.
+    Host,
+}
+
+/// The backends hako knows, whether or not this build or host can run them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// Host processes.
+    Host,
+    /// Linux namespaces, Landlock, seccomp.
+    Linux,
+    /// A Docker or Podman container.
+    Docker,
+    /// gVisor's runsc.
+    Gvisor,
+    /// A KVM microVM.
+    Vm,
+}
+
+impl BackendKind {
+    /// Every backend, strongest first.
+    pub const ALL: [BackendKind; 5] = [
+        BackendKind::Vm,
+        BackendKind::Gvisor,
+        BackendKind::Docker,
+        BackendKind::Linux,
+        BackendKind::Host,
+    ];
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Host => "host",
+            BackendKind::Linux => "linux",
+            BackendKind::Docker => "docker",
+            BackendKind::Gvisor => "gvisor",
+            BackendKind::Vm => "vm",
+        }
+    }
+
+    /// The isolation the backend provides when it works.
+    pub fn isolation(self) -> Isolation {
+        match self {
+            BackendKind::Host => Isolation::None,
+            BackendKind::Linux | BackendKind::Docker => Isolation::Process,
+            BackendKind::Gvisor => Isolation::Kernel,
+            BackendKind::Vm => Isolation::Vm,
+        }
+    }
+}
+
+/// Why a backend cannot be used here, and what to do about it.
+#[derive(Debug, Clone)]
+pub struct Unavailable {
+    pub reason: String,
+    pub hint: String,
+}
+
+/// Whether a backend can be opened on this host, without opening one.
+pub fn probe(kind: BackendKind) -> Result<(), Unavailable> {
+    match kind {
+        BackendKind::Host => hako_host::locate_guest().map(|_| ()).map_err(|e| Unavailable {
+            reason: e.to_string(),
+            hint: "install hako-guest beside hako or set HAKO_GUEST".into(),
+        }),
+        other => Err(Unavailable {
+            reason: format!("the {} backend is not part of this build yet", other.name()),
+            hint: "use --backend host for trusted code; stronger backends are on the roadmap (see README)".into(),
+        }),
+    }
+}
+
+/// Settings shared by every backend.
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    pub workspace: PathBuf,
+    pub env: EnvPolicy,
+    pub max_output: usize,
+}
+
+/// Resolves `auto` to the strongest backend that works here.
+pub fn resolve(arg: BackendArg) -> Result<BackendKind, Error> {
+    match arg {
+        BackendArg::Host => Ok(BackendKind::Host),
+        BackendArg::Auto => BackendKind::ALL
+            .into_iter()
+            .find(|&kind| probe(kind).is_ok())
+            .ok_or_else(|| Error::Backend {
+                backend: "auto".into(),
+                op: "pick a backend",
+                message: "no backend works on this host; run `hako doctor` for reasons".into(),
+            }),
+    }
+}
+
+/// Opens a sandbox of `kind`.
+pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, Error> {
+    match kind {
+        BackendKind::Host => {
+            let mut config = hako_host::HostConfig::new(&spec.workspace);
+            config.env = spec.env.clone();
+            config.max_output = spec.max_output;
+            Ok(Box::new(hako_host::HostSandbox::new(config)?))
+        }
+        other => Err(Error::Backend {
+            backend: other.name().into(),
+            op: "open",
+            message: probe(other)
+                .err()
+                .map(|u| format!("{}; hint: {}", u.reason, u.hint))
+                .unwrap_or_default(),
+        }),
+    }
+}

@@ -1,0 +1,329 @@
+//! `hako bench`: each backend against the reference tool, in the same run.
+//!
+//! Every figure is a median over many runs, and every hako figure is reported
+//! with the reference measured just before it, as a ratio (hako / reference):
+//! the ratio is what carries from one machine to another.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use hako_core::{Command, Sandbox};
+use serde::Serialize;
+
+use crate::backend::{self, BackendArg, BackendKind, SandboxSpec};
+
+/// Flags of `hako bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Backend to measure (repeatable) [default: host].
+    #[arg(long, value_enum)]
+    backend: Vec<BackendArg>,
+    /// Runs per measurement.
+    #[arg(long, default_value_t = 50)]
+    iterations: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Stats {
+    median_us: f64,
+    p90_us: f64,
+}
+
+fn measure(n: usize, mut f: impl FnMut() -> Result<(), String>) -> Result<Stats, String> {
+    let n = n.max(1);
+    // One untimed run warms caches and page tables.
+    f()?;
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let start = Instant::now();
+        f()?;
+        samples.push(start.elapsed());
+    }
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    Ok(Stats {
+        median_us: us(at(0.5)),
+        p90_us: us(at(0.9)),
+    })
+}
+
+#[derive(Debug, Serialize)]
+struct Comparison {
+    name: String,
+    backend: Option<&'static str>,
+    hako: Stats,
+    reference: String,
+    reference_stats: Stats,
+    /// hako median / reference median: lower is better, 1.0 is parity.
+    ratio: f64,
+}
+
+fn compare(
+    name: String,
+    backend: Option<&'static str>,
+    hako: Stats,
+    reference: &str,
+    reference_stats: Stats,
+) -> Comparison {
+    Comparison {
+        name,
+        backend,
+        hako,
+        reference: reference.to_string(),
+        ratio: hako.median_us / reference_stats.median_us.max(f64::MIN_POSITIVE),
+        reference_stats,
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct Reference {
+    tool: String,
+    stats: Option<Stats>,
+    skipped: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    iterations: usize,
+    comparisons: Vec<Comparison>,
+    references: Vec<Reference>,
+    errors: Vec<String>,
+}
+
+fn status_ok(cmd: &mut std::process::Command) -> Result<(), String> {
+    let status = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|e| format!("{cmd:?}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd:?}: {status}"))
+    }
+}
+
+fn fork_exec_true(n: usize) -> Result<Stats, String> {
+    measure(n, || status_ok(&mut std::process::Command::new("true")))
+}
+
+fn find_in_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+fn references(n: usize) -> Vec<Reference> {
+    let mut out = vec![Reference {
+        tool: "fork/exec true".into(),
+        stats: fork_exec_true(n).ok(),
+        skipped: None,
+    }];
+    let bwrap = "bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc true";
+    out.push(match find_in_path("bwrap") {
+        Some(path) => {
+            let run = || {
+                status_ok(std::process::Command::new(&path).args([
+                    "--unshare-all",
+                    "--ro-bind",
+                    "/",
+                    "/",
+                    "--dev",
+                    "/dev",
+                    "--proc",
+                    "/proc",
+                    "true",
+                ]))
+            };
+            match measure(n, run) {
+                Ok(stats) => Reference {
+                    tool: bwrap.into(),
+                    stats: Some(stats),
+                    skipped: None,
+                },
+                Err(e) => Reference {
+                    tool: bwrap.into(),
+                    stats: None,
+                    skipped: Some(e),
+                },
+            }
+        }
+        None => Reference {
+            tool: bwrap.into(),
+            stats: None,
+            skipped: Some("bwrap is not installed".into()),
+        },
+    });
+    out
+}
+
+fn bench_backend(
+    kind: BackendKind,
+    n: usize,
+    workspace: &Path,
+    out: &mut Vec<Comparison>,
+) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let fork = fork_exec_true(n)?;
+    let cold = measure(n, || {
+        status_ok(
+            std::process::Command::new(&exe)
+                .args(["run", "--backend", kind.name(), "--workspace"])
+                .arg(workspace)
+                .args(["--", "true"]),
+        )
+    })?;
+    out.push(compare(
+        format!(
+            "hako run --backend {} -- true (cold, whole process)",
+            kind.name()
+        ),
+        Some(kind.name()),
+        cold,
+        "fork/exec true",
+        fork,
+    ));
+    let spec = SandboxSpec {
+        workspace: workspace.to_path_buf(),
+        env: Default::default(),
+        max_output: 1 << 20,
+    };
+    let sandbox = backend::open(kind, &spec).map_err(|e| e.to_string())?;
+    let command = Command::new(["true"]);
+    let fork = fork_exec_true(n)?;
+    let warm = measure(n, || {
+        let out = sandbox.exec(&command).map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!("true exited {:?}", out.status))
+        }
+    })?;
+    out.push(compare(
+        format!("exec true in an open {} sandbox (library)", kind.name()),
+        Some(kind.name()),
+        warm,
+        "fork/exec true",
+        fork,
+    ));
+    bench_fence(sandbox.as_ref(), kind, workspace, n, out)?;
+    sandbox.close().map_err(|e| e.to_string())
+}
+
+fn bench_fence(
+    sandbox: &dyn Sandbox,
+    kind: BackendKind,
+    workspace: &Path,
+    n: usize,
+    out: &mut Vec<Comparison>,
+) -> Result<(), String> {
+    for (label, size, reps) in [("4 KiB", 4usize << 10, n * 20), ("1 MiB", 1 << 20, n * 2)] {
+        let data = vec![0x5au8; size];
+        let name = format!("bench-{size}.bin");
+        let rel = Path::new(&name);
+        let abs = workspace.join(&name);
+        let std_write = measure(reps, || {
+            std::fs::write(&abs, &data).map_err(|e| e.to_string())
+        })?;
+        let hako_write = measure(reps, || {
+            sandbox.write_file(rel, &data).map_err(|e| e.to_string())
+        })?;
+        out.push(compare(
+            format!(
+                "{} fence write {label} (atomic: temp file + rename)",
+                kind.name()
+            ),
+            Some(kind.name()),
+            hako_write,
+            "std::fs::write",
+            std_write,
+        ));
+        let std_read = measure(reps, || {
+            std::fs::read(&abs).map(|_| ()).map_err(|e| e.to_string())
+        })?;
+        let hako_read = measure(reps, || {
+            sandbox
+                .read_file(rel)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })?;
+        out.push(compare(
+            format!("{} fence read {label}", kind.name()),
+            Some(kind.name()),
+            hako_read,
+            "std::fs::read",
+            std_read,
+        ));
+    }
+    Ok(())
+}
+
+/// Runs `hako bench`.
+pub fn run(args: BenchArgs) -> u8 {
+    let n = args.iterations;
+    let requested = if args.backend.is_empty() {
+        vec![BackendArg::Host]
+    } else {
+        args.backend.clone()
+    };
+    let workspace = std::env::temp_dir().join(format!("hako-bench-{}", std::process::id()));
+    let mut report = Report {
+        iterations: n,
+        comparisons: Vec::new(),
+        references: Vec::new(),
+        errors: Vec::new(),
+    };
+    if let Err(e) = std::fs::create_dir_all(&workspace) {
+        eprintln!("hako: cannot create {}: {e}", workspace.display());
+        return crate::exit::SANDBOX_FAILED;
+    }
+    for arg in requested {
+        let result = backend::resolve(arg)
+            .map_err(|e| e.to_string())
+            .and_then(|kind| bench_backend(kind, n, &workspace, &mut report.comparisons));
+        if let Err(e) = result {
+            report.errors.push(format!("{arg:?}: {e}"));
+        }
+    }
+    report.references = references(n);
+    let _ = std::fs::remove_dir_all(&workspace);
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+    } else {
+        println!("{n} runs each; median (p90); ratio = hako / reference, lower is better");
+        for c in &report.comparisons {
+            println!(
+                "{:<62} {:>9.1} us ({:>9.1})  vs {:<16} {:>9.1} us  ratio {:>6.2}",
+                c.name,
+                c.hako.median_us,
+                c.hako.p90_us,
+                c.reference,
+                c.reference_stats.median_us,
+                c.ratio
+            );
+        }
+        for r in &report.references {
+            match (&r.stats, &r.skipped) {
+                (Some(s), _) => println!("reference {:<52} {:>9.1} us", r.tool, s.median_us),
+                (None, Some(why)) => println!("reference {:<52} skipped: {why}", r.tool),
+                _ => {}
+            }
+        }
+        for e in &report.errors {
+            println!("error: {e}");
+        }
+    }
+    u8::from(!report.errors.is_empty())
+}

@@ -1,0 +1,302 @@
+//! `hako fs`: file operations through the fence.
+
+use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use hako_core::{DirEntry, Error, FileKind, Metadata, Sandbox};
+use serde::Serialize;
+
+use super::SandboxArgs;
+use crate::{backend, exit};
+
+/// Most bytes `write` and `append` take from standard input.
+const MAX_INPUT: u64 = hako_fence::DEFAULT_MAX_READ;
+
+/// Flags of `hako fs`.
+#[derive(Debug, Args)]
+pub struct FsArgs {
+    #[command(flatten)]
+    sandbox: SandboxArgs,
+    /// Print results as JSON.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    op: FsOp,
+}
+
+/// One file operation.
+#[derive(Debug, Subcommand)]
+enum FsOp {
+    /// Print a file's contents.
+    Read {
+        /// Path relative to the workspace.
+        path: PathBuf,
+        /// Read at most N bytes (says so on stderr when the file is longer).
+        #[arg(long, value_name = "N")]
+        max_bytes: Option<u64>,
+    },
+    /// Replace a file with standard input, atomically.
+    Write {
+        /// Path relative to the workspace.
+        path: PathBuf,
+    },
+    /// Append standard input to a file, creating it if missing.
+    Append {
+        /// Path relative to the workspace.
+        path: PathBuf,
+    },
+    /// List a directory (symlinks shown as symlinks).
+    Ls {
+        /// Path relative to the workspace.
+        #[arg(default_value = ".")]
+        path: PathBuf,
+    },
+    /// Remove a file, a symlink or an empty directory (never recursive).
+    Rm {
+        /// Path relative to the workspace.
+        path: PathBuf,
+    },
+    /// Create a directory and its missing parents.
+    Mkdir {
+        /// Path relative to the workspace.
+        path: PathBuf,
+    },
+    /// Show a path's own metadata.
+    Stat {
+        /// Path relative to the workspace.
+        path: PathBuf,
+    },
+}
+
+fn unsupported(sandbox: &dyn Sandbox, capability: &'static str) -> Error {
+    Error::Unsupported {
+        backend: sandbox.capabilities().backend.clone(),
+        capability,
+    }
+}
+
+fn read_input() -> Result<Vec<u8>, String> {
+    let mut data = Vec::new();
+    std::io::stdin()
+        .take(MAX_INPUT + 1)
+        .read_to_end(&mut data)
+        .map_err(|e| format!("cannot read standard input: {e}"))?;
+    if data.len() as u64 > MAX_INPUT {
+        return Err(format!(
+            "standard input is larger than {MAX_INPUT} bytes; nothing was written"
+        ));
+    }
+    Ok(data)
+}
+
+fn kind_char(kind: FileKind) -> char {
+    match kind {
+        FileKind::File => '-',
+        FileKind::Dir => 'd',
+        FileKind::Symlink => 'l',
+        FileKind::Fifo => 'p',
+        FileKind::Socket => 's',
+        FileKind::CharDevice => 'c',
+        FileKind::BlockDevice => 'b',
+        FileKind::Unknown => '?',
+    }
+}
+
+#[derive(Serialize)]
+struct JsonEntry {
+    name: String,
+    kind: FileKind,
+    size: u64,
+    mode: String,
+    mtime: i64,
+}
+
+impl From<&DirEntry> for JsonEntry {
+    fn from(e: &DirEntry) -> Self {
+        JsonEntry {
+            name: e.name.to_string_lossy().into_owned(),
+            kind: e.kind,
+            size: e.size,
+            mode: format!("{:04o}", e.mode),
+            mtime: e.mtime,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct JsonStat {
+    kind: FileKind,
+    size: u64,
+    mode: String,
+    mtime: i64,
+    links: u64,
+    symlink_target: Option<String>,
+}
+
+impl From<&Metadata> for JsonStat {
+    fn from(m: &Metadata) -> Self {
+        JsonStat {
+            kind: m.kind,
+            size: m.size,
+            mode: format!("{:04o}", m.mode),
+            mtime: m.mtime,
+            links: m.links,
+            symlink_target: m
+                .symlink_target
+                .as_ref()
+                .map(|t| t.to_string_lossy().into_owned()),
+        }
+    }
+}
+
+fn print_json(value: &impl Serialize) {
+    println!("{}", serde_json::to_string(value).unwrap_or_default());
+}
+
+/// Runs `hako fs`.
+pub fn run(args: FsArgs) -> u8 {
+    let opened = args
+        .sandbox
+        .spec()
+        .map_err(|e| e.to_string())
+        .and_then(|spec| {
+            let kind = backend::resolve(args.sandbox.backend).map_err(|e| e.to_string())?;
+            backend::open(kind, &spec).map_err(|e| e.to_string())
+        });
+    let sandbox = match opened {
+        Ok(sb) => sb,
+        Err(e) => {
+            eprintln!("hako: {e}");
+            return exit::SANDBOX_FAILED;
+        }
+    };
+    let result = operate(sandbox.as_ref(), &args.op, args.json);
+    let _ = sandbox.close();
+    match result {
+        Ok(()) => 0,
+        Err(message) => {
+            if args.json {
+                print_json(&serde_json::json!({ "error": message }));
+            }
+            eprintln!("hako: {message}");
+            exit::FS_FAILED
+        }
+    }
+}
+
+fn operate(sandbox: &dyn Sandbox, op: &FsOp, json: bool) -> Result<(), String> {
+    let err = |e: Error| e.to_string();
+    match op {
+        FsOp::Read { path, max_bytes } => {
+            let (data, truncated) = match max_bytes {
+                Some(max) => {
+                    let reader = sandbox
+                        .read_limit()
+                        .ok_or_else(|| unsupported(sandbox, "bounded reads"))
+                        .map_err(err)?;
+                    let outcome = reader.read_file_limit(path, *max).map_err(err)?;
+                    (outcome.data, outcome.truncated)
+                }
+                None => (sandbox.read_file(path).map_err(err)?, false),
+            };
+            if json {
+                print_json(&serde_json::json!({
+                    "path": path,
+                    "content": String::from_utf8_lossy(&data),
+                    "bytes": data.len(),
+                    "truncated": truncated,
+                }));
+            } else {
+                let mut out = std::io::stdout().lock();
+                out.write_all(&data)
+                    .and_then(|()| out.flush())
+                    .map_err(|e| format!("cannot write to standard output: {e}"))?;
+                if truncated {
+                    eprintln!(
+                        "hako: {} truncated at {} bytes (--max-bytes)",
+                        path.display(),
+                        data.len()
+                    );
+                }
+            }
+        }
+        FsOp::Write { path } => {
+            let data = read_input()?;
+            sandbox.write_file(path, &data).map_err(err)?;
+            if json {
+                print_json(&serde_json::json!({ "path": path, "bytes": data.len() }));
+            }
+        }
+        FsOp::Append { path } => {
+            let data = read_input()?;
+            let appender = sandbox
+                .append()
+                .ok_or_else(|| unsupported(sandbox, "append"))
+                .map_err(err)?;
+            appender.append_file(path, &data).map_err(err)?;
+            if json {
+                print_json(&serde_json::json!({ "path": path, "bytes": data.len() }));
+            }
+        }
+        FsOp::Ls { path } => {
+            let listing = sandbox.list_dir(path).map_err(err)?;
+            if json {
+                let entries: Vec<JsonEntry> = listing.entries.iter().map(Into::into).collect();
+                print_json(&serde_json::json!({
+                    "path": path,
+                    "entries": entries,
+                    "truncated": listing.truncated,
+                }));
+            } else {
+                let mut out = std::io::stdout().lock();
+                for e in &listing.entries {
+                    let mut line =
+                        format!("{}{:04o} {:>12} ", kind_char(e.kind), e.mode, e.size).into_bytes();
+                    line.extend_from_slice(e.name.as_bytes());
+                    if e.kind == FileKind::Dir {
+                        line.push(b'/');
+                    }
+                    line.push(b'\n');
+                    out.write_all(&line)
+                        .map_err(|e| format!("cannot write to standard output: {e}"))?;
+                }
+                if listing.truncated {
+                    eprintln!(
+                        "hako: listing truncated at {} entries",
+                        listing.entries.len()
+                    );
+                }
+            }
+        }
+        FsOp::Rm { path } => sandbox.remove(path).map_err(err)?,
+        FsOp::Mkdir { path } => {
+            let maker = sandbox
+                .make_dir_all()
+                .ok_or_else(|| unsupported(sandbox, "make-dir-all"))
+                .map_err(err)?;
+            maker.make_dir_all(path).map_err(err)?;
+        }
+        FsOp::Stat { path } => {
+            let stat = sandbox
+                .stat()
+                .ok_or_else(|| unsupported(sandbox, "stat"))
+                .map_err(err)?
+                .stat(path)
+                .map_err(err)?;
+            if json {
+                print_json(&JsonStat::from(&stat));
+            } else {
+                print!(
+                    "kind: {}\nsize: {}\nmode: {:04o}\nmtime: {}\nlinks: {}\n",
+                    stat.kind, stat.size, stat.mode, stat.mtime, stat.links
+                );
+                if let Some(target) = &stat.symlink_target {
+                    println!("target: {}", target.to_string_lossy());
+                }
+            }
+        }
+    }
+    Ok(())
+}

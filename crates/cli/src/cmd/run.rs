@@ -1,0 +1,207 @@
+//! `hako run`: run one command in a sandbox.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use hako_core::{Command, Isolation, Output, Sandbox, Stream};
+use serde::Serialize;
+
+use super::{parse_duration, SandboxArgs};
+use crate::{backend, exit};
+
+/// Most bytes `--stdin` reads from hako's own standard input.
+const MAX_STDIN: u64 = 64 << 20;
+
+/// Flags of `hako run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    sandbox: SandboxArgs,
+    /// Working directory, relative to the workspace.
+    #[arg(long, value_name = "REL")]
+    cwd: Option<PathBuf>,
+    /// Kill the command and everything it started after DUR (e.g. 30s, 2m, 500ms).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    timeout: Option<Duration>,
+    /// Refuse to run unless the sandbox is at least this strong.
+    #[arg(long, value_name = "LEVEL", default_value = "none")]
+    min_isolation: Isolation,
+    /// Feed hako's standard input to the command (at most 64 MiB).
+    #[arg(long)]
+    stdin: bool,
+    /// Print one JSON object with the result instead of streaming output.
+    #[arg(long)]
+    json: bool,
+    /// The command and its arguments.
+    #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct JsonResult<'a> {
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    stdout: String,
+    stderr: String,
+    stdout_truncated: bool,
+    stderr_truncated: bool,
+    stdout_bytes: u64,
+    stderr_bytes: u64,
+    duration_ms: u128,
+    timed_out: bool,
+    backend: &'a str,
+    isolation: Isolation,
+}
+
+#[derive(Serialize)]
+struct JsonError<'a> {
+    error: String,
+    exit_code: u8,
+    backend: Option<&'a str>,
+}
+
+fn fail(json: bool, backend: Option<&str>, err: &dyn std::fmt::Display, code: u8) -> u8 {
+    if json {
+        let obj = JsonError {
+            error: err.to_string(),
+            exit_code: code,
+            backend,
+        };
+        println!("{}", serde_json::to_string(&obj).unwrap_or_default());
+    } else {
+        eprintln!("hako: {err}");
+    }
+    code
+}
+
+/// Runs `hako run`.
+pub fn run(args: RunArgs) -> u8 {
+    let json = args.json;
+    let spec = match args.sandbox.spec() {
+        Ok(spec) => spec,
+        Err(e) => return fail(json, None, &e, exit::SANDBOX_FAILED),
+    };
+    let kind = match backend::resolve(args.sandbox.backend) {
+        Ok(kind) => kind,
+        Err(e) => return fail(json, None, &e, exit::SANDBOX_FAILED),
+    };
+    // The policy gate comes first: a run that needs a stronger boundary
+    // than this backend has never starts.
+    if kind.isolation() < args.min_isolation {
+        let err = hako_core::Error::IsolationTooWeak {
+            required: args.min_isolation,
+            actual: kind.isolation(),
+            backend: kind.name().into(),
+        };
+        return fail(json, Some(kind.name()), &err, exit::SANDBOX_FAILED);
+    }
+    let sandbox = match backend::open(kind, &spec) {
+        Ok(sb) => sb,
+        Err(e) => return fail(json, Some(kind.name()), &e, exit::SANDBOX_FAILED),
+    };
+    if let Err(e) = hako_core::require_isolation(sandbox.as_ref(), args.min_isolation) {
+        return fail(json, Some(kind.name()), &e, exit::SANDBOX_FAILED);
+    }
+    let mut command = Command::new(args.command).max_output(spec.max_output);
+    command.cwd = args.cwd;
+    command.timeout = args.timeout;
+    if args.stdin {
+        let mut data = Vec::new();
+        match std::io::stdin().take(MAX_STDIN + 1).read_to_end(&mut data) {
+            Ok(n) if n as u64 > MAX_STDIN => {
+                let err = format!("standard input is larger than {MAX_STDIN} bytes; pass large inputs as files in the workspace");
+                return fail(json, Some(kind.name()), &err, exit::SANDBOX_FAILED);
+            }
+            Ok(_) => command.stdin = Some(data),
+            Err(e) => return fail(json, Some(kind.name()), &e, exit::SANDBOX_FAILED),
+        }
+    }
+    let result = execute(sandbox.as_ref(), &command, json);
+    let _ = sandbox.close();
+    let output = match result {
+        Ok(output) => output,
+        Err(e) => return fail(json, Some(kind.name()), &e, exit::for_error(&e)),
+    };
+    let caps = sandbox.capabilities();
+    if json {
+        let obj = JsonResult {
+            exit_code: output.status.code(),
+            signal: output.status.signal(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+            stdout_truncated: output.stdout_truncated,
+            stderr_truncated: output.stderr_truncated,
+            stdout_bytes: output.stdout_total,
+            stderr_bytes: output.stderr_total,
+            duration_ms: output.duration.as_millis(),
+            timed_out: output.timed_out,
+            backend: &caps.backend,
+            isolation: caps.isolation,
+        };
+        println!("{}", serde_json::to_string(&obj).unwrap_or_default());
+    } else {
+        report_truncation(&output);
+        if output.timed_out {
+            eprintln!(
+                "hako: timed out after {:?}; every process the command started was killed",
+                command.timeout.unwrap_or_default()
+            );
+        }
+    }
+    exit::for_output(&output)
+}
+
+/// Runs the command, streaming its output live when not printing JSON.
+fn execute(
+    sandbox: &dyn Sandbox,
+    command: &Command,
+    json: bool,
+) -> Result<Output, hako_core::Error> {
+    match sandbox.exec_stream() {
+        Some(streamer) if !json => {
+            let mut sink = |stream: Stream, chunk: &[u8]| {
+                // A closed terminal or pipe on our side must not stop the
+                // command: ignore write errors.
+                let _ = match stream {
+                    Stream::Stdout => {
+                        let mut out = std::io::stdout().lock();
+                        out.write_all(chunk).and_then(|()| out.flush())
+                    }
+                    Stream::Stderr => std::io::stderr().lock().write_all(chunk),
+                };
+            };
+            streamer.exec_stream(command, &mut sink)
+        }
+        _ => {
+            let output = sandbox.exec(command)?;
+            if !json {
+                let _ = std::io::stdout().lock().write_all(&output.stdout);
+                let _ = std::io::stderr().lock().write_all(&output.stderr);
+            }
+            Ok(output)
+        }
+    }
+}
+
+fn report_truncation(output: &Output) {
+    for (name, truncated, kept, total) in [
+        (
+            "stdout",
+            output.stdout_truncated,
+            output.stdout.len(),
+            output.stdout_total,
+        ),
+        (
+            "stderr",
+            output.stderr_truncated,
+            output.stderr.len(),
+            output.stderr_total,
+        ),
+    ] {
+        if truncated {
+            eprintln!("hako: {name} truncated: kept {kept} of {total} bytes (raise --max-output to keep more)");
+        }
+    }
+}
