@@ -27,6 +27,6 @@ pub use error::{Error, FenceError, Result};
 pub use fs::{DirEntry, DirListing, FileKind, Metadata, ReadOutcome};
 pub use isolation::{Isolation, ParseIsolationError};
 pub use sandbox::{
-    require_isolation, AppendFile, ExecStream, MakeDirAll, ReadLimit, Sandbox, StatPath, Stream,
-    Workdir,
+    require_isolation, AppendFile, ExecStream, MakeDirAll, OutputSink, ReadLimit, Sandbox,
+    StatPath, Stream, Workdir,
 };

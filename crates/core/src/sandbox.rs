@@ -118,16 +118,15 @@ pub enum Stream {
     Stderr,
 }
 
+/// A callback that receives output chunks as they are produced.
+pub type OutputSink<'a> = dyn FnMut(Stream, &[u8]) + Send + 'a;
+
 /// Exec with output delivered as it is produced.
 pub trait ExecStream {
     /// Like [`Sandbox::exec`], and calls `sink` with each chunk of output as
     /// it arrives (within the per-stream cap; bytes past it are counted, not
     /// delivered). The returned output holds the same bytes.
-    fn exec_stream(
-        &self,
-        command: &Command,
-        sink: &mut (dyn FnMut(Stream, &[u8]) + Send),
-    ) -> Result<Output>;
+    fn exec_stream(&self, command: &Command, sink: &mut OutputSink<'_>) -> Result<Output>;
 }
 
 /// The policy gate: refuses a sandbox weaker than `required`, with an error

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use hako_core::{Command, Error, Output, Result, Stream};
+use hako_core::{Command, Error, Output, OutputSink, Result, Stream};
 use hako_guest::proto::{self, RunReply, RunRequest, SpawnFailure};
 use hako_sys::rustix::event::{poll, PollFd, PollFlags, Timespec};
 use hako_sys::rustix::io::Errno;
@@ -114,14 +114,13 @@ impl Running {
 }
 
 /// Everything one launch needs.
-pub struct Launch<'a, 's> {
+pub struct Launch<'a> {
     pub guest: &'a Path,
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
     pub cwd: OwnedFd,
     pub command: &'a Command,
     pub max_output: usize,
-    pub sink: Option<&'s mut (dyn FnMut(Stream, &[u8]) + Send)>,
     pub running: &'a Running,
 }
 
@@ -156,7 +155,7 @@ impl Capture {
 }
 
 /// Runs one command under a fresh guest.
-pub fn run(launch: Launch<'_, '_>) -> Result<Output> {
+pub fn run(launch: Launch<'_>, mut sink: Option<&mut OutputSink<'_>>) -> Result<Output> {
     let Launch {
         guest,
         argv,
@@ -164,7 +163,6 @@ pub fn run(launch: Launch<'_, '_>) -> Result<Output> {
         cwd,
         command,
         max_output,
-        mut sink,
         running,
     } = launch;
     let (ctl, ctl_guest) = UnixStream::pair().map_err(|source| Error::Io {
@@ -288,7 +286,7 @@ fn pump(
     stderr: Option<OwnedFd>,
     ctl: &UnixStream,
     cap: usize,
-    sink: &mut Option<&mut (dyn FnMut(Stream, &[u8]) + Send)>,
+    sink: &mut Option<&mut OutputSink<'_>>,
 ) -> Result<(Capture, Capture, Option<RunReply>)> {
     let mut streams = [
         (Stream::Stdout, stdout, Capture::new(cap)),

@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use hako_core::env::EnvPolicy;
 use hako_core::{
     AppendFile, Capabilities, Command, DirListing, Error, ExecStream, Isolation, LimitKind,
-    LimitMechanism, LimitReport, MakeDirAll, Metadata, NetworkAccess, Optional, Output, ReadLimit,
-    ReadOutcome, Result, Sandbox, StatPath, Stream, Workdir, DEFAULT_MAX_OUTPUT,
+    LimitMechanism, LimitReport, MakeDirAll, Metadata, NetworkAccess, Optional, Output, OutputSink,
+    ReadLimit, ReadOutcome, Result, Sandbox, StatPath, Workdir, DEFAULT_MAX_OUTPUT,
 };
 use hako_fence::{Fence, FenceOptions};
 
@@ -145,27 +145,25 @@ impl HostSandbox {
         Ok(())
     }
 
-    fn run(
-        &self,
-        command: &Command,
-        sink: Option<&mut (dyn FnMut(Stream, &[u8]) + Send)>,
-    ) -> Result<Output> {
+    fn run(&self, command: &Command, sink: Option<&mut OutputSink<'_>>) -> Result<Output> {
         self.check_open()?;
         let argv = driver::validate(command)?;
         let cwd = self
             .fence
             .open_dir(command.cwd.as_deref().unwrap_or(Path::new(".")))?;
         let env = hako_core::env::merge(&self.base_env, &command.env);
-        driver::run(driver::Launch {
-            guest: &self.guest,
-            argv,
-            env,
-            cwd,
-            command,
-            max_output: command.max_output.unwrap_or(self.max_output),
+        driver::run(
+            driver::Launch {
+                guest: &self.guest,
+                argv,
+                env,
+                cwd,
+                command,
+                max_output: command.max_output.unwrap_or(self.max_output),
+                running: &self.running,
+            },
             sink,
-            running: &self.running,
-        })
+        )
     }
 }
 
@@ -264,11 +262,7 @@ impl StatPath for HostSandbox {
 }
 
 impl ExecStream for HostSandbox {
-    fn exec_stream(
-        &self,
-        command: &Command,
-        sink: &mut (dyn FnMut(Stream, &[u8]) + Send),
-    ) -> Result<Output> {
+    fn exec_stream(&self, command: &Command, sink: &mut OutputSink<'_>) -> Result<Output> {
         self.run(command, Some(sink))
     }
 }
