@@ -391,3 +391,43 @@ fn bench_json_reports_ratios() {
         assert!(c["ratio"].as_f64().unwrap() > 0.0);
     }
 }
+
+#[test]
+fn killing_hako_with_sigkill_leaves_no_process() {
+    let d = dirs();
+    let marker = format!("{}", 40_000_000 + std::process::id());
+    let script = format!("sleep {marker}1 & setsid sleep {marker}2 & sleep {marker}3");
+    let mut child = hako()
+        .args(["run", "--workspace"])
+        .arg(&d.ws)
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let sleeps = || {
+        processes_with(&marker)
+            .into_iter()
+            .filter(|p| p.contains(&format!(": sleep {marker}")))
+            .count()
+    };
+    let wait_for = |want_running: bool| {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(20) {
+            let n = sleeps();
+            if (want_running && n == 3) || (!want_running && n == 0) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    };
+    let started = wait_for(true);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(started, "the command never started");
+    assert!(
+        wait_for(false),
+        "left behind: {:?}",
+        processes_with(&format!("sleep {marker}"))
+    );
+}

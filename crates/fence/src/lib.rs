@@ -41,6 +41,8 @@ pub use resolve::resolver_available;
 pub const DEFAULT_MAX_READ: u64 = 256 << 20;
 /// The most entries a listing returns by default.
 pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
+/// The most a read allocates up front, whatever size the file reports.
+const PREALLOCATE_MAX: u64 = 8 << 20;
 /// How many symlinks one resolution may follow, as in the kernel.
 const MAX_SYMLINKS: usize = 40;
 
@@ -255,7 +257,10 @@ impl Fence {
     pub fn read(&self, path: &Path, max: u64) -> Result<ReadOutcome, FenceError> {
         let file = self.open_regular(path)?;
         let size = file.metadata().map(|m| m.len()).unwrap_or(0);
-        let mut data = Vec::with_capacity(usize::try_from(size.min(max)).unwrap_or(0));
+        // Trust the size only as a hint, and only up to a point: a sparse
+        // file can claim terabytes, and the file can change while it is read.
+        let hint = size.min(max).min(PREALLOCATE_MAX);
+        let mut data = Vec::with_capacity(usize::try_from(hint).unwrap_or(0));
         let read_err = |source| FenceError::Io {
             op: "read",
             path: path.to_path_buf(),
