@@ -35,7 +35,7 @@ use hako_core::{Metadata, ReadOutcome};
 use hako_sys::rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 use hako_sys::rustix::io::Errno;
 
-pub use resolve::resolver_available;
+pub use resolve::{open_beneath, resolver_available};
 
 /// The most bytes a whole-file read loads by default: 256 MiB.
 pub const DEFAULT_MAX_READ: u64 = 256 << 20;

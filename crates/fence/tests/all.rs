@@ -1,0 +1,122 @@
+//! The component-walk resolver must agree with the kernel's openat2.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::os::fd::AsFd;
+use std::os::unix::fs::symlink;
+use std::path::Path;
+
+use hako_core::FenceResolver;
+use hako_fence::{resolver_available, Fence, FenceOptions};
+use hako_sys::rustix::fs::{self as rfs, OFlags};
+
+fn fixture() -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    std::fs::create_dir_all(ws.join("a/b")).unwrap();
+    std::fs::write(ws.join("a/b/c.txt"), "c").unwrap();
+    std::fs::write(tmp.path().join("outside.txt"), "secret").unwrap();
+    for (link, target) in [
+        ("a/up", ".."),
+        ("a/upup", "../.."),
+        ("a/self", "."),
+        ("link_b", "a/b"),
+        ("abs", "/etc"),
+        ("chain1", "chain2"),
+        ("chain2", "a/b/c.txt"),
+        ("loop1", "loop2"),
+        ("loop2", "loop1"),
+        ("deep", "a/b/../b"),
+        ("dangling", "nothere"),
+        ("esc_mid", "a/../../outside.txt"),
+        ("a/b/back", "../../link_b/c.txt"),
+    ] {
+        symlink(target, ws.join(link)).unwrap();
+    }
+    tmp
+}
+
+const PATHS: &[&str] = &[
+    ".",
+    "a/b/c.txt",
+    "a/up/a/b/c.txt",
+    "a/up/..",
+    "a/upup/outside.txt",
+    "a/self/b/c.txt",
+    "link_b/c.txt",
+    "link_b/..",
+    "link_b/../b/c.txt",
+    "abs",
+    "abs/passwd",
+    "chain1",
+    "loop1",
+    "deep/c.txt",
+    "dangling",
+    "esc_mid",
+    "a/b/back",
+    "a/b/c.txt/x",
+    "a/../a/b",
+    "missing/x",
+];
+
+/// (device, inode) of what was opened, or the errno.
+fn outcome(fence: &Fence, path: &str, nofollow: bool) -> Result<(u64, u64), i32> {
+    let mut flags = OFlags::PATH;
+    if nofollow {
+        flags |= OFlags::NOFOLLOW;
+    }
+    let rel = fence.relative(Path::new(path)).map_err(|_| -1)?;
+    let fd = hako_fence_open(fence, &rel, flags)?;
+    let st = rfs::fstat(fd.as_fd()).unwrap();
+    Ok((st.st_dev, st.st_ino))
+}
+
+fn hako_fence_open(fence: &Fence, rel: &Path, flags: OFlags) -> Result<std::os::fd::OwnedFd, i32> {
+    hako_fence::open_beneath(
+        fence.resolver(),
+        fence.root(),
+        rel,
+        flags,
+        rfs::Mode::empty(),
+    )
+    .map_err(|e| e.raw_os_error())
+}
+
+#[test]
+fn component_walk_agrees_with_openat2_on_every_tricky_path() {
+    if !resolver_available(FenceResolver::Openat2) {
+        eprintln!("skipped: this kernel has no openat2 to compare with");
+        assert!(std::env::var("HAKO_MUST_WORK").is_err());
+        return;
+    }
+    let tmp = fixture();
+    let ws = tmp.path().join("ws");
+    let open = |resolver| {
+        Fence::open(
+            &ws,
+            FenceOptions {
+                resolver: Some(resolver),
+                ..FenceOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    let kernel = open(FenceResolver::Openat2);
+    let walk = open(FenceResolver::ComponentWalk);
+    let mut escapes = 0;
+    for path in PATHS {
+        for nofollow in [false, true] {
+            let k = outcome(&kernel, path, nofollow);
+            let w = outcome(&walk, path, nofollow);
+            assert_eq!(k, w, "{path} (nofollow: {nofollow})");
+            if k == Err(libc_exdev()) {
+                escapes += 1;
+            }
+        }
+    }
+    // The fixture must actually exercise escapes, or this proves little.
+    assert!(escapes >= 6, "only {escapes} escapes exercised");
+}
+
+fn libc_exdev() -> i32 {
+    hako_sys::rustix::io::Errno::XDEV.raw_os_error()
+}
