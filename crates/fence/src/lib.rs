@@ -230,27 +230,43 @@ impl Fence {
     }
 
     /// Opens a regular file for reading, refusing anything else without
-    /// blocking (`O_NONBLOCK` makes opening a FIFO return at once; the type is
-    /// checked before a byte is read).
+    /// opening it: the path is resolved once to an `O_PATH` descriptor (which
+    /// opens nothing: no FIFO blocks, no device driver runs), its type is
+    /// checked, and only a regular file is then reopened for reading through
+    /// that descriptor.
     fn open_regular(&self, path: &Path) -> Result<File, FenceError> {
         let rel = self.relative(path)?;
-        let fd = self.resolve(
-            &rel,
-            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
-            Mode::empty(),
-            path,
-        )?;
+        let fd = self.resolve(&rel, OFlags::PATH | OFlags::CLOEXEC, Mode::empty(), path)?;
         let stat = rfs::fstat(&fd).map_err(|e| io_err("fstat", path, e))?;
         match kind_of(stat.st_mode) {
-            FileKind::File => Ok(File::from(fd)),
-            FileKind::Dir => Err(FenceError::IsADirectory {
-                path: path.to_path_buf(),
-            }),
-            kind => Err(FenceError::NotRegularFile {
-                path: path.to_path_buf(),
-                kind,
-            }),
+            FileKind::File => {}
+            FileKind::Dir => {
+                return Err(FenceError::IsADirectory {
+                    path: path.to_path_buf(),
+                })
+            }
+            kind => {
+                return Err(FenceError::NotRegularFile {
+                    path: path.to_path_buf(),
+                    kind,
+                })
+            }
         }
+        let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+        let reopened = match resolve::reopen(&fd, flags) {
+            Ok(file) => file,
+            // No /proc to reopen through: resolve the path again, beneath the
+            // root as before, and accept it only if it is the same inode.
+            Err(Errno::NOENT) => self.resolve(&rel, flags, Mode::empty(), path)?,
+            Err(e) => return Err(io_err("reopen", path, e)),
+        };
+        let again = rfs::fstat(&reopened).map_err(|e| io_err("fstat", path, e))?;
+        if (again.st_dev, again.st_ino) != (stat.st_dev, stat.st_ino) {
+            return Err(FenceError::SymlinkEscape {
+                path: path.to_path_buf(),
+            });
+        }
+        Ok(File::from(reopened))
     }
 
     /// Reads at most `max` bytes from the start of a regular file.

@@ -133,3 +133,12 @@ fn walk(root: BorrowedFd<'_>, rel: &Path, flags: OFlags, mode: Mode) -> Result<O
     let cur = stack.last().map_or(root, |fd| fd.as_fd());
     rfs::openat(cur, ".", flags & !OFlags::NOFOLLOW, mode)
 }
+
+/// Opens the file an `O_PATH` descriptor refers to, with `flags`, without
+/// resolving any path again: through the descriptor's own `/proc/self/fd`
+/// entry. `ENOENT` means `/proc` is not mounted.
+pub fn reopen(fd: &OwnedFd, flags: OFlags) -> Result<OwnedFd, Errno> {
+    use std::os::fd::AsRawFd;
+    let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    rfs::open(link.as_str(), flags | OFlags::CLOEXEC, Mode::empty())
+}

@@ -120,3 +120,57 @@ fn component_walk_agrees_with_openat2_on_every_tricky_path() {
 fn libc_exdev() -> i32 {
     hako_sys::rustix::io::Errno::XDEV.raw_os_error()
 }
+
+/// A writer blocked in `open(O_WRONLY)` on a FIFO is released only when
+/// someone opens the FIFO for reading: if the fence's refused read leaves it
+/// blocked, the fence never opened the FIFO.
+#[test]
+fn fifo_is_refused_without_being_opened() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("fifo");
+    rfs::mknodat(
+        rfs::CWD,
+        &fifo,
+        rfs::FileType::Fifo,
+        rfs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let writer_path = fifo.clone();
+    let writer = std::thread::spawn(move || {
+        let opened = std::fs::OpenOptions::new().write(true).open(&writer_path);
+        tx.send(opened.is_ok()).unwrap();
+    });
+    // Let the writer block in open() first.
+    std::thread::sleep(Duration::from_millis(100));
+    for resolver in [FenceResolver::Openat2, FenceResolver::ComponentWalk] {
+        if !resolver_available(resolver) {
+            continue;
+        }
+        let fence = Fence::open(
+            tmp.path(),
+            FenceOptions {
+                resolver: Some(resolver),
+                ..FenceOptions::default()
+            },
+        )
+        .unwrap();
+        let err = fence.read(Path::new("fifo"), 10).unwrap_err();
+        assert!(
+            matches!(err, hako_core::FenceError::NotRegularFile { .. }),
+            "{err}"
+        );
+        assert!(fence.read_all(Path::new("fifo")).is_err());
+    }
+    assert!(
+        rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "the writer was released: the fence opened the FIFO"
+    );
+    // Release the writer ourselves.
+    let _reader = std::fs::File::open(&fifo).unwrap();
+    assert!(rx.recv_timeout(Duration::from_secs(30)).unwrap());
+    writer.join().unwrap();
+}
