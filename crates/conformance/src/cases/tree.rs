@@ -1,0 +1,168 @@
+//! Deadlines and process trees: nothing a command started outlives it.
+//!
+//! Leftovers are looked for twice: in the host's `/proc` and, through a
+//! follow-up `exec`, in the sandbox's own `/proc` (its pid namespace may be
+//! its own, and a VM's processes are not on the host at all).
+
+use std::time::{Duration, Instant};
+
+use hako_core::{Command, Error, ExitStatus, Sandbox};
+
+use crate::check::{expect_output, run, show, still_works, Ctx, Res};
+use crate::procs::{host_processes_with_arg, sandbox_processes_with_arg};
+use crate::Outcome;
+
+/// A hang guard, never a performance assertion.
+const HANG_GUARD: Duration = Duration::from_secs(30);
+
+/// Fails if a process with one of `markers` is alive, seen from the host or
+/// from inside `sandbox`.
+fn none_left(sandbox: &dyn Sandbox, markers: &[&str], after: &str) -> Res {
+    for m in markers {
+        let host = host_processes_with_arg(m);
+        ensure!(
+            host.is_empty(),
+            "after {after}, processes with marker {m} remain on the host: {host:?}"
+        );
+        let inside = sandbox_processes_with_arg(sandbox, m).ctx("scan /proc inside")?;
+        ensure!(
+            inside.is_empty(),
+            "after {after}, processes with marker {m} remain inside: {inside:?}"
+        );
+    }
+    Ok(())
+}
+
+/// Polls the sandbox's `/proc` (from a concurrent exec) until a process
+/// with each marker is running.
+fn wait_until_running(sandbox: &dyn Sandbox, markers: &[&str], limit: Duration) -> Res {
+    let start = Instant::now();
+    let mut missing: Vec<&str> = markers.to_vec();
+    while !missing.is_empty() {
+        let mut still = Vec::new();
+        for m in missing {
+            if sandbox_processes_with_arg(sandbox, m)
+                .ctx("scan /proc inside while the command runs")?
+                .is_empty()
+            {
+                still.push(m);
+            }
+        }
+        missing = still;
+        if missing.is_empty() {
+            break;
+        }
+        ensure!(
+            start.elapsed() < limit,
+            "processes with markers {missing:?} never appeared inside within {limit:?}, so the check would prove nothing"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+case! {
+    /// A deadline kills the whole tree: a background child, one that called
+    /// `setsid`, a double-forked orphan and the main process, all ignoring
+    /// SIGTERM. The output says `timed_out`, keeps what was written, and the
+    /// sandbox keeps working.
+    fn timeout_kills_the_whole_process_tree(h) {
+        let (a, b, c, d) = (h.marker(), h.marker(), h.marker(), h.marker());
+        let script = format!(
+            "trap '' TERM HUP INT; echo before; sleep {a} & setsid sleep {b} & (sleep {d} &); exec sleep {c}"
+        );
+        let timeout = Duration::from_secs(5);
+        let markers = [a.as_str(), b.as_str(), c.as_str(), d.as_str()];
+        let start = Instant::now();
+        let (result, seen) = std::thread::scope(|scope| {
+            let runner = scope.spawn(|| h.sandbox().exec(&Command::shell(&script).timeout(timeout)));
+            let seen = wait_until_running(h.sandbox(), &markers, timeout - Duration::from_millis(500));
+            let result = runner
+                .join()
+                .unwrap_or_else(|_| Err(Error::InvalidCommand { reason: "exec panicked".into() }));
+            (result, seen)
+        });
+        let elapsed = start.elapsed();
+        let out = result.ctx("exec with a deadline")?;
+        seen?;
+        ensure!(out.timed_out, "timed_out is false: {out:?}");
+        ensure_eq!(out.status, ExitStatus::Signal(9), "status of a main process that ignores SIGTERM");
+        ensure_eq!(out.stdout.as_slice(), b"before\n".as_slice(), "output written before the deadline");
+        ensure!(
+            elapsed >= timeout && out.duration >= timeout,
+            "the deadline fired early: {elapsed:?} (reported {:?}) for a {timeout:?} timeout",
+            out.duration
+        );
+        ensure!(elapsed < HANG_GUARD, "exec took {elapsed:?} for a {timeout:?} timeout");
+        none_left(h.sandbox(), &markers, "the deadline")?;
+        still_works(h, "a timeout")
+    }
+}
+
+case! {
+    /// A command that exits at once returns at once, even with children left
+    /// in the background (holding its stdout, or detached from it with
+    /// `setsid` and redirections), and those children are killed.
+    fn background_children_are_killed_when_the_command_exits(h) {
+        let (a, b, c) = (h.marker(), h.marker(), h.marker());
+        let scripts = [
+            (a.clone(), format!("sleep {a} & echo done")),
+            (b.clone(), format!("sleep {b} </dev/null >/dev/null 2>&1 & echo done")),
+            (c.clone(), format!("setsid sleep {c} </dev/null >/dev/null 2>&1 & echo done")),
+        ];
+        for (marker, script) in &scripts {
+            let start = Instant::now();
+            let out = run(h, &Command::shell(script))?;
+            let elapsed = start.elapsed();
+            expect_output(&out, b"done\n", script)?;
+            ensure!(elapsed < HANG_GUARD, "{script:?} took {elapsed:?}");
+            none_left(h.sandbox(), &[marker.as_str()], script)?;
+        }
+        Ok(())
+    }
+}
+
+case! {
+    /// `close()` while a command runs (no deadline) ends that command, and no
+    /// process is left, on the host or in a new sandbox on the workspace.
+    fn close_during_exec_kills_the_command(h) {
+        let m = h.marker();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let outcome: Res = std::thread::scope(|scope| {
+            let command = Command::new(["sleep", m.as_str()]);
+            let sandbox = h.sandbox();
+            scope.spawn(move || {
+                let _ = tx.send(sandbox.exec(&command));
+            });
+            wait_until_running(sandbox, &[m.as_str()], Duration::from_secs(10))?;
+            sandbox.close().ctx("close while a command runs")?;
+            match rx.recv_timeout(HANG_GUARD) {
+                Ok(Ok(out)) => ensure!(
+                    matches!(out.status, ExitStatus::Signal(_)),
+                    "the command survived close(): {:?} stdout {}",
+                    out.status,
+                    show(&out.stdout)
+                ),
+                Ok(Err(_)) => {}
+                Err(_) => {
+                    return Err(Outcome::Failed(format!(
+                        "exec did not return within {HANG_GUARD:?} of close()"
+                    )))
+                }
+            }
+            Ok(())
+        });
+        outcome?;
+        let host = host_processes_with_arg(&m);
+        ensure!(host.is_empty(), "after close(), the command is alive on the host: {host:?}");
+        let fresh = h.new_sandbox().ctx("build a new sandbox on the workspace")?;
+        let inside = sandbox_processes_with_arg(fresh.as_ref(), &m).ctx("scan /proc inside");
+        fresh.close().ctx("close the new sandbox")?;
+        let inside = inside?;
+        ensure!(inside.is_empty(), "after close(), the command is alive inside: {inside:?}");
+        match h.sandbox().exec(&Command::new(["true"])) {
+            Err(Error::Closed) => Ok(()),
+            other => fail!("exec after close(): got {other:?}, expected Closed"),
+        }
+    }
+}
