@@ -16,8 +16,9 @@ pub const PATH_MAX: usize = 4095;
 /// Longest path component, in bytes.
 pub const NAME_MAX: usize = 255;
 
-fn shown(path: &Path) -> PathBuf {
-    // Keep error messages bounded: a hostile path can be megabytes long.
+/// The path as shown in an error message: at most 200 bytes, then `...`.
+/// A hostile path can be as long as the kernel allows; messages stay short.
+pub fn shown(path: &Path) -> PathBuf {
     let bytes = path.as_os_str().as_bytes();
     if bytes.len() <= 200 {
         return path.to_path_buf();

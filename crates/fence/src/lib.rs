@@ -82,7 +82,7 @@ pub struct Fence {
 }
 
 fn io_err(op: &'static str, given: &Path, errno: Errno) -> FenceError {
-    let path = given.to_path_buf();
+    let path = lexical::shown(given);
     match errno {
         Errno::NOENT => FenceError::NotFound { path },
         Errno::NOTDIR => FenceError::NotADirectory { path },
@@ -321,7 +321,12 @@ impl Fence {
                     path: path.to_path_buf(),
                 });
             }
-            let next = parent_rel.join(&target);
+            // The target is relative to the directory the link is in, which
+            // the path as written may reach through other symlinks: join it
+            // onto that directory's real path.
+            let real_parent = resolve::real_dir_path(self.root.as_fd(), parent_rel)
+                .map_err(|e| io_err("resolve", path, e))?;
+            let next = real_parent.join(&target);
             rel = match lexical::relative(&next, &self.workdir) {
                 Ok(next) => next,
                 Err(FenceError::DotDotEscape { .. }) => {
@@ -353,7 +358,12 @@ impl Fence {
         let (dir, name) = self.create_target(path)?;
         let mode = match rfs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(stat) => match kind_of(stat.st_mode) {
-                FileKind::File | FileKind::Symlink => Mode::from_raw_mode(stat.st_mode & 0o7777),
+                // The replacement is a new file owned by the writer: keep the
+                // permission bits, never set-user-ID or set-group-ID.
+                FileKind::File => Mode::from_raw_mode(stat.st_mode & 0o1777),
+                // Swapped for a symlink since create_target: the rename
+                // replaces the link itself; its 0777 says nothing.
+                FileKind::Symlink => Mode::from_raw_mode(0o644),
                 FileKind::Dir => {
                     return Err(FenceError::IsADirectory {
                         path: path.to_path_buf(),

@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 
 use hako_core::FenceResolver;
 use hako_sys::rustix::fs::{self as rfs, Mode, OFlags, ResolveFlags};
@@ -42,11 +42,20 @@ pub fn open_beneath(
             loop {
                 match rfs::openat2(root, rel, flags | OFlags::CLOEXEC, mode, resolve) {
                     Err(Errno::AGAIN) if tries < EAGAIN_RETRIES => tries += 1,
+                    // The kernel gives up on `..` whenever any rename on the
+                    // system races the lookup, so a busy machine (or anyone
+                    // who can rename files) could deny every path with `..`.
+                    // The walk handles `..` itself and is not affected.
+                    Err(Errno::AGAIN) => {
+                        return walk(root, rel, flags | OFlags::CLOEXEC, mode, &mut Vec::new())
+                    }
                     other => return other,
                 }
             }
         }
-        FenceResolver::ComponentWalk => walk(root, rel, flags | OFlags::CLOEXEC, mode),
+        FenceResolver::ComponentWalk => {
+            walk(root, rel, flags | OFlags::CLOEXEC, mode, &mut Vec::new())
+        }
     }
 }
 
@@ -77,7 +86,17 @@ fn splice(queue: &mut VecDeque<OsString>, target: &[u8]) -> Result<(), Errno> {
 /// never follows a link on its own; symlinks are read and followed here,
 /// and `..` pops a stack of descriptors instead of asking the kernel, so it
 /// can never climb above the root.
-fn walk(root: BorrowedFd<'_>, rel: &Path, flags: OFlags, mode: Mode) -> Result<OwnedFd, Errno> {
+///
+/// `names` receives the path of what was opened, relative to the root, with
+/// every symlink and `..` resolved.
+fn walk(
+    root: BorrowedFd<'_>,
+    rel: &Path,
+    flags: OFlags,
+    mode: Mode,
+    names: &mut Vec<OsString>,
+) -> Result<OwnedFd, Errno> {
+    names.clear();
     let mut queue: VecDeque<OsString> = VecDeque::new();
     for component in rel.components() {
         match component {
@@ -96,11 +115,14 @@ fn walk(root: BorrowedFd<'_>, rel: &Path, flags: OFlags, mode: Mode) -> Result<O
             if stack.pop().is_none() {
                 return Err(Errno::XDEV);
             }
+            names.pop();
             continue;
         }
         let last = queue.is_empty();
         if last && nofollow_final {
-            return rfs::openat(cur, &name, flags, mode);
+            let fd = rfs::openat(cur, &name, flags, mode)?;
+            names.push(name);
+            return Ok(fd);
         }
         // Is it a symlink? Follow it by hand, beneath the root.
         match rfs::readlinkat(cur, &name, Vec::new()) {
@@ -119,7 +141,9 @@ fn walk(root: BorrowedFd<'_>, rel: &Path, flags: OFlags, mode: Mode) -> Result<O
             Err(e) => return Err(e),
         }
         if last {
-            return rfs::openat(cur, &name, flags | OFlags::NOFOLLOW, mode);
+            let fd = rfs::openat(cur, &name, flags | OFlags::NOFOLLOW, mode)?;
+            names.push(name);
+            return Ok(fd);
         }
         let next = rfs::openat(
             cur,
@@ -128,6 +152,7 @@ fn walk(root: BorrowedFd<'_>, rel: &Path, flags: OFlags, mode: Mode) -> Result<O
             Mode::empty(),
         )?;
         stack.push(next);
+        names.push(name);
     }
     // The path ended in `..` or was the root itself.
     let cur = stack.last().map_or(root, |fd| fd.as_fd());
@@ -141,4 +166,20 @@ pub fn reopen(fd: &OwnedFd, flags: OFlags) -> Result<OwnedFd, Errno> {
     use std::os::fd::AsRawFd;
     let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
     rfs::open(link.as_str(), flags | OFlags::CLOEXEC, Mode::empty())
+}
+
+/// The path of the directory `rel` names, relative to the root, with every
+/// symlink and `..` on the way resolved (for computing where a symlink found
+/// in that directory points). The result is a hint for a later resolution
+/// beneath the root, never opened on its own.
+pub fn real_dir_path(root: BorrowedFd<'_>, rel: &Path) -> Result<PathBuf, Errno> {
+    let mut names = Vec::new();
+    walk(
+        root,
+        rel,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        &mut names,
+    )?;
+    Ok(names.iter().collect())
 }

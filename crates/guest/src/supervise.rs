@@ -10,7 +10,7 @@ use hako_core::ExitStatus;
 use hako_sys::rustix::event::{poll, PollFd, PollFlags, Timespec};
 use hako_sys::rustix::io::Errno;
 use hako_sys::rustix::process::{self as rproc, Pid, Signal, WaitOptions};
-use hako_sys::signal::ChildSignals;
+use hako_sys::signal::{signum as libc_sig, SignalFd};
 use hako_sys::spawn::{prepare, ChildSetup};
 
 use crate::proto::{self, RunReply, RunRequest, SpawnFailure};
@@ -58,8 +58,15 @@ fn run(request: &RunRequest, ctl: &UnixStream) -> RunReply {
     if let Err(err) = hako_sys::set_child_subreaper() {
         return refuse(format!("cannot become child subreaper: {err}"));
     }
-    // Block SIGCHLD before the first fork so no exit is missed.
-    let signals = match ChildSignals::new() {
+    // Block these before the first fork so no exit is missed, and so that a
+    // signal meant to stop the guest makes it clean up instead of dying and
+    // leaving the command's tree behind.
+    let signals = match SignalFd::new(&[
+        libc_sig::SIGCHLD,
+        libc_sig::SIGINT,
+        libc_sig::SIGTERM,
+        libc_sig::SIGHUP,
+    ]) {
         Ok(s) => s,
         Err(err) => return refuse(format!("cannot open signalfd: {err}")),
     };
@@ -72,6 +79,9 @@ fn run(request: &RunRequest, ctl: &UnixStream) -> RunReply {
         &mut command,
         ChildSetup {
             new_session: true,
+            // If the guest itself is killed outright, its direct child
+            // goes with it.
+            parent_death_kill: true,
             ..ChildSetup::default()
         },
     );
@@ -132,9 +142,13 @@ fn run(request: &RunRequest, ctl: &UnixStream) -> RunReply {
             Err(err) => return refuse(format!("poll failed: {err}")),
         }
         let ctl_event = fds[1].revents();
-        signals.drain();
-        if !ctl_event.is_empty() {
-            // hako closed the socket or asked to cancel: kill everything.
+        let stop = signals
+            .drain()
+            .into_iter()
+            .any(|sig| sig != libc_sig::SIGCHLD);
+        if stop || !ctl_event.is_empty() {
+            // hako closed the socket, asked to cancel, or someone signalled
+            // the guest to stop: kill everything.
             kill_tree(main, &mut status);
             return RunReply::Finished {
                 status: status.unwrap_or(ExitStatus::Signal(9)),

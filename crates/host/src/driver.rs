@@ -184,6 +184,9 @@ pub fn run(launch: Launch<'_>, mut sink: Option<&mut OutputSink<'_>>) -> Result<
         ChildSetup {
             cwd: Some(cwd),
             fd3: Some(OwnedFd::from(ctl_guest)),
+            // Ctrl-C at the terminal goes to hako's process group; the guest
+            // learns of hako's end through its control socket instead.
+            new_process_group: true,
             ..ChildSetup::default()
         },
     );

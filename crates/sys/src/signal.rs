@@ -1,22 +1,39 @@
-//! `SIGCHLD` as a readable file descriptor, for a single-threaded supervisor
-//! that waits on children, a deadline and a control socket in one `poll`.
+//! Signals as a readable file descriptor, for a single-threaded supervisor
+//! that waits on children, signals, a deadline and a control socket in one
+//! `poll`.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 
-/// A `signalfd` that becomes readable when a child changes state.
+/// Signal numbers, for callers that do not link libc themselves.
+pub mod signum {
+    /// A child changed state.
+    pub const SIGCHLD: i32 = libc::SIGCHLD;
+    /// Interrupt (Ctrl-C).
+    pub const SIGINT: i32 = libc::SIGINT;
+    /// Termination request.
+    pub const SIGTERM: i32 = libc::SIGTERM;
+    /// Hang-up (the terminal went away).
+    pub const SIGHUP: i32 = libc::SIGHUP;
+}
+
+/// Size of one `struct signalfd_siginfo`.
+const SIGINFO_SIZE: usize = 128;
+
+/// A `signalfd` for a set of signals, which are blocked for the calling
+/// thread so that they arrive only through the descriptor.
 ///
-/// Creating it blocks `SIGCHLD` for the calling thread, so it is meant for a
-/// single-threaded process. Children started with `std::process::Command`
-/// get an empty signal mask back before they exec.
+/// Meant for a single-threaded process. Children started with
+/// `std::process::Command` get an empty signal mask back before they exec.
 #[derive(Debug)]
-pub struct ChildSignals {
+pub struct SignalFd {
     fd: OwnedFd,
 }
 
-impl ChildSignals {
-    /// Blocks `SIGCHLD` and opens the descriptor (non-blocking, close-on-exec).
-    pub fn new() -> io::Result<Self> {
+impl SignalFd {
+    /// Blocks `signals` and opens the descriptor (non-blocking,
+    /// close-on-exec).
+    pub fn new(signals: &[i32]) -> io::Result<Self> {
         // SAFETY: `sigset_t` is plain data; zeroed is a valid value that
         // sigemptyset then initialises properly.
         let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
@@ -24,7 +41,11 @@ impl ChildSignals {
         // pthread_sigmask only reads it (the old mask pointer is null).
         unsafe {
             libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGCHLD);
+            for &sig in signals {
+                if libc::sigaddset(&mut set, sig) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
             if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
                 return Err(io::Error::last_os_error());
             }
@@ -37,16 +58,28 @@ impl ChildSignals {
         Ok(Self { fd })
     }
 
-    /// Consumes every pending notification; call it when the fd is readable.
-    /// Several `SIGCHLD`s may be merged into one, so reap with `WNOHANG` in a
+    /// Consumes every pending signal and returns their numbers, in order.
+    /// Several `SIGCHLD`s may be merged into one: reap with `WNOHANG` in a
     /// loop afterwards.
-    pub fn drain(&self) {
-        let mut buf = [0u8; 128 * 8];
-        while matches!(rustix::io::read(&self.fd, &mut buf), Ok(n) if n > 0) {}
+    pub fn drain(&self) -> Vec<i32> {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; SIGINFO_SIZE * 16];
+        while let Ok(n) = rustix::io::read(&self.fd, &mut buf) {
+            if n == 0 {
+                break;
+            }
+            for info in buf[..n].chunks_exact(SIGINFO_SIZE) {
+                // ssi_signo is the first field, a u32 in native byte order.
+                let mut signo = [0u8; 4];
+                signo.copy_from_slice(&info[..4]);
+                seen.push(i32::try_from(u32::from_ne_bytes(signo)).unwrap_or(0));
+            }
+        }
+        seen
     }
 }
 
-impl AsFd for ChildSignals {
+impl AsFd for SignalFd {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }

@@ -53,6 +53,10 @@ pub struct ChildSetup {
     /// Start a new session (and with it a new process group), so the child
     /// has no controlling terminal and its group can be signalled as one.
     pub new_session: bool,
+    /// Start a new process group in the caller's session, so that signals
+    /// sent to the caller's group (Ctrl-C at a terminal) do not reach the
+    /// child.
+    pub new_process_group: bool,
     /// Change into this directory by descriptor (no path is resolved again,
     /// so nothing can be swapped in between the check and the chdir).
     pub cwd: Option<OwnedFd>,
@@ -63,14 +67,16 @@ pub struct ChildSetup {
     pub parent_death_kill: bool,
 }
 
-/// Installs `setup` as the `pre_exec` hook of `command`; in the child, every
-/// descriptor above stdio (above fd 3 when `fd3` is given) is closed at exec.
+/// Installs `setup` as the `pre_exec` hook of `command`. In the child the
+/// signal mask is emptied, and every descriptor above stdio (above fd 3 when
+/// `fd3` is given) is closed at exec.
 ///
 /// The descriptors in `setup` are owned by the hook, which lives as long as
 /// `command`: drop the command after spawning it to close the parent's copies.
 pub fn prepare(command: &mut Command, setup: ChildSetup) {
     let ChildSetup {
         new_session,
+        new_process_group,
         cwd,
         fd3,
         parent_death_kill,
@@ -82,12 +88,23 @@ pub fn prepare(command: &mut Command, setup: ChildSetup) {
         let _owned = (&cwd, &fd3);
         // Everything here runs in the forked child of a possibly
         // multi-threaded parent: only async-signal-safe calls, no allocation.
-        // SAFETY: plain system calls on integers.
+        // SAFETY: plain system calls on integers and on a local sigset_t.
         unsafe {
+            // Start with no blocked signals: a supervisor that blocks
+            // signals to read them from a signalfd must not pass that mask
+            // on (a command that cannot be sent SIGTERM would be wrong).
+            let mut empty: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut empty);
+            if libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
             if parent_death_kill && libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(io::Error::last_os_error());
             }
             if new_session && libc::setsid() == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            if new_process_group && !new_session && libc::setpgid(0, 0) != 0 {
                 return Err(io::Error::last_os_error());
             }
             if let Some(fd) = cwd_raw {
