@@ -116,6 +116,15 @@ fn kind_of(mode: u32) -> FileKind {
     }
 }
 
+/// The refusal for an operation that needs a regular file and found `kind`.
+fn not_regular(kind: FileKind, path: &Path) -> FenceError {
+    let path = path.to_path_buf();
+    match kind {
+        FileKind::Dir => FenceError::IsADirectory { path },
+        kind => FenceError::NotRegularFile { path, kind },
+    }
+}
+
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 fn temp_name() -> OsString {
@@ -240,17 +249,7 @@ impl Fence {
         let stat = rfs::fstat(&fd).map_err(|e| io_err("fstat", path, e))?;
         match kind_of(stat.st_mode) {
             FileKind::File => {}
-            FileKind::Dir => {
-                return Err(FenceError::IsADirectory {
-                    path: path.to_path_buf(),
-                })
-            }
-            kind => {
-                return Err(FenceError::NotRegularFile {
-                    path: path.to_path_buf(),
-                    kind,
-                })
-            }
+            kind => return Err(not_regular(kind, path)),
         }
         let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
         let reopened = match resolve::reopen(&fd, flags) {
@@ -364,17 +363,7 @@ impl Fence {
                 // Swapped for a symlink since create_target: the rename
                 // replaces the link itself; its 0777 says nothing.
                 FileKind::Symlink => Mode::from_raw_mode(0o644),
-                FileKind::Dir => {
-                    return Err(FenceError::IsADirectory {
-                        path: path.to_path_buf(),
-                    })
-                }
-                kind => {
-                    return Err(FenceError::NotRegularFile {
-                        path: path.to_path_buf(),
-                        kind,
-                    })
-                }
+                kind => return Err(not_regular(kind, path)),
             },
             Err(Errno::NOENT) => Mode::from_raw_mode(0o644),
             Err(e) => return Err(io_err("stat", path, e)),
@@ -411,17 +400,7 @@ impl Fence {
         match rfs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(stat) => match kind_of(stat.st_mode) {
                 FileKind::File => {}
-                FileKind::Dir => {
-                    return Err(FenceError::IsADirectory {
-                        path: path.to_path_buf(),
-                    })
-                }
-                kind => {
-                    return Err(FenceError::NotRegularFile {
-                        path: path.to_path_buf(),
-                        kind,
-                    })
-                }
+                kind => return Err(not_regular(kind, path)),
             },
             Err(Errno::NOENT) => {}
             Err(e) => return Err(io_err("stat", path, e)),
@@ -448,10 +427,7 @@ impl Fence {
         let stat = rfs::fstat(&fd).map_err(|e| io_err("fstat", path, e))?;
         let kind = kind_of(stat.st_mode);
         if kind != FileKind::File {
-            return Err(FenceError::NotRegularFile {
-                path: path.to_path_buf(),
-                kind,
-            });
+            return Err(not_regular(kind, path));
         }
         if stat.st_nlink > 1 {
             return Err(FenceError::Hardlinked {
