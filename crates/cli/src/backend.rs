@@ -13,6 +13,8 @@ pub enum BackendArg {
     Auto,
     /// Host processes and the file fence; trusted code only.
     Host,
+    /// Linux namespaces, Landlock, seccomp; rootless.
+    Linux,
 }
 
 /// The backends hako knows, whether or not this build or host can run them.
@@ -76,6 +78,16 @@ pub fn probe(kind: BackendKind) -> Result<(), Unavailable> {
             reason: e.to_string(),
             hint: "install hako-guest beside hako or set HAKO_GUEST".into(),
         }),
+        BackendKind::Linux => {
+            hako_linux::locate_guest().map_err(|e| Unavailable {
+                reason: e.to_string(),
+                hint: "install hako-guest beside hako or set HAKO_GUEST".into(),
+            })?;
+            hako_sys::ns::user_namespaces_allowed().map_err(|reason| Unavailable {
+                reason: format!("user namespaces are not available: {reason}"),
+                hint: "enable unprivileged user namespaces, or use --backend docker".into(),
+            })
+        }
         other => Err(Unavailable {
             reason: format!("the {} backend is not part of this build yet", other.name()),
             hint: "use --backend host for trusted code; stronger backends are on the roadmap (see README)".into(),
@@ -95,6 +107,7 @@ pub struct SandboxSpec {
 pub fn resolve(arg: BackendArg) -> Result<BackendKind, Error> {
     match arg {
         BackendArg::Host => Ok(BackendKind::Host),
+        BackendArg::Linux => Ok(BackendKind::Linux),
         BackendArg::Auto => BackendKind::ALL
             .into_iter()
             .find(|&kind| probe(kind).is_ok())
@@ -114,6 +127,12 @@ pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, E
             config.env = spec.env.clone();
             config.max_output = spec.max_output;
             Ok(Box::new(hako_host::HostSandbox::new(config)?))
+        }
+        BackendKind::Linux => {
+            let mut config = hako_linux::LinuxConfig::new(&spec.workspace);
+            config.env = spec.env.clone();
+            config.max_output = spec.max_output;
+            Ok(Box::new(hako_linux::LinuxSandbox::new(config)?))
         }
         other => Err(Error::Backend {
             backend: other.name().into(),

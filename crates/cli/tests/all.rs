@@ -143,8 +143,15 @@ fn json_flood_is_truncated_and_hako_stays_small() {
     assert_eq!(v["stdout"].as_str().unwrap().len(), 1 << 20);
     assert_eq!(v["exit_code"], 0);
     assert_eq!(v["timed_out"], false);
-    assert_eq!(v["backend"], "host");
-    assert_eq!(v["isolation"], "none");
+    // `--backend auto` picks the strongest backend that works here.
+    let (backend, isolation) = (v["backend"].as_str(), v["isolation"].as_str());
+    assert!(
+        matches!(
+            (backend, isolation),
+            (Some("host"), Some("none")) | (Some("linux"), Some("process"))
+        ),
+        "{backend:?} {isolation:?}"
+    );
     for key in ["signal", "stderr", "stderr_truncated", "duration_ms"] {
         assert!(v.get(key).is_some(), "{key} missing");
     }

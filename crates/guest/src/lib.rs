@@ -12,5 +12,9 @@
 //! This is the seed of the long-lived guest of the design (sessions, PTYs,
 //! file operations over one framed protocol); today it serves one command.
 
+pub mod client;
+mod confine;
+mod linux;
 pub mod proto;
+pub mod sandbox;
 pub mod supervise;

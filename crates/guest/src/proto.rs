@@ -5,6 +5,7 @@
 //! read into memory.
 
 use std::io::{self, Read, Write};
+use std::path::PathBuf;
 
 use hako_core::ExitStatus;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -25,6 +26,146 @@ pub struct RunRequest {
     pub env: Vec<(String, String)>,
     /// The process deadline in milliseconds.
     pub timeout_ms: Option<u64>,
+    /// Build a `linux` sandbox around the command first; `None` runs it
+    /// where the guest is (the `host` backend).
+    #[serde(default)]
+    pub linux: Option<LinuxSpec>,
+}
+
+/// How the guest builds a `linux` sandbox: new namespaces, a filesystem view
+/// on a fresh tmpfs root, and the confinement applied to the command.
+///
+/// Planned by the `hako-linux` crate (pure), carried out by the guest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinuxSpec {
+    /// (uid inside, uid outside) of the one mapped user.
+    pub uid: (u32, u32),
+    /// (gid inside, gid outside) of the one mapped group.
+    pub gid: (u32, u32),
+    /// Host name inside.
+    pub hostname: String,
+    /// The filesystem view, built in this order on an empty tmpfs that then
+    /// becomes the root.
+    pub mounts: Vec<MountOp>,
+    /// The command's working directory, absolute, inside.
+    pub cwd: PathBuf,
+    /// Resource limits set on the command (`setrlimit`).
+    pub rlimits: Vec<RlimitSpec>,
+    /// Landlock write rules, if Landlock is to be applied.
+    pub landlock: Option<LandlockSpec>,
+    /// Apply the default seccomp policy to the command.
+    pub seccomp: bool,
+}
+
+/// One step of building the filesystem view. Paths are absolute paths
+/// inside the sandbox; sources are host paths.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "op")]
+pub enum MountOp {
+    /// A directory (and its parents) on whatever is mounted there.
+    Dir {
+        /// Where.
+        path: PathBuf,
+    },
+    /// A fresh tmpfs.
+    Tmpfs {
+        /// Where.
+        path: PathBuf,
+        /// tmpfs options, e.g. `mode=1777,size=64m`.
+        options: String,
+    },
+    /// A bind mount of a host file or directory (recursive), always
+    /// `nosuid,nodev`.
+    Bind {
+        /// Host path.
+        source: PathBuf,
+        /// Where.
+        path: PathBuf,
+        /// Read-only.
+        read_only: bool,
+    },
+    /// A host device node bound over an empty file (user namespaces cannot
+    /// create device nodes).
+    DevNode {
+        /// Host path, e.g. `/dev/null`.
+        source: PathBuf,
+        /// Where.
+        path: PathBuf,
+    },
+    /// A new procfs for the sandbox's pid namespace.
+    Proc {
+        /// Where.
+        path: PathBuf,
+    },
+    /// A new devpts instance (its own ptmx).
+    Devpts {
+        /// Where.
+        path: PathBuf,
+    },
+    /// Hide a file, if it exists, behind `/dev/null`.
+    MaskFile {
+        /// What.
+        path: PathBuf,
+    },
+    /// Hide a directory, if it exists, behind an empty read-only tmpfs.
+    MaskDir {
+        /// What.
+        path: PathBuf,
+    },
+    /// Bind a path onto itself, read-only, if it exists (e.g. `/proc/sys`).
+    ReadOnlySelf {
+        /// What.
+        path: PathBuf,
+    },
+    /// A symlink.
+    Symlink {
+        /// What it points to.
+        target: PathBuf,
+        /// Where.
+        path: PathBuf,
+    },
+    /// Remount a mount point read-only.
+    ReadOnly {
+        /// What.
+        path: PathBuf,
+    },
+}
+
+/// A resource limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RlimitResource {
+    /// `RLIMIT_AS`: address space, bytes.
+    AddressSpace,
+    /// `RLIMIT_NPROC`: processes of this user.
+    Nproc,
+    /// `RLIMIT_FSIZE`: largest file, bytes.
+    Fsize,
+    /// `RLIMIT_NOFILE`: open descriptors.
+    Nofile,
+    /// `RLIMIT_CORE`: core dump size.
+    Core,
+}
+
+/// `setrlimit(resource, value, value)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RlimitSpec {
+    /// Which.
+    pub resource: RlimitResource,
+    /// Soft and hard limit.
+    pub value: u64,
+}
+
+/// Landlock: where the command may write. Reads are not restricted by
+/// Landlock (the filesystem view decides what exists).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LandlockSpec {
+    /// Directories the command may write beneath.
+    pub write_dirs: Vec<PathBuf>,
+    /// Single files the command may write (device nodes).
+    pub write_files: Vec<PathBuf>,
+    /// Fail when Landlock cannot be fully enforced.
+    pub required: bool,
 }
 
 /// Why the command could not be started.
@@ -113,6 +254,7 @@ mod tests {
             argv: vec!["echo".into(), "hi".into()],
             env: vec![("PATH".into(), "/bin".into())],
             timeout_ms: Some(5),
+            linux: None,
         };
         let mut buf = Vec::new();
         write_frame(&mut buf, &req).unwrap();

@@ -11,7 +11,7 @@ use hako_sys::rustix::event::{poll, PollFd, PollFlags, Timespec};
 use hako_sys::rustix::io::Errno;
 use hako_sys::rustix::process::{self as rproc, Pid, Signal, WaitOptions};
 use hako_sys::signal::{signum as libc_sig, SignalFd};
-use hako_sys::spawn::{prepare, ChildSetup};
+use hako_sys::spawn::{prepare, ChildSetup, ConfineHook};
 
 use crate::proto::{self, RunReply, RunRequest, SpawnFailure};
 
@@ -31,20 +31,49 @@ pub fn serve(ctl: OwnedFd) -> u8 {
             return 2;
         }
     };
-    let reply = run(&request, &ctl);
+    let reply = match &request.linux {
+        None => run(&request, &ctl, RunOptions::host()),
+        Some(spec) => match crate::linux::launch(&request, spec, &ctl) {
+            // The launcher process: pid 1 inside has replied (or died, and
+            // hako sees the control socket close without a reply).
+            crate::linux::Launched::Launcher(code) => return code,
+            crate::linux::Launched::Reply(reply) => reply,
+        },
+    };
     match proto::write_frame(&mut ctl, &reply) {
         Ok(()) => 0,
         Err(_) => 3,
     }
 }
 
-fn refuse(message: impl Into<String>) -> RunReply {
+pub(crate) fn refuse(message: impl Into<String>) -> RunReply {
     RunReply::Refused {
         message: message.into(),
     }
 }
 
-fn run(request: &RunRequest, ctl: &UnixStream) -> RunReply {
+/// How [`run`] starts and watches the command.
+pub(crate) struct RunOptions {
+    /// Treat SIGINT, SIGTERM and SIGHUP as "stop": kill everything. Not for
+    /// pid 1 of a sandbox, where the command itself could send them.
+    pub stop_signals: bool,
+    /// Applied in the command's process just before exec.
+    pub confine: Option<ConfineHook>,
+    /// Working directory of the command; `None` keeps the guest's.
+    pub cwd: Option<std::path::PathBuf>,
+}
+
+impl RunOptions {
+    fn host() -> Self {
+        RunOptions {
+            stop_signals: true,
+            confine: None,
+            cwd: None,
+        }
+    }
+}
+
+pub(crate) fn run(request: &RunRequest, ctl: &UnixStream, options: RunOptions) -> RunReply {
     if request.version != proto::VERSION {
         return refuse(format!(
             "protocol version {} is not supported; this guest speaks {}",
@@ -61,12 +90,17 @@ fn run(request: &RunRequest, ctl: &UnixStream) -> RunReply {
     // Block these before the first fork so no exit is missed, and so that a
     // signal meant to stop the guest makes it clean up instead of dying and
     // leaving the command's tree behind.
-    let signals = match SignalFd::new(&[
-        libc_sig::SIGCHLD,
-        libc_sig::SIGINT,
-        libc_sig::SIGTERM,
-        libc_sig::SIGHUP,
-    ]) {
+    let watched: &[i32] = if options.stop_signals {
+        &[
+            libc_sig::SIGCHLD,
+            libc_sig::SIGINT,
+            libc_sig::SIGTERM,
+            libc_sig::SIGHUP,
+        ]
+    } else {
+        &[libc_sig::SIGCHLD]
+    };
+    let signals = match SignalFd::new(watched) {
         Ok(s) => s,
         Err(err) => return refuse(format!("cannot open signalfd: {err}")),
     };
@@ -75,6 +109,9 @@ fn run(request: &RunRequest, ctl: &UnixStream) -> RunReply {
         .args(args)
         .env_clear()
         .envs(request.env.iter().cloned());
+    if let Some(cwd) = &options.cwd {
+        command.current_dir(cwd);
+    }
     prepare(
         &mut command,
         ChildSetup {
@@ -82,6 +119,7 @@ fn run(request: &RunRequest, ctl: &UnixStream) -> RunReply {
             // If the guest itself is killed outright, its direct child
             // goes with it.
             parent_death_kill: true,
+            confine: options.confine,
             ..ChildSetup::default()
         },
     );

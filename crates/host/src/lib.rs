@@ -11,20 +11,18 @@
 //! writing or connecting to anything the invoking user can. The fence
 //! confines hako's own file operations, not the command's.
 
-mod driver;
-
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use hako_core::env::EnvPolicy;
 use hako_core::{
-    AppendFile, Capabilities, Command, DirListing, Error, ExecStream, Isolation, LimitKind,
-    LimitMechanism, LimitReport, MakeDirAll, Metadata, NetworkAccess, Optional, Output, OutputSink,
-    ReadLimit, ReadOutcome, Result, Sandbox, StatPath, Workdir, DEFAULT_MAX_OUTPUT,
+    Capabilities, Isolation, LimitKind, LimitMechanism, LimitReport, NetworkAccess, Optional,
+    Result, DEFAULT_MAX_OUTPUT,
 };
 use hako_fence::{Fence, FenceOptions};
+use hako_guest::proto::LinuxSpec;
+use hako_guest::sandbox::{GuestConfig, GuestSandbox, Launcher};
 
-pub use driver::locate_guest;
+pub use hako_guest::client::locate_guest;
 
 /// The backend's name.
 pub const NAME: &str = "host";
@@ -58,17 +56,23 @@ impl HostConfig {
     }
 }
 
+/// What the host backend builds around a command: nothing.
+#[derive(Debug)]
+struct InPlace;
+
+impl Launcher for InPlace {
+    fn linux_spec(&self, _cwd: &Path) -> Result<Option<LinuxSpec>> {
+        Ok(None)
+    }
+}
+
 /// A sandbox whose commands are host processes.
 #[derive(Debug)]
 pub struct HostSandbox {
-    fence: Fence,
-    caps: Capabilities,
-    base_env: Vec<(String, String)>,
-    guest: PathBuf,
-    max_output: usize,
-    closed: AtomicBool,
-    running: driver::Running,
+    inner: GuestSandbox,
 }
+
+hako_guest::delegate_sandbox!(HostSandbox, inner);
 
 impl HostSandbox {
     /// Opens the workspace and finds the guest; starts nothing yet.
@@ -123,152 +127,20 @@ impl HostSandbox {
             },
         };
         Ok(HostSandbox {
-            fence,
-            caps,
-            base_env,
-            guest,
-            max_output: config.max_output,
-            closed: AtomicBool::new(false),
-            running: driver::Running::default(),
+            inner: GuestSandbox::new(GuestConfig {
+                backend: NAME,
+                fence,
+                caps,
+                base_env,
+                guest,
+                max_output: config.max_output,
+                launcher: Box::new(InPlace),
+            }),
         })
     }
 
     /// The base environment every command starts from.
     pub fn base_env(&self) -> &[(String, String)] {
-        &self.base_env
-    }
-
-    fn check_open(&self) -> Result<()> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(Error::Closed);
-        }
-        Ok(())
-    }
-
-    fn run(&self, command: &Command, sink: Option<&mut OutputSink<'_>>) -> Result<Output> {
-        self.check_open()?;
-        let argv = driver::validate(command)?;
-        let cwd = self
-            .fence
-            .open_dir(command.cwd.as_deref().unwrap_or(Path::new(".")))?;
-        let env = hako_core::env::merge(&self.base_env, &command.env);
-        driver::run(
-            driver::Launch {
-                guest: &self.guest,
-                argv,
-                env,
-                cwd,
-                command,
-                max_output: command.max_output.unwrap_or(self.max_output),
-                running: &self.running,
-            },
-            sink,
-        )
-    }
-}
-
-impl Sandbox for HostSandbox {
-    fn capabilities(&self) -> &Capabilities {
-        &self.caps
-    }
-
-    fn exec(&self, command: &Command) -> Result<Output> {
-        self.run(command, None)
-    }
-
-    fn read_file(&self, path: &Path) -> Result<Vec<u8>> {
-        self.check_open()?;
-        Ok(self.fence.read_all(path)?)
-    }
-
-    fn write_file(&self, path: &Path, data: &[u8]) -> Result<()> {
-        self.check_open()?;
-        Ok(self.fence.write(path, data)?)
-    }
-
-    fn remove(&self, path: &Path) -> Result<()> {
-        self.check_open()?;
-        Ok(self.fence.remove(path)?)
-    }
-
-    fn list_dir(&self, path: &Path) -> Result<DirListing> {
-        self.check_open()?;
-        Ok(self.fence.list(path)?)
-    }
-
-    fn close(&self) -> Result<()> {
-        self.closed.store(true, Ordering::Release);
-        self.running.cancel_all();
-        Ok(())
-    }
-
-    fn read_limit(&self) -> Option<&dyn ReadLimit> {
-        Some(self)
-    }
-
-    fn append(&self) -> Option<&dyn AppendFile> {
-        Some(self)
-    }
-
-    fn make_dir_all(&self) -> Option<&dyn MakeDirAll> {
-        Some(self)
-    }
-
-    fn workdir(&self) -> Option<&dyn Workdir> {
-        Some(self)
-    }
-
-    fn stat(&self) -> Option<&dyn StatPath> {
-        Some(self)
-    }
-
-    fn exec_stream(&self) -> Option<&dyn ExecStream> {
-        Some(self)
-    }
-}
-
-impl ReadLimit for HostSandbox {
-    fn read_file_limit(&self, path: &Path, max: u64) -> Result<ReadOutcome> {
-        self.check_open()?;
-        Ok(self.fence.read(path, max)?)
-    }
-}
-
-impl AppendFile for HostSandbox {
-    fn append_file(&self, path: &Path, data: &[u8]) -> Result<()> {
-        self.check_open()?;
-        Ok(self.fence.append(path, data)?)
-    }
-}
-
-impl MakeDirAll for HostSandbox {
-    fn make_dir_all(&self, path: &Path) -> Result<()> {
-        self.check_open()?;
-        Ok(self.fence.make_dir_all(path)?)
-    }
-}
-
-impl Workdir for HostSandbox {
-    fn workdir(&self) -> &Path {
-        self.fence.workdir()
-    }
-}
-
-impl StatPath for HostSandbox {
-    fn stat(&self, path: &Path) -> Result<Metadata> {
-        self.check_open()?;
-        Ok(self.fence.stat(path)?)
-    }
-}
-
-impl ExecStream for HostSandbox {
-    fn exec_stream(&self, command: &Command, sink: &mut OutputSink<'_>) -> Result<Output> {
-        self.run(command, Some(sink))
-    }
-}
-
-impl Drop for HostSandbox {
-    fn drop(&mut self) {
-        let _ = self.close();
+        self.inner.base_env()
     }
 }

@@ -10,7 +10,11 @@
 
 pub use rustix;
 
+pub mod confine;
+pub mod mount;
+pub mod ns;
 pub mod proc;
+pub mod raw;
 pub mod signal;
 pub mod spawn;
 

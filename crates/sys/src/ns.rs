@@ -1,1 +1,149 @@
-//! (in progress)
+//! Namespaces and process attributes for the `linux` backend's launcher.
+//!
+//! These are called by `hako-guest`, a single-threaded process, while it
+//! builds a sandbox: unshare the namespaces, map its uid and gid, fork the
+//! sandbox's pid 1, name the host and bring up loopback.
+
+use std::ffi::CString;
+use std::io;
+
+pub use libc::{
+    CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER,
+    CLONE_NEWUTS,
+};
+
+fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Moves the calling process into new namespaces (`CLONE_NEW*` flags).
+///
+/// `CLONE_NEWUSER` requires a single-threaded caller; `CLONE_NEWPID` affects
+/// the caller's children, not the caller.
+pub fn unshare(flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: unshare takes an integer; it changes only this process's
+    // namespace membership (the caller is single-threaded, see above).
+    cvt(unsafe { libc::unshare(flags) }).map(drop)
+}
+
+fn write_proc_self(name: &str, contents: &str) -> io::Result<()> {
+    std::fs::write(format!("/proc/self/{name}"), contents)
+}
+
+/// Maps one uid and one gid of the new user namespace onto the caller's
+/// (`inner outer 1`), after denying `setgroups` (which an unprivileged
+/// process must do before it may write a gid map).
+pub fn write_id_maps(uid: (u32, u32), gid: (u32, u32)) -> io::Result<()> {
+    match write_proc_self("setgroups", "deny") {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        other => other?,
+    }
+    write_proc_self("uid_map", &format!("{} {} 1\n", uid.0, uid.1))?;
+    write_proc_self("gid_map", &format!("{} {} 1\n", gid.0, gid.1))
+}
+
+/// The result of [`fork_single_threaded`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forked {
+    /// In the parent, with the child's pid.
+    Parent(i32),
+    /// In the child.
+    Child,
+}
+
+fn thread_count() -> io::Result<usize> {
+    Ok(std::fs::read_dir("/proc/self/task")?.count())
+}
+
+/// `fork()`, refused unless the calling process has exactly one thread (in a
+/// multi-threaded process the child could inherit locks held by threads that
+/// no longer exist).
+pub fn fork_single_threaded() -> io::Result<Forked> {
+    let threads = thread_count()?;
+    if threads != 1 {
+        return Err(io::Error::other(format!(
+            "fork refused: the process has {threads} threads"
+        )));
+    }
+    // SAFETY: the process is single-threaded (checked just above), so the
+    // child is a complete copy with no lock held by a vanished thread.
+    let pid = cvt(unsafe { libc::fork() })?;
+    Ok(if pid == 0 {
+        Forked::Child
+    } else {
+        Forked::Parent(pid)
+    })
+}
+
+/// Asks the kernel to SIGKILL this process when its parent exits.
+pub fn die_with_parent() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments.
+    cvt(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) }).map(drop)
+}
+
+/// Makes this process non-dumpable: its `/proc/PID` files become owned by
+/// root and it cannot be ptraced by processes of the same uid.
+pub fn set_not_dumpable() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments.
+    cvt(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) }).map(drop)
+}
+
+/// Sets the host name (in the caller's UTS namespace).
+pub fn sethostname(name: &str) -> io::Result<()> {
+    // SAFETY: the pointer and length describe `name`'s bytes, which outlive
+    // the call; the kernel only reads them.
+    cvt(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) }).map(drop)
+}
+
+/// Brings up the loopback interface of the caller's network namespace.
+pub fn loopback_up() -> io::Result<()> {
+    // SAFETY: socket takes integers and returns a new descriptor.
+    let sock =
+        cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: `ifreq` is plain data; zeroed is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: `req` is a valid ifreq for both ioctls; `sock` is our socket.
+    let result = unsafe {
+        cvt(libc::ioctl(sock, libc::SIOCGIFFLAGS, &mut req)).and_then(|_| {
+            req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            cvt(libc::ioctl(sock, libc::SIOCSIFFLAGS, &req))
+        })
+    };
+    // SAFETY: closing the socket we opened above.
+    unsafe { libc::close(sock) };
+    result.map(drop)
+}
+
+/// Whether unprivileged user namespaces are enabled, with the reason when
+/// they are not (read from the sysctls that govern them).
+pub fn user_namespaces_allowed() -> Result<(), String> {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
+    if read("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") {
+        return Err("kernel.unprivileged_userns_clone=0; hint: sysctl -w kernel.unprivileged_userns_clone=1".into());
+    }
+    if read("/proc/sys/user/max_user_namespaces").as_deref() == Some("0") {
+        return Err(
+            "user.max_user_namespaces=0; hint: sysctl -w user.max_user_namespaces=15000".into(),
+        );
+    }
+    if read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() == Some("1") {
+        return Err("AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns=1); hint: add an AppArmor profile for hako with `userns,` or set the sysctl to 0".into());
+    }
+    Ok(())
+}
+
+/// The path of a C string, for messages.
+pub fn cstring(s: &str) -> io::Result<CString> {
+    CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in string"))
+}

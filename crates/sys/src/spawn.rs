@@ -47,8 +47,13 @@ pub fn cloexec_fds_from(first: RawFd) -> io::Result<()> {
     Ok(())
 }
 
+/// A last step run in the child just before exec (e.g. applying Landlock,
+/// capabilities and seccomp). It may allocate only when the parent is
+/// single-threaded.
+pub type ConfineHook = Box<dyn FnMut() -> io::Result<()> + Send + Sync>;
+
 /// How a child is prepared between fork and exec.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct ChildSetup {
     /// Start a new session (and with it a new process group), so the child
     /// has no controlling terminal and its group can be signalled as one.
@@ -65,6 +70,21 @@ pub struct ChildSetup {
     /// Ask the kernel to send SIGKILL to the child when the thread that
     /// spawned it exits.
     pub parent_death_kill: bool,
+    /// Run last, after every other step; see [`ConfineHook`].
+    pub confine: Option<ConfineHook>,
+}
+
+impl std::fmt::Debug for ChildSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChildSetup")
+            .field("new_session", &self.new_session)
+            .field("new_process_group", &self.new_process_group)
+            .field("cwd", &self.cwd)
+            .field("fd3", &self.fd3)
+            .field("parent_death_kill", &self.parent_death_kill)
+            .field("confine", &self.confine.is_some())
+            .finish()
+    }
 }
 
 /// Installs `setup` as the `pre_exec` hook of `command`. In the child the
@@ -80,6 +100,7 @@ pub fn prepare(command: &mut Command, setup: ChildSetup) {
         cwd,
         fd3,
         parent_death_kill,
+        mut confine,
     } = setup;
     let cwd_raw = cwd.as_ref().map(AsRawFd::as_raw_fd);
     let fd3_raw = fd3.as_ref().map(AsRawFd::as_raw_fd);
@@ -123,7 +144,11 @@ pub fn prepare(command: &mut Command, setup: ChildSetup) {
                 }
             }
         }
-        cloexec_fds_from(if fd3_raw.is_some() { 4 } else { 3 })
+        cloexec_fds_from(if fd3_raw.is_some() { 4 } else { 3 })?;
+        match confine.as_mut() {
+            Some(step) => step(),
+            None => Ok(()),
+        }
     };
     // SAFETY: the hook only makes async-signal-safe system calls and does
     // not allocate, as required between fork and exec.

@@ -1,4 +1,6 @@
-//! Starting the guest for one command and collecting its output.
+//! The host side of the protocol: starting the guest for one command,
+//! feeding it, and collecting its output. Every backend launches through
+//! this; a backend only decides how the guest is started and what it builds.
 
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
@@ -9,21 +11,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::proto::{self, LinuxSpec, RunReply, RunRequest, SpawnFailure};
 use hako_core::{Command, Error, Output, OutputSink, Result, Stream};
-use hako_guest::proto::{self, RunReply, RunRequest, SpawnFailure};
 use hako_sys::rustix::event::{poll, PollFd, PollFlags, Timespec};
 use hako_sys::rustix::io::Errno;
 use hako_sys::spawn::{prepare, ChildSetup};
-
-use crate::NAME;
 
 /// How long output may keep flowing after the guest has replied (it killed
 /// the whole tree first, so this is only a guard against a broken guest).
 const DRAIN_GRACE: Duration = Duration::from_secs(5);
 
-fn backend_err(op: &'static str, message: impl Into<String>) -> Error {
+fn backend_err(backend: &str, op: &'static str, message: impl Into<String>) -> Error {
     Error::Backend {
-        backend: NAME.into(),
+        backend: backend.into(),
         op,
         message: message.into(),
     }
@@ -49,6 +49,7 @@ pub fn locate_guest() -> Result<PathBuf> {
         dir = d.parent();
     }
     Err(backend_err(
+        "any",
         "find hako-guest",
         format!(
             "no hako-guest binary beside {}; hint: install hako-guest next to hako, set HAKO_GUEST, or run `cargo build --workspace` first",
@@ -115,13 +116,24 @@ impl Running {
 
 /// Everything one launch needs.
 pub struct Launch<'a> {
+    /// The backend's name, for errors.
+    pub backend: &'static str,
+    /// The `hako-guest` binary.
     pub guest: &'a Path,
+    /// The checked argument vector (see [`validate`]).
     pub argv: Vec<String>,
+    /// The complete environment of the command.
     pub env: Vec<(String, String)>,
+    /// The directory the guest starts in (opened through the fence).
     pub cwd: OwnedFd,
+    /// The command (stdin, timeout).
     pub command: &'a Command,
+    /// Cap on each output stream.
     pub max_output: usize,
+    /// Where in-flight commands are registered for cancellation.
     pub running: &'a Running,
+    /// The sandbox the guest builds around the command, if any.
+    pub linux: Option<LinuxSpec>,
 }
 
 /// One output stream, kept up to a cap and counted in full.
@@ -157,6 +169,7 @@ impl Capture {
 /// Runs one command under a fresh guest.
 pub fn run(launch: Launch<'_>, mut sink: Option<&mut OutputSink<'_>>) -> Result<Output> {
     let Launch {
+        backend,
         guest,
         argv,
         env,
@@ -164,6 +177,7 @@ pub fn run(launch: Launch<'_>, mut sink: Option<&mut OutputSink<'_>>) -> Result<
         command,
         max_output,
         running,
+        linux,
     } = launch;
     let (ctl, ctl_guest) = UnixStream::pair().map_err(|source| Error::Io {
         op: "create control socket",
@@ -193,6 +207,7 @@ pub fn run(launch: Launch<'_>, mut sink: Option<&mut OutputSink<'_>>) -> Result<
     let start = Instant::now();
     let mut child = child_cmd.spawn().map_err(|e| {
         backend_err(
+            backend,
             "start hako-guest",
             format!(
                 "{}: {e}; hint: set HAKO_GUEST to the hako-guest binary",
@@ -211,9 +226,10 @@ pub fn run(launch: Launch<'_>, mut sink: Option<&mut OutputSink<'_>>) -> Result<
             timeout_ms: command
                 .timeout
                 .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+            linux,
         };
         proto::write_frame(&ctl, &request)
-            .map_err(|e| backend_err("send request to hako-guest", e.to_string()))?;
+            .map_err(|e| backend_err(backend, "send request to hako-guest", e.to_string()))?;
         let stdin = child.stdin.take();
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
@@ -244,6 +260,7 @@ pub fn run(launch: Launch<'_>, mut sink: Option<&mut OutputSink<'_>>) -> Result<
         Some(reply) => reply,
         None => {
             return Err(backend_err(
+                backend,
                 "run command",
                 format!("hako-guest ended without a reply ({waited:?})"),
             ))
@@ -276,10 +293,10 @@ pub fn run(launch: Launch<'_>, mut sink: Option<&mut OutputSink<'_>>) -> Result<
                         std::io::Error::from_raw_os_error,
                     ),
                 },
-                SpawnFailure::Other => backend_err("start command", message),
+                SpawnFailure::Other => backend_err(backend, "start command", message),
             })
         }
-        RunReply::Refused { message } => Err(backend_err("run command", message)),
+        RunReply::Refused { message } => Err(backend_err(backend, "run command", message)),
     }
 }
 

@@ -1,0 +1,320 @@
+//! Building a `linux` sandbox around the command.
+//!
+//! The guest runs as two processes:
+//!
+//! 1. The **launcher** (the process hako started, still in hako's pid
+//!    namespace) unshares user, mount, pid, network, IPC, UTS and cgroup
+//!    namespaces, maps its uid and gid, and forks.
+//! 2. Its child is **pid 1** of the new pid namespace. It builds the
+//!    filesystem view on a fresh tmpfs, `pivot_root`s into it and detaches
+//!    the host's tree, names the host, brings up loopback, and then
+//!    supervises the command exactly as the host guest does, with the
+//!    command confined just before exec (rlimits, Landlock, no_new_privs,
+//!    no capabilities, seccomp).
+//!
+//! When pid 1 exits the kernel kills every process left in the namespace.
+//! Pid 1 dies with the launcher (`PR_SET_PDEATHSIG`), and the launcher
+//! turns SIGINT, SIGTERM and SIGHUP into a SIGKILL of pid 1, so no path
+//! leaves anything running.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Component, Path, PathBuf};
+
+use hako_sys::mount::{self as m, fd_path};
+use hako_sys::ns::{self, Forked};
+use hako_sys::rustix::fs::{self as rfs, Mode, OFlags};
+use hako_sys::rustix::process::{self as rproc, Pid, Signal, WaitOptions};
+use hako_sys::signal::{signum, SignalFd};
+
+use crate::proto::{LinuxSpec, MountOp, RunReply, RunRequest};
+use crate::supervise::{refuse, run, RunOptions};
+
+/// What [`launch`] returned in this process.
+pub(crate) enum Launched {
+    /// This is the launcher; exit with this code (pid 1 replied).
+    Launcher(u8),
+    /// Send this reply (an error before pid 1 existed, or pid 1's result).
+    Reply(RunReply),
+}
+
+/// Where the new root is assembled, inside the new mount namespace only.
+const STAGING: &str = "/tmp";
+
+pub(crate) fn launch(request: &RunRequest, spec: &LinuxSpec, ctl: &UnixStream) -> Launched {
+    let flags = ns::CLONE_NEWUSER
+        | ns::CLONE_NEWNS
+        | ns::CLONE_NEWPID
+        | ns::CLONE_NEWNET
+        | ns::CLONE_NEWIPC
+        | ns::CLONE_NEWUTS
+        | ns::CLONE_NEWCGROUP;
+    if let Err(err) = ns::unshare(flags) {
+        let hint = ns::user_namespaces_allowed()
+            .err()
+            .unwrap_or_else(|| "user namespaces may be disabled or restricted here".into());
+        return Launched::Reply(refuse(format!(
+            "cannot create namespaces: {err}; hint: {hint}"
+        )));
+    }
+    if let Err(err) = ns::write_id_maps(spec.uid, spec.gid) {
+        return Launched::Reply(refuse(format!(
+            "cannot map uid {} / gid {} into the user namespace: {err}",
+            spec.uid.1, spec.gid.1
+        )));
+    }
+    match ns::fork_single_threaded() {
+        Err(err) => Launched::Reply(refuse(format!("cannot fork pid 1: {err}"))),
+        Ok(Forked::Parent(pid)) => Launched::Launcher(wait_for_init(pid)),
+        Ok(Forked::Child) => Launched::Reply(init(request, spec, ctl)),
+    }
+}
+
+/// The launcher: wait for pid 1; on a stop signal, kill it (and with it the
+/// whole namespace).
+fn wait_for_init(pid: i32) -> u8 {
+    let _ = hako_sys::stdio_to_null();
+    let Some(pid) = Pid::from_raw(pid) else {
+        return 4;
+    };
+    let signals = SignalFd::new(&[
+        signum::SIGCHLD,
+        signum::SIGINT,
+        signum::SIGTERM,
+        signum::SIGHUP,
+    ]);
+    loop {
+        match rproc::waitpid(Some(pid), WaitOptions::NOHANG) {
+            Ok(Some(_)) | Err(_) => return 0,
+            Ok(None) => {}
+        }
+        match &signals {
+            Ok(signals) => {
+                let mut fds = [hako_sys::rustix::event::PollFd::new(
+                    signals,
+                    hako_sys::rustix::event::PollFlags::IN,
+                )];
+                let _ = hako_sys::rustix::event::poll(&mut fds, None);
+                if signals.drain().iter().any(|&s| s != signum::SIGCHLD) {
+                    let _ = rproc::kill_process(pid, Signal::KILL);
+                }
+            }
+            Err(_) => {
+                let _ = rproc::waitpid(Some(pid), WaitOptions::empty());
+                return 0;
+            }
+        }
+    }
+}
+
+/// Pid 1: build the view, then supervise the command.
+fn init(request: &RunRequest, spec: &LinuxSpec, ctl: &UnixStream) -> RunReply {
+    if let Err(err) = ns::die_with_parent() {
+        return refuse(format!("pid 1: cannot set the parent-death signal: {err}"));
+    }
+    // Nothing inside may read pid 1's memory or /proc files.
+    let _ = ns::set_not_dumpable();
+    if let Err(err) = build_view(&spec.mounts) {
+        return refuse(format!("cannot build the sandbox's filesystem view: {err}"));
+    }
+    if let Err(err) = ns::sethostname(&spec.hostname) {
+        return refuse(format!("cannot set the host name: {err}"));
+    }
+    if let Err(err) = ns::loopback_up() {
+        return refuse(format!("cannot bring up loopback: {err}"));
+    }
+    let confine = match crate::confine::hook(spec) {
+        Ok(hook) => hook,
+        Err(message) => return refuse(message),
+    };
+    run(
+        request,
+        ctl,
+        RunOptions {
+            stop_signals: false,
+            confine: Some(confine),
+            cwd: Some(spec.cwd.clone()),
+        },
+    )
+}
+
+/// A path inside the sandbox, relative to the staging root.
+fn staged(path: &Path) -> PathBuf {
+    let rel: PathBuf = path
+        .components()
+        .filter(|c| matches!(c, Component::Normal(_)))
+        .collect();
+    Path::new(STAGING).join(rel)
+}
+
+fn open_path(path: &Path) -> std::io::Result<OwnedFd> {
+    rfs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| std::io::Error::new(e.kind(), format!("open {}: {e}", path.display())))
+}
+
+fn make_file(path: &Path) -> std::io::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map(drop)
+}
+
+fn exists(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok()
+}
+
+/// Builds the view described by `ops` on a tmpfs at [`STAGING`] and makes it
+/// the root.
+fn build_view(ops: &[MountOp]) -> std::io::Result<()> {
+    // No mount event of ours may reach the host.
+    m::mount(None, Path::new("/"), None, m::MS_REC | m::MS_PRIVATE, None)?;
+    // Open every host source first: the staging tmpfs may hide some of
+    // them (a workspace under /tmp), their descriptors keep them reachable.
+    let mut sources: HashMap<PathBuf, OwnedFd> = HashMap::new();
+    let null = PathBuf::from("/dev/null");
+    sources.insert(null.clone(), open_path(&null)?);
+    for op in ops {
+        if let MountOp::Bind { source, .. } | MountOp::DevNode { source, .. } = op {
+            if !sources.contains_key(source) {
+                sources.insert(source.clone(), open_path(source)?);
+            }
+        }
+    }
+    let src = |p: &Path| -> std::io::Result<PathBuf> {
+        sources
+            .get(p)
+            .map(|fd| fd_path(fd.as_fd()))
+            .ok_or_else(|| std::io::Error::other(format!("{} was not opened", p.display())))
+    };
+    let staging = Path::new(STAGING);
+    m::mount(
+        Some(Path::new("tmpfs")),
+        staging,
+        Some("tmpfs"),
+        m::MS_NOSUID | m::MS_NODEV,
+        Some("mode=0755"),
+    )?;
+    let soft = m::MS_NOSUID | m::MS_NODEV;
+    for op in ops {
+        apply(op, &src, &null, soft)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{op:?}: {e}")))?;
+    }
+    std::env::set_current_dir(staging)?;
+    // The root itself is read-only: nothing can be created beside the
+    // mount points.
+    m::remount_readonly(Path::new("."), soft)?;
+    drop(sources);
+    m::pivot_root_to_cwd()
+}
+
+/// Carries out one step of the view.
+fn apply(
+    op: &MountOp,
+    src: &dyn Fn(&Path) -> std::io::Result<PathBuf>,
+    null: &Path,
+    soft: m::Flags,
+) -> std::io::Result<()> {
+    {
+        match op {
+            MountOp::Dir { path } => std::fs::create_dir_all(staged(path))?,
+            MountOp::Tmpfs { path, options } => {
+                let at = staged(path);
+                std::fs::create_dir_all(&at)?;
+                m::mount(
+                    Some(Path::new("tmpfs")),
+                    &at,
+                    Some("tmpfs"),
+                    soft,
+                    Some(options),
+                )?;
+            }
+            MountOp::Bind {
+                source,
+                path,
+                read_only,
+            } => {
+                let at = staged(path);
+                let from = src(source)?;
+                if std::fs::metadata(&from)?.is_dir() {
+                    std::fs::create_dir_all(&at)?;
+                } else {
+                    make_file(&at)?;
+                }
+                m::mount(Some(&from), &at, None, m::MS_BIND | m::MS_REC, None)?;
+                if *read_only {
+                    m::remount_readonly(&at, soft)?;
+                } else {
+                    m::remount_flags(&at, soft)?;
+                }
+            }
+            MountOp::DevNode { source, path } => {
+                let at = staged(path);
+                make_file(&at)?;
+                m::mount(Some(&src(source)?), &at, None, m::MS_BIND, None)?;
+                m::remount_flags(&at, m::MS_NOSUID | m::MS_NOEXEC)?;
+            }
+            MountOp::Proc { path } => {
+                let at = staged(path);
+                std::fs::create_dir_all(&at)?;
+                m::mount(
+                    Some(Path::new("proc")),
+                    &at,
+                    Some("proc"),
+                    m::MS_NOSUID | m::MS_NODEV | m::MS_NOEXEC,
+                    None,
+                )?;
+            }
+            MountOp::Devpts { path } => {
+                let at = staged(path);
+                std::fs::create_dir_all(&at)?;
+                m::mount(
+                    Some(Path::new("devpts")),
+                    &at,
+                    Some("devpts"),
+                    m::MS_NOSUID | m::MS_NOEXEC,
+                    Some("newinstance,ptmxmode=0666,mode=0620"),
+                )?;
+            }
+            MountOp::MaskFile { path } => {
+                let at = staged(path);
+                if exists(&at) {
+                    m::mount(Some(&src(null)?), &at, None, m::MS_BIND, None)?;
+                }
+            }
+            MountOp::MaskDir { path } => {
+                let at = staged(path);
+                if exists(&at) {
+                    m::mount(
+                        Some(Path::new("tmpfs")),
+                        &at,
+                        Some("tmpfs"),
+                        m::MS_RDONLY | m::MS_NOSUID | m::MS_NODEV | m::MS_NOEXEC,
+                        Some("mode=0000,size=0"),
+                    )?;
+                }
+            }
+            MountOp::ReadOnlySelf { path } => {
+                let at = staged(path);
+                if exists(&at) {
+                    m::mount(Some(&at), &at, None, m::MS_BIND | m::MS_REC, None)?;
+                    m::remount_readonly(&at, soft)?;
+                }
+            }
+            MountOp::Symlink { target, path } => {
+                let at = staged(path);
+                if let Some(parent) = at.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                std::os::unix::fs::symlink(target, &at)?;
+            }
+            MountOp::ReadOnly { path } => m::remount_readonly(&staged(path), 0)?,
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,272 @@
+//! A sandbox whose commands run under `hako-guest`: the part every backend
+//! shares. A backend opens the fence, says what it enforces, and supplies a
+//! [`Launcher`]; everything else (exec, output caps, cancellation on close,
+//! file operations through the fence) is here, written once.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use hako_core::{
+    AppendFile, Capabilities, Command, DirListing, Error, ExecStream, MakeDirAll, Metadata, Output,
+    OutputSink, ReadLimit, ReadOutcome, Result, Sandbox, StatPath, Workdir,
+};
+use hako_fence::Fence;
+
+use crate::client as driver;
+use crate::proto::LinuxSpec;
+
+/// What distinguishes one backend from another once the guest does the
+/// work: what the guest builds around each command.
+pub trait Launcher: Send + Sync + std::fmt::Debug {
+    /// The sandbox the guest builds around one command whose working
+    /// directory is `cwd` (relative to the workspace, checked by the fence);
+    /// `None` runs the command where the guest is.
+    fn linux_spec(&self, cwd: &Path) -> Result<Option<LinuxSpec>>;
+}
+
+/// Everything a backend decides when it opens a [`GuestSandbox`].
+#[derive(Debug)]
+pub struct GuestConfig {
+    /// The backend's name.
+    pub backend: &'static str,
+    /// The workspace fence.
+    pub fence: Fence,
+    /// What the sandbox enforces.
+    pub caps: Capabilities,
+    /// The environment every command starts from.
+    pub base_env: Vec<(String, String)>,
+    /// The `hako-guest` binary.
+    pub guest: PathBuf,
+    /// Default cap on each output stream.
+    pub max_output: usize,
+    /// What the guest builds around each command.
+    pub launcher: Box<dyn Launcher>,
+}
+
+/// A sandbox whose commands run under `hako-guest` and whose file
+/// operations go through the fence: every backend is one of these plus a
+/// [`Launcher`].
+#[derive(Debug)]
+pub struct GuestSandbox {
+    backend: &'static str,
+    launcher: Box<dyn Launcher>,
+    fence: Fence,
+    caps: Capabilities,
+    base_env: Vec<(String, String)>,
+    guest: PathBuf,
+    max_output: usize,
+    closed: AtomicBool,
+    running: driver::Running,
+}
+
+impl GuestSandbox {
+    /// Assembles a sandbox; starts nothing yet.
+    pub fn new(config: GuestConfig) -> Self {
+        GuestSandbox {
+            backend: config.backend,
+            launcher: config.launcher,
+            fence: config.fence,
+            caps: config.caps,
+            base_env: config.base_env,
+            guest: config.guest,
+            max_output: config.max_output,
+            closed: AtomicBool::new(false),
+            running: driver::Running::default(),
+        }
+    }
+
+    /// The workspace fence.
+    pub fn fence(&self) -> &Fence {
+        &self.fence
+    }
+
+    /// The base environment every command starts from.
+    pub fn base_env(&self) -> &[(String, String)] {
+        &self.base_env
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        Ok(())
+    }
+
+    fn run(&self, command: &Command, sink: Option<&mut OutputSink<'_>>) -> Result<Output> {
+        self.check_open()?;
+        let argv = driver::validate(command)?;
+        let cwd_given = command.cwd.as_deref().unwrap_or(Path::new("."));
+        let cwd = self.fence.open_dir(cwd_given)?;
+        let linux = self.launcher.linux_spec(&self.fence.relative(cwd_given)?)?;
+        let env = hako_core::env::merge(&self.base_env, &command.env);
+        driver::run(
+            driver::Launch {
+                backend: self.backend,
+                guest: &self.guest,
+                argv,
+                env,
+                cwd,
+                command,
+                max_output: command.max_output.unwrap_or(self.max_output),
+                running: &self.running,
+                linux,
+            },
+            sink,
+        )
+    }
+}
+
+impl Sandbox for GuestSandbox {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    fn exec(&self, command: &Command) -> Result<Output> {
+        self.run(command, None)
+    }
+
+    fn read_file(&self, path: &Path) -> Result<Vec<u8>> {
+        self.check_open()?;
+        Ok(self.fence.read_all(path)?)
+    }
+
+    fn write_file(&self, path: &Path, data: &[u8]) -> Result<()> {
+        self.check_open()?;
+        Ok(self.fence.write(path, data)?)
+    }
+
+    fn remove(&self, path: &Path) -> Result<()> {
+        self.check_open()?;
+        Ok(self.fence.remove(path)?)
+    }
+
+    fn list_dir(&self, path: &Path) -> Result<DirListing> {
+        self.check_open()?;
+        Ok(self.fence.list(path)?)
+    }
+
+    fn close(&self) -> Result<()> {
+        self.closed.store(true, Ordering::Release);
+        self.running.cancel_all();
+        Ok(())
+    }
+
+    fn read_limit(&self) -> Option<&dyn ReadLimit> {
+        Some(self)
+    }
+
+    fn append(&self) -> Option<&dyn AppendFile> {
+        Some(self)
+    }
+
+    fn make_dir_all(&self) -> Option<&dyn MakeDirAll> {
+        Some(self)
+    }
+
+    fn workdir(&self) -> Option<&dyn Workdir> {
+        Some(self)
+    }
+
+    fn stat(&self) -> Option<&dyn StatPath> {
+        Some(self)
+    }
+
+    fn exec_stream(&self) -> Option<&dyn ExecStream> {
+        Some(self)
+    }
+}
+
+impl ReadLimit for GuestSandbox {
+    fn read_file_limit(&self, path: &Path, max: u64) -> Result<ReadOutcome> {
+        self.check_open()?;
+        Ok(self.fence.read(path, max)?)
+    }
+}
+
+impl AppendFile for GuestSandbox {
+    fn append_file(&self, path: &Path, data: &[u8]) -> Result<()> {
+        self.check_open()?;
+        Ok(self.fence.append(path, data)?)
+    }
+}
+
+impl MakeDirAll for GuestSandbox {
+    fn make_dir_all(&self, path: &Path) -> Result<()> {
+        self.check_open()?;
+        Ok(self.fence.make_dir_all(path)?)
+    }
+}
+
+impl Workdir for GuestSandbox {
+    fn workdir(&self) -> &Path {
+        self.fence.workdir()
+    }
+}
+
+impl StatPath for GuestSandbox {
+    fn stat(&self, path: &Path) -> Result<Metadata> {
+        self.check_open()?;
+        Ok(self.fence.stat(path)?)
+    }
+}
+
+impl ExecStream for GuestSandbox {
+    fn exec_stream(&self, command: &Command, sink: &mut OutputSink<'_>) -> Result<Output> {
+        self.run(command, Some(sink))
+    }
+}
+
+impl Drop for GuestSandbox {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}
+
+/// Implements [`Sandbox`](hako_core::Sandbox) for a backend type that wraps
+/// a [`GuestSandbox`] in field `$field`, by delegation.
+#[macro_export]
+macro_rules! delegate_sandbox {
+    ($ty:ty, $field:ident) => {
+        impl hako_core::Sandbox for $ty {
+            fn capabilities(&self) -> &hako_core::Capabilities {
+                self.$field.capabilities()
+            }
+            fn exec(&self, command: &hako_core::Command) -> hako_core::Result<hako_core::Output> {
+                self.$field.exec(command)
+            }
+            fn read_file(&self, path: &std::path::Path) -> hako_core::Result<Vec<u8>> {
+                self.$field.read_file(path)
+            }
+            fn write_file(&self, path: &std::path::Path, data: &[u8]) -> hako_core::Result<()> {
+                self.$field.write_file(path, data)
+            }
+            fn remove(&self, path: &std::path::Path) -> hako_core::Result<()> {
+                self.$field.remove(path)
+            }
+            fn list_dir(&self, path: &std::path::Path) -> hako_core::Result<hako_core::DirListing> {
+                self.$field.list_dir(path)
+            }
+            fn close(&self) -> hako_core::Result<()> {
+                self.$field.close()
+            }
+            fn read_limit(&self) -> Option<&dyn hako_core::ReadLimit> {
+                self.$field.read_limit()
+            }
+            fn append(&self) -> Option<&dyn hako_core::AppendFile> {
+                self.$field.append()
+            }
+            fn make_dir_all(&self) -> Option<&dyn hako_core::MakeDirAll> {
+                self.$field.make_dir_all()
+            }
+            fn workdir(&self) -> Option<&dyn hako_core::Workdir> {
+                self.$field.workdir()
+            }
+            fn stat(&self) -> Option<&dyn hako_core::StatPath> {
+                self.$field.stat()
+            }
+            fn exec_stream(&self) -> Option<&dyn hako_core::ExecStream> {
+                self.$field.exec_stream()
+            }
+        }
+    };
+}

@@ -1,0 +1,248 @@
+//! The `linux` backend: Isolation `Process`, rootless and daemonless.
+//!
+//! Each command runs under `hako-guest`, which unshares user, mount, pid,
+//! network, IPC, UTS and cgroup namespaces, builds a read-only view of the
+//! system on a fresh tmpfs root with the workspace bound read-write at its own
+//! path, `pivot_root`s into it, and runs the command as pid 1's child with
+//! rlimits, Landlock, `no_new_privs`, no capabilities and a seccomp filter.
+//! The network namespace has only loopback. See README.md beside this file
+//! for the order in which each protection is applied.
+
+pub mod plan;
+
+use std::path::{Path, PathBuf};
+
+use hako_core::env::EnvPolicy;
+use hako_core::{
+    Capabilities, Command, Error, Isolation, LimitKind, LimitMechanism, LimitReport, NetworkAccess,
+    Optional, Result, Sandbox, DEFAULT_MAX_OUTPUT,
+};
+use hako_fence::{Fence, FenceOptions};
+use hako_guest::proto::LinuxSpec;
+use hako_guest::sandbox::{GuestConfig, GuestSandbox, Launcher};
+
+use crate::plan::{HostFacts, PlanInput, Rlimits};
+
+pub use hako_guest::client::locate_guest;
+
+/// The backend's name.
+pub const NAME: &str = "linux";
+
+/// Resource limits a caller asks for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Memory, bytes.
+    pub memory: Option<u64>,
+    /// Processes.
+    pub pids: Option<u64>,
+    /// CPUs (a share; e.g. 0.5 is half a CPU), in thousandths.
+    pub cpus_milli: Option<u64>,
+    /// Largest file a command may write, bytes.
+    pub file_size: Option<u64>,
+    /// Open descriptors per process.
+    pub open_files: Option<u64>,
+}
+
+/// How a linux sandbox is set up.
+#[derive(Debug, Clone)]
+pub struct LinuxConfig {
+    /// The workspace on the host.
+    pub workspace: PathBuf,
+    /// Where the workspace appears inside; `None` means its own path.
+    pub mount_point: Option<PathBuf>,
+    /// Which host variables pass, and what is set.
+    pub env: EnvPolicy,
+    /// Cap on each of stdout and stderr kept per command.
+    pub max_output: usize,
+    /// Fence settings.
+    pub fence: FenceOptions,
+    /// The `hako-guest` binary; `None` finds it.
+    pub guest: Option<PathBuf>,
+    /// Extra read-only binds (same path inside).
+    pub ro: Vec<PathBuf>,
+    /// Extra read-write binds (same path inside).
+    pub rw: Vec<PathBuf>,
+    /// Resource limits.
+    pub limits: Limits,
+    /// Run even when a requested protection cannot be enforced here (it is
+    /// then left out of [`Capabilities`]).
+    pub best_effort: bool,
+}
+
+impl LinuxConfig {
+    /// Defaults for a workspace.
+    pub fn new(workspace: impl Into<PathBuf>) -> Self {
+        LinuxConfig {
+            workspace: workspace.into(),
+            mount_point: None,
+            env: EnvPolicy::default(),
+            max_output: DEFAULT_MAX_OUTPUT,
+            fence: FenceOptions::default(),
+            guest: None,
+            ro: Vec::new(),
+            rw: Vec::new(),
+            limits: Limits::default(),
+            best_effort: false,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Namespaces {
+    input: PlanInput,
+    facts: HostFacts,
+}
+
+impl Launcher for Namespaces {
+    fn linux_spec(&self, cwd: &Path) -> Result<Option<LinuxSpec>> {
+        let mut input = self.input.clone();
+        input.cwd = cwd.to_path_buf();
+        plan::plan(&input, &self.facts)
+            .map(Some)
+            .map_err(|e| backend_err("plan", e.0))
+    }
+}
+
+fn backend_err(op: &'static str, message: impl Into<String>) -> Error {
+    Error::Backend {
+        backend: NAME.into(),
+        op,
+        message: message.into(),
+    }
+}
+
+/// A sandbox whose commands run in fresh Linux namespaces.
+#[derive(Debug)]
+pub struct LinuxSandbox {
+    inner: GuestSandbox,
+}
+
+hako_guest::delegate_sandbox!(LinuxSandbox, inner);
+
+impl LinuxSandbox {
+    /// Opens the workspace, plans the sandbox and proves it works by running
+    /// `true` inside (so a host that cannot run it fails here, with the
+    /// reason, not at the first command).
+    pub fn new(config: LinuxConfig) -> Result<Self> {
+        let fence = Fence::open(&config.workspace, config.fence.clone())?;
+        let guest = match config.guest {
+            Some(path) => path,
+            None => locate_guest()?,
+        };
+        let limits = config.limits;
+        if limits.cpus_milli.is_some() && !config.best_effort {
+            return Err(backend_err(
+                "apply limits",
+                "--cpus needs a cgroup, which this version does not set up yet; pass --best-effort to run without the CPU limit",
+            ));
+        }
+        let workspace = fence.workdir().to_path_buf();
+        let input = PlanInput {
+            mount_point: config
+                .mount_point
+                .clone()
+                .unwrap_or_else(|| workspace.clone()),
+            workspace,
+            cwd: PathBuf::new(),
+            ro: config.ro.clone(),
+            rw: config.rw.clone(),
+            rlimits: Rlimits {
+                address_space: limits.memory,
+                nproc: limits.pids,
+                fsize: limits.file_size,
+                nofile: limits.open_files,
+            },
+            landlock_required: !config.best_effort,
+            tmp_size: "512m".into(),
+        };
+        let mut env = config.env.clone();
+        // No host home directory inside: HOME and TMPDIR point at the
+        // sandbox's private /tmp unless set explicitly.
+        for (k, v) in [("HOME", "/tmp"), ("TMPDIR", "/tmp")] {
+            if !env.set.iter().any(|(name, _)| name == k) {
+                env.set.push((k.into(), v.into()));
+            }
+        }
+        let base_env = env.build(
+            std::env::vars_os()
+                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
+        );
+        let mut reports = vec![
+            LimitReport {
+                kind: LimitKind::Timeout,
+                value: None,
+                mechanism: LimitMechanism::Supervisor,
+            },
+            LimitReport {
+                kind: LimitKind::OutputBytes,
+                value: Some(config.max_output as u64),
+                mechanism: LimitMechanism::Hako,
+            },
+            LimitReport {
+                kind: LimitKind::ReadBytes,
+                value: Some(fence.max_read()),
+                mechanism: LimitMechanism::Hako,
+            },
+        ];
+        for (kind, value) in [
+            (LimitKind::Memory, limits.memory),
+            (LimitKind::Pids, limits.pids),
+            (LimitKind::FileSize, limits.file_size),
+            (LimitKind::OpenFiles, limits.open_files),
+        ] {
+            if let Some(value) = value {
+                reports.push(LimitReport {
+                    kind,
+                    value: Some(value),
+                    mechanism: LimitMechanism::Rlimit,
+                });
+            }
+        }
+        let landlock_abi = hako_sys::confine::landlock_abi().filter(|&abi| abi > 0);
+        let caps = Capabilities {
+            backend: NAME.into(),
+            isolation: Isolation::Process,
+            network: NetworkAccess::None,
+            fence: fence.resolver(),
+            limits: reports,
+            env_sanitised: true,
+            fds_closed: true,
+            landlock_abi,
+            seccomp: true,
+            optional: Optional {
+                read_limit: true,
+                append: true,
+                make_dir_all: true,
+                workdir: true,
+                stat: true,
+                exec_stream: true,
+            },
+        };
+        let sandbox = LinuxSandbox {
+            inner: GuestSandbox::new(GuestConfig {
+                backend: NAME,
+                fence,
+                caps,
+                base_env,
+                guest,
+                max_output: config.max_output,
+                launcher: Box::new(Namespaces {
+                    input,
+                    facts: plan::host_facts(),
+                }),
+            }),
+        };
+        let out = sandbox.exec(&Command::new(["/bin/true"]))?;
+        if !out.status.success() {
+            return Err(backend_err(
+                "start",
+                format!(
+                    "`true` inside the sandbox ended with {:?}: {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            ));
+        }
+        Ok(sandbox)
+    }
+}

@@ -1,0 +1,480 @@
+//! Turning a configuration into the guest's [`LinuxSpec`]: pure, so every
+//! mount, mask and rule can be unit-tested without a kernel.
+
+use std::path::{Path, PathBuf};
+
+use hako_guest::proto::{LandlockSpec, LinuxSpec, MountOp, RlimitResource, RlimitSpec};
+
+/// What a host path is, as far as the plan cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostPath {
+    /// A directory (bound read-only).
+    Dir,
+    /// A symlink (recreated as the same symlink).
+    Symlink(PathBuf),
+    /// Not there.
+    Absent,
+}
+
+/// Facts about the host that the plan depends on, gathered by the caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostFacts {
+    /// The system directories ([`SYSTEM_DIRS`]) and what each is.
+    pub system: Vec<(PathBuf, HostPath)>,
+    /// Files under `/etc/ssh` whose names are private host keys.
+    pub ssh_host_keys: Vec<PathBuf>,
+    /// The invoking user's uid and gid.
+    pub uid: u32,
+    /// The invoking user's gid.
+    pub gid: u32,
+}
+
+/// Directories a toolchain needs, bound read-only when they are
+/// directories and recreated when they are symlinks (merged-/usr systems).
+pub const SYSTEM_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
+];
+
+/// Files under `/etc` that are never visible inside.
+pub const MASKED_ETC_FILES: &[&str] = &[
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/sudoers",
+    "/etc/security/opasswd",
+];
+
+/// Directories under `/etc` that are hidden behind an empty tmpfs.
+pub const MASKED_ETC_DIRS: &[&str] = &["/etc/sudoers.d", "/etc/ssl/private"];
+
+/// Files under `/proc` hidden behind `/dev/null`.
+pub const MASKED_PROC_FILES: &[&str] = &[
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/kmsg",
+    "/proc/sysrq-trigger",
+    "/proc/timer_list",
+    "/proc/sched_debug",
+    "/proc/latency_stats",
+];
+
+/// Directories under `/proc` made read-only.
+pub const READ_ONLY_PROC_DIRS: &[&str] = &["/proc/sys", "/proc/irq", "/proc/bus", "/proc/fs"];
+
+/// Directories under `/proc` hidden behind an empty tmpfs.
+pub const MASKED_PROC_DIRS: &[&str] = &["/proc/acpi", "/proc/scsi", "/proc/firmware"];
+
+/// Device nodes bound into the sandbox's `/dev` (all writable, as programs
+/// expect; Landlock allows writing exactly these).
+pub const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+
+/// The uid used inside when the invoking user is root: the command never
+/// runs as root inside.
+pub const ROOT_INVOKER_INNER_ID: u32 = 1000;
+
+/// Resource limits enforced with `setrlimit`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rlimits {
+    /// Address space, bytes (`--memory` without a cgroup).
+    pub address_space: Option<u64>,
+    /// Processes (`--pids` without a cgroup).
+    pub nproc: Option<u64>,
+    /// Largest file, bytes (`--max-file-size`).
+    pub fsize: Option<u64>,
+    /// Open descriptors (`--max-open-files`).
+    pub nofile: Option<u64>,
+}
+
+/// Everything the plan needs from the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanInput {
+    /// The workspace on the host (canonical).
+    pub workspace: PathBuf,
+    /// Where it appears inside (by default the same path).
+    pub mount_point: PathBuf,
+    /// The command's working directory, relative to the workspace (checked
+    /// by the fence).
+    pub cwd: PathBuf,
+    /// Extra read-only binds (host path, same path inside).
+    pub ro: Vec<PathBuf>,
+    /// Extra read-write binds.
+    pub rw: Vec<PathBuf>,
+    /// Limits.
+    pub rlimits: Rlimits,
+    /// Whether Landlock must be enforced (`false` with `--best-effort`).
+    pub landlock_required: bool,
+    /// Size of the private /tmp, e.g. `512m`.
+    pub tmp_size: String,
+}
+
+/// Why a configuration cannot be planned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanError(pub String);
+
+fn is_under(path: &Path, dir: &str) -> bool {
+    path.starts_with(dir)
+}
+
+fn p(s: &str) -> PathBuf {
+    PathBuf::from(s)
+}
+
+/// The spec for one command.
+pub fn plan(input: &PlanInput, facts: &HostFacts) -> Result<LinuxSpec, PlanError> {
+    for path in std::iter::once(&input.mount_point)
+        .chain(&input.ro)
+        .chain(&input.rw)
+    {
+        if !path.is_absolute() || path == Path::new("/") {
+            return Err(PlanError(format!(
+                "{} must be an absolute path other than /",
+                path.display()
+            )));
+        }
+        if let Some(dir) = ["/proc", "/dev", "/usr", "/etc", "/bin", "/sbin", "/lib"]
+            .iter()
+            .find(|d| is_under(path, d))
+        {
+            return Err(PlanError(format!(
+                "{} is under {dir}, which the sandbox builds itself; choose another mount point",
+                path.display()
+            )));
+        }
+    }
+    let mut mounts = Vec::new();
+    for (path, kind) in &facts.system {
+        match kind {
+            HostPath::Dir => mounts.push(MountOp::Bind {
+                source: path.clone(),
+                path: path.clone(),
+                read_only: true,
+            }),
+            HostPath::Symlink(target) => mounts.push(MountOp::Symlink {
+                target: target.clone(),
+                path: path.clone(),
+            }),
+            HostPath::Absent => {}
+        }
+    }
+    for file in MASKED_ETC_FILES {
+        mounts.push(MountOp::MaskFile { path: p(file) });
+    }
+    for dir in MASKED_ETC_DIRS {
+        mounts.push(MountOp::MaskDir { path: p(dir) });
+    }
+    for key in &facts.ssh_host_keys {
+        mounts.push(MountOp::MaskFile { path: key.clone() });
+    }
+    mounts.push(MountOp::Tmpfs {
+        path: p("/tmp"),
+        options: format!("mode=1777,size={}", input.tmp_size),
+    });
+    mounts.push(MountOp::Tmpfs {
+        path: p("/dev"),
+        options: "mode=0755,size=64k".into(),
+    });
+    for node in DEV_NODES {
+        let path = Path::new("/dev").join(node);
+        mounts.push(MountOp::DevNode {
+            source: path.clone(),
+            path,
+        });
+    }
+    mounts.push(MountOp::Devpts {
+        path: p("/dev/pts"),
+    });
+    mounts.push(MountOp::Symlink {
+        target: p("pts/ptmx"),
+        path: p("/dev/ptmx"),
+    });
+    mounts.push(MountOp::Tmpfs {
+        path: p("/dev/shm"),
+        options: format!("mode=1777,size={}", input.tmp_size),
+    });
+    for (name, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        mounts.push(MountOp::Symlink {
+            target: p(target),
+            path: Path::new("/dev").join(name),
+        });
+    }
+    mounts.push(MountOp::ReadOnly { path: p("/dev") });
+    mounts.push(MountOp::Proc { path: p("/proc") });
+    for dir in READ_ONLY_PROC_DIRS {
+        mounts.push(MountOp::ReadOnlySelf { path: p(dir) });
+    }
+    for file in MASKED_PROC_FILES {
+        mounts.push(MountOp::MaskFile { path: p(file) });
+    }
+    for dir in MASKED_PROC_DIRS {
+        mounts.push(MountOp::MaskDir { path: p(dir) });
+    }
+    mounts.push(MountOp::Bind {
+        source: input.workspace.clone(),
+        path: input.mount_point.clone(),
+        read_only: false,
+    });
+    for (paths, read_only) in [(&input.ro, true), (&input.rw, false)] {
+        for path in paths {
+            mounts.push(MountOp::Bind {
+                source: path.clone(),
+                path: path.clone(),
+                read_only,
+            });
+        }
+    }
+    let inner = |id: u32| {
+        if id == 0 {
+            ROOT_INVOKER_INNER_ID
+        } else {
+            id
+        }
+    };
+    let mut write_dirs = vec![
+        input.mount_point.clone(),
+        p("/tmp"),
+        p("/dev/shm"),
+        p("/dev/pts"),
+    ];
+    write_dirs.extend(input.rw.iter().cloned());
+    let write_files = DEV_NODES
+        .iter()
+        .map(|n| Path::new("/dev").join(n))
+        .collect();
+    let mut rlimits = vec![RlimitSpec {
+        resource: RlimitResource::Core,
+        value: 0,
+    }];
+    for (resource, value) in [
+        (RlimitResource::AddressSpace, input.rlimits.address_space),
+        (RlimitResource::Nproc, input.rlimits.nproc),
+        (RlimitResource::Fsize, input.rlimits.fsize),
+        (RlimitResource::Nofile, input.rlimits.nofile),
+    ] {
+        if let Some(value) = value {
+            rlimits.push(RlimitSpec { resource, value });
+        }
+    }
+    Ok(LinuxSpec {
+        uid: (inner(facts.uid), facts.uid),
+        gid: (inner(facts.gid), facts.gid),
+        hostname: "hako".into(),
+        mounts,
+        cwd: input.mount_point.join(&input.cwd),
+        rlimits,
+        landlock: Some(LandlockSpec {
+            write_dirs,
+            write_files,
+            required: input.landlock_required,
+        }),
+        seccomp: true,
+    })
+}
+
+/// Gathers [`HostFacts`] from this host.
+pub fn host_facts() -> HostFacts {
+    let system = SYSTEM_DIRS
+        .iter()
+        .map(|d| {
+            let path = PathBuf::from(d);
+            let kind = match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.file_type().is_symlink() => std::fs::read_link(&path)
+                    .map(HostPath::Symlink)
+                    .unwrap_or(HostPath::Absent),
+                Ok(m) if m.is_dir() => HostPath::Dir,
+                _ => HostPath::Absent,
+            };
+            (path, kind)
+        })
+        .collect();
+    let mut ssh_host_keys: Vec<PathBuf> = std::fs::read_dir("/etc/ssh")
+        .map(|dir| {
+            dir.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("ssh_host_") && n.ends_with("_key"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    ssh_host_keys.sort();
+    HostFacts {
+        system,
+        ssh_host_keys,
+        uid: hako_sys::rustix::process::geteuid().as_raw(),
+        gid: hako_sys::rustix::process::getegid().as_raw(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(uid: u32) -> HostFacts {
+        HostFacts {
+            system: vec![
+                (p("/usr"), HostPath::Dir),
+                (p("/bin"), HostPath::Symlink(p("usr/bin"))),
+                (p("/lib32"), HostPath::Absent),
+                (p("/etc"), HostPath::Dir),
+            ],
+            ssh_host_keys: vec![p("/etc/ssh/ssh_host_ed25519_key")],
+            uid,
+            gid: uid,
+        }
+    }
+
+    fn input() -> PlanInput {
+        PlanInput {
+            workspace: p("/home/u/proj"),
+            mount_point: p("/home/u/proj"),
+            cwd: p("src"),
+            ro: vec![],
+            rw: vec![],
+            rlimits: Rlimits::default(),
+            landlock_required: true,
+            tmp_size: "512m".into(),
+        }
+    }
+
+    #[test]
+    fn system_dirs_are_read_only_and_symlinks_recreated() {
+        let spec = plan(&input(), &facts(1000)).unwrap();
+        assert!(spec.mounts.contains(&MountOp::Bind {
+            source: p("/usr"),
+            path: p("/usr"),
+            read_only: true
+        }));
+        assert!(spec.mounts.contains(&MountOp::Symlink {
+            target: p("usr/bin"),
+            path: p("/bin")
+        }));
+        assert!(!spec
+            .mounts
+            .iter()
+            .any(|m| matches!(m, MountOp::Bind { path, .. } if path == Path::new("/lib32"))));
+    }
+
+    #[test]
+    fn secrets_in_etc_are_masked_after_etc_is_bound() {
+        let spec = plan(&input(), &facts(1000)).unwrap();
+        let at = |op: &MountOp| spec.mounts.iter().position(|m| m == op).unwrap();
+        let etc = at(&MountOp::Bind {
+            source: p("/etc"),
+            path: p("/etc"),
+            read_only: true,
+        });
+        for masked in [
+            "/etc/shadow",
+            "/etc/gshadow",
+            "/etc/ssh/ssh_host_ed25519_key",
+        ] {
+            assert!(at(&MountOp::MaskFile { path: p(masked) }) > etc, "{masked}");
+        }
+        assert!(
+            at(&MountOp::MaskDir {
+                path: p("/etc/sudoers.d")
+            }) > etc
+        );
+    }
+
+    #[test]
+    fn the_workspace_is_bound_read_write_at_its_own_path_after_tmp() {
+        let mut i = input();
+        i.workspace = p("/tmp/x/ws");
+        i.mount_point = p("/tmp/x/ws");
+        let spec = plan(&i, &facts(1000)).unwrap();
+        let ws = spec
+            .mounts
+            .iter()
+            .position(|m| {
+                m == &MountOp::Bind {
+                    source: p("/tmp/x/ws"),
+                    path: p("/tmp/x/ws"),
+                    read_only: false,
+                }
+            })
+            .unwrap();
+        let tmp = spec
+            .mounts
+            .iter()
+            .position(|m| matches!(m, MountOp::Tmpfs { path, .. } if path == Path::new("/tmp")))
+            .unwrap();
+        assert!(tmp < ws);
+        assert_eq!(spec.cwd, p("/tmp/x/ws/src"));
+    }
+
+    #[test]
+    fn no_host_home_is_visible() {
+        let spec = plan(&input(), &facts(1000)).unwrap();
+        for m in &spec.mounts {
+            if let MountOp::Bind { source, .. } = m {
+                assert!(
+                    source == Path::new("/home/u/proj") || !source.starts_with("/home"),
+                    "{source:?}"
+                );
+                assert!(!source.starts_with("/root"), "{source:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn root_invokers_run_as_a_non_root_uid_inside() {
+        let spec = plan(&input(), &facts(0)).unwrap();
+        assert_eq!(spec.uid, (ROOT_INVOKER_INNER_ID, 0));
+        let spec = plan(&input(), &facts(1234)).unwrap();
+        assert_eq!(spec.uid, (1234, 1234));
+    }
+
+    #[test]
+    fn landlock_allows_writes_only_to_the_workspace_tmp_and_devices() {
+        let spec = plan(&input(), &facts(1000)).unwrap();
+        let ll = spec.landlock.unwrap();
+        assert_eq!(
+            ll.write_dirs,
+            [p("/home/u/proj"), p("/tmp"), p("/dev/shm"), p("/dev/pts")]
+        );
+        assert!(ll.write_files.contains(&p("/dev/null")));
+        assert!(ll.required);
+        assert!(spec.seccomp);
+    }
+
+    #[test]
+    fn mount_points_inside_system_dirs_are_refused() {
+        for bad in ["/usr/src/x", "/proc/x", "/", "relative"] {
+            let mut i = input();
+            i.mount_point = p(bad);
+            assert!(plan(&i, &facts(1000)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn limits_become_rlimits_and_core_dumps_are_off() {
+        let mut i = input();
+        i.rlimits = Rlimits {
+            address_space: Some(256 << 20),
+            nproc: Some(128),
+            fsize: Some(10 << 20),
+            nofile: None,
+        };
+        let spec = plan(&i, &facts(1000)).unwrap();
+        let got: Vec<(RlimitResource, u64)> =
+            spec.rlimits.iter().map(|r| (r.resource, r.value)).collect();
+        assert_eq!(
+            got,
+            [
+                (RlimitResource::Core, 0),
+                (RlimitResource::AddressSpace, 256 << 20),
+                (RlimitResource::Nproc, 128),
+                (RlimitResource::Fsize, 10 << 20),
+            ]
+        );
+    }
+}
