@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::ValueEnum;
 use hako_core::env::EnvPolicy;
 use hako_core::{Error, Isolation, Sandbox};
+use hako_linux::Limits;
 
 /// A backend name on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -101,6 +102,25 @@ pub struct SandboxSpec {
     pub workspace: PathBuf,
     pub env: EnvPolicy,
     pub max_output: usize,
+    pub limits: Limits,
+    pub ro: Vec<PathBuf>,
+    pub rw: Vec<PathBuf>,
+    pub best_effort: bool,
+}
+
+impl SandboxSpec {
+    /// Defaults for a workspace.
+    pub fn new(workspace: PathBuf) -> Self {
+        SandboxSpec {
+            workspace,
+            env: EnvPolicy::default(),
+            max_output: hako_core::DEFAULT_MAX_OUTPUT,
+            limits: Limits::default(),
+            ro: Vec::new(),
+            rw: Vec::new(),
+            best_effort: false,
+        }
+    }
 }
 
 /// Resolves `auto` to the strongest backend that works here.
@@ -123,6 +143,16 @@ pub fn resolve(arg: BackendArg) -> Result<BackendKind, Error> {
 pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, Error> {
     match kind {
         BackendKind::Host => {
+            // The host backend enforces no resource limit and has no view
+            // to bind into: refuse rather than pretend.
+            let asked = spec.limits != Limits::default();
+            if (asked && !spec.best_effort) || !spec.ro.is_empty() || !spec.rw.is_empty() {
+                return Err(Error::Backend {
+                    backend: "host".into(),
+                    op: "open",
+                    message: "the host backend cannot enforce --memory, --pids, --cpus, --max-file-size, --max-open-files, --ro or --rw; use --backend linux (or --best-effort to run without the limits)".into(),
+                });
+            }
             let mut config = hako_host::HostConfig::new(&spec.workspace);
             config.env = spec.env.clone();
             config.max_output = spec.max_output;
@@ -132,6 +162,10 @@ pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, E
             let mut config = hako_linux::LinuxConfig::new(&spec.workspace);
             config.env = spec.env.clone();
             config.max_output = spec.max_output;
+            config.limits = spec.limits;
+            config.ro = spec.ro.clone();
+            config.rw = spec.rw.clone();
+            config.best_effort = spec.best_effort;
             Ok(Box::new(hako_linux::LinuxSandbox::new(config)?))
         }
         other => Err(Error::Backend {

@@ -228,7 +228,7 @@ pub fn run(launch: Launch<'_>, mut sink: Option<&mut OutputSink<'_>>) -> Result<
                 .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
             linux,
         };
-        proto::write_frame(&ctl, &request)
+        proto::write_frame(&ctl, &proto::Request::Run(request))
             .map_err(|e| backend_err(backend, "send request to hako-guest", e.to_string()))?;
         let stdin = child.stdin.take();
         let stdout = child.stdout.take();
@@ -381,4 +381,97 @@ fn pump(
     }
     let [(_, _, out), (_, _, err)] = streams;
     Ok((out, err, reply))
+}
+
+/// A sandbox held open by a guest (see [`proto::Request::Hold`]): closing
+/// it, dropping it or the death of this process tears the sandbox down.
+#[derive(Debug)]
+pub struct Held {
+    child: std::process::Child,
+    ctl: Option<UnixStream>,
+    pid: i32,
+}
+
+impl Held {
+    /// Pid of the sandbox's pid 1, for [`LinuxSpec::enter`].
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Tears the sandbox down: pid 1 sees its control socket close and
+    /// exits, and the kernel kills everything left in its namespaces.
+    pub fn close(&mut self) {
+        if let Some(ctl) = self.ctl.take() {
+            let _ = ctl.shutdown(std::net::Shutdown::Both);
+            drop(ctl);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Starts a guest that builds the sandbox `spec` describes and holds it.
+pub fn hold(backend: &'static str, guest: &Path, cwd: OwnedFd, spec: LinuxSpec) -> Result<Held> {
+    let (ctl, ctl_guest) = UnixStream::pair().map_err(|source| Error::Io {
+        op: "create control socket",
+        source,
+    })?;
+    let mut child_cmd = std::process::Command::new(guest);
+    child_cmd
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    prepare(
+        &mut child_cmd,
+        ChildSetup {
+            cwd: Some(cwd),
+            fd3: Some(OwnedFd::from(ctl_guest)),
+            new_process_group: true,
+            ..ChildSetup::default()
+        },
+    );
+    let child = child_cmd.spawn().map_err(|e| {
+        backend_err(
+            backend,
+            "start hako-guest",
+            format!(
+                "{}: {e}; hint: set HAKO_GUEST to the hako-guest binary",
+                guest.display()
+            ),
+        )
+    })?;
+    drop(child_cmd);
+    let mut held = Held {
+        child,
+        ctl: Some(ctl),
+        pid: 0,
+    };
+    let reply: std::io::Result<proto::HoldReply> = (|| {
+        let ctl = held
+            .ctl
+            .as_ref()
+            .ok_or_else(|| std::io::Error::other("closed"))?;
+        proto::write_frame(ctl, &proto::Request::Hold(spec))?;
+        proto::read_frame(ctl)
+    })();
+    match reply {
+        Ok(proto::HoldReply::Holding { pid }) => {
+            held.pid = pid;
+            Ok(held)
+        }
+        Ok(proto::HoldReply::Refused { message }) => {
+            Err(backend_err(backend, "create the sandbox", message))
+        }
+        Err(e) => Err(backend_err(
+            backend,
+            "create the sandbox",
+            format!("hako-guest ended without a reply: {e}"),
+        )),
+    }
 }

@@ -1,13 +1,82 @@
 //! The confinement applied to a `linux` sandbox's command just before exec.
+//!
+//! Order, and why:
+//! 1. rlimits: plain `setrlimit`, needs nothing.
+//! 2. Landlock: restricting itself needs `no_new_privs` or `CAP_SYS_ADMIN`
+//!    in the namespace; the command's process still has the latter here.
+//! 3. `no_new_privs`: from here on nothing the command execs can gain
+//!    privileges (setuid bits, file capabilities).
+//! 4. Drop every capability (bounding, ambient, effective, permitted,
+//!    inheritable), after the steps above that needed them.
+//! 5. seccomp, last: its filter would refuse some of the calls above.
 
+use std::io;
+
+use hako_sys::confine::{self, LandlockRules, Resource, Rlimit};
 use hako_sys::spawn::ConfineHook;
 
-use crate::proto::LinuxSpec;
+use crate::proto::{LinuxSpec, RlimitResource};
 
-/// Prepares everything that can be prepared in pid 1 (compiling the seccomp
-/// filter, checking Landlock), and returns the step run in the command's
-/// process.
+fn resource(r: RlimitResource) -> Resource {
+    match r {
+        RlimitResource::AddressSpace => Resource::AddressSpace,
+        RlimitResource::Nproc => Resource::Nproc,
+        RlimitResource::Fsize => Resource::Fsize,
+        RlimitResource::Nofile => Resource::Nofile,
+        RlimitResource::Core => Resource::Core,
+    }
+}
+
+fn other(err: impl std::fmt::Display) -> io::Error {
+    io::Error::other(err.to_string())
+}
+
+/// Checks and prepares in pid 1 what can be (Landlock's availability, the
+/// seccomp program), and returns the step run in the command's process.
 pub(crate) fn hook(spec: &LinuxSpec) -> Result<ConfineHook, String> {
-    let _ = spec;
-    Ok(Box::new(|| Ok(())))
+    let rlimits: Vec<Rlimit> = spec
+        .rlimits
+        .iter()
+        .map(|r| Rlimit::new(resource(r.resource), r.value))
+        .collect();
+    let landlock = match &spec.landlock {
+        Some(ll) if confine::landlock_abi().is_none() => {
+            if ll.required {
+                return Err("Landlock is required but this kernel does not offer it; hint: boot with Landlock in the lsm= list, or pass --best-effort to run without it".into());
+            }
+            None
+        }
+        Some(ll) => Some((
+            LandlockRules {
+                write_paths: ll.write_dirs.clone(),
+                write_files: ll.write_files.clone(),
+            },
+            ll.required,
+        )),
+        None => None,
+    };
+    let seccomp = if spec.seccomp {
+        Some(
+            hako_seccomp::compile(&hako_seccomp::default_policy())
+                .map_err(|e| format!("cannot compile the seccomp policy: {e}"))?,
+        )
+    } else {
+        None
+    };
+    Ok(Box::new(move || {
+        confine::apply_rlimits(&rlimits).map_err(other)?;
+        if let Some((rules, required)) = &landlock {
+            if let Err(err) = confine::landlock_restrict_writes(rules) {
+                if *required {
+                    return Err(other(err));
+                }
+            }
+        }
+        confine::set_no_new_privs().map_err(other)?;
+        confine::drop_all_capabilities().map_err(other)?;
+        if let Some(program) = &seccomp {
+            hako_seccomp::apply(program).map_err(other)?;
+        }
+        Ok(())
+    }))
 }

@@ -28,7 +28,9 @@ use hako_sys::rustix::fs::{self as rfs, Mode, OFlags};
 use hako_sys::rustix::process::{self as rproc, Pid, Signal, WaitOptions};
 use hako_sys::signal::{signum, SignalFd};
 
-use crate::proto::{LinuxSpec, MountOp, RunReply, RunRequest};
+use std::io::{Read, Write};
+
+use crate::proto::{HoldReply, LinuxSpec, MountOp, RunReply, RunRequest};
 use crate::supervise::{refuse, run, RunOptions};
 
 /// What [`launch`] returned in this process.
@@ -42,33 +44,160 @@ pub(crate) enum Launched {
 /// Where the new root is assembled, inside the new mount namespace only.
 const STAGING: &str = "/tmp";
 
-pub(crate) fn launch(request: &RunRequest, spec: &LinuxSpec, ctl: &UnixStream) -> Launched {
-    let flags = ns::CLONE_NEWUSER
-        | ns::CLONE_NEWNS
-        | ns::CLONE_NEWPID
-        | ns::CLONE_NEWNET
-        | ns::CLONE_NEWIPC
-        | ns::CLONE_NEWUTS
-        | ns::CLONE_NEWCGROUP;
-    if let Err(err) = ns::unshare(flags) {
+/// Every namespace a sandbox gets (the pid namespace is handled apart).
+const SHARED_NAMESPACES: i32 = ns::CLONE_NEWUSER
+    | ns::CLONE_NEWNS
+    | ns::CLONE_NEWNET
+    | ns::CLONE_NEWIPC
+    | ns::CLONE_NEWUTS
+    | ns::CLONE_NEWCGROUP;
+
+/// Moves this process into the sandbox's cgroups.
+fn join_cgroups(spec: &LinuxSpec) -> Result<(), String> {
+    for file in &spec.cgroup_procs {
+        std::fs::write(file, std::process::id().to_string())
+            .map_err(|e| format!("cannot join cgroup {}: {e}", file.display()))?;
+    }
+    Ok(())
+}
+
+/// Creates the sandbox's namespaces and maps the caller's ids.
+fn new_namespaces(spec: &LinuxSpec) -> Result<(), String> {
+    if let Err(err) = ns::unshare(SHARED_NAMESPACES | ns::CLONE_NEWPID) {
         let hint = ns::user_namespaces_allowed()
             .err()
             .unwrap_or_else(|| "user namespaces may be disabled or restricted here".into());
-        return Launched::Reply(refuse(format!(
-            "cannot create namespaces: {err}; hint: {hint}"
-        )));
+        return Err(format!("cannot create namespaces: {err}; hint: {hint}"));
     }
-    if let Err(err) = ns::write_id_maps(spec.uid, spec.gid) {
-        return Launched::Reply(refuse(format!(
+    ns::write_id_maps(spec.uid, spec.gid).map_err(|err| {
+        format!(
             "cannot map uid {} / gid {} into the user namespace: {err}",
             spec.uid.1, spec.gid.1
-        )));
+        )
+    })
+}
+
+pub(crate) fn launch(request: &RunRequest, spec: &LinuxSpec, ctl: &UnixStream) -> Launched {
+    let proof = match ns::single_threaded() {
+        Ok(proof) => proof,
+        Err(err) => return Launched::Reply(refuse(err.to_string())),
+    };
+    if let Err(message) = join_cgroups(spec) {
+        return Launched::Reply(refuse(message));
     }
-    match ns::fork_single_threaded() {
-        Err(err) => Launched::Reply(refuse(format!("cannot fork pid 1: {err}"))),
+    let entered = match spec.enter {
+        // Join the sandbox's namespaces, its pid namespace included, so the
+        // command shows in the sandbox's /proc to the other commands.
+        Some(holder) => ns::enter_namespaces_of(holder, SHARED_NAMESPACES | ns::CLONE_NEWPID)
+            .map_err(|err| format!("cannot enter the sandbox (pid {holder}): {err}")),
+        None => new_namespaces(spec),
+    };
+    if let Err(message) = entered {
+        return Launched::Reply(refuse(message));
+    }
+    match ns::fork_single_threaded(&proof) {
+        Err(err) => Launched::Reply(refuse(format!("cannot fork into the sandbox: {err}"))),
         Ok(Forked::Parent(pid)) => Launched::Launcher(wait_for_init(pid)),
         Ok(Forked::Child) => Launched::Reply(init(request, spec, ctl)),
     }
+}
+
+/// Builds a sandbox and holds it until the control socket closes: its pid 1
+/// keeps the namespaces and the filesystem view alive for the commands that
+/// enter them. Returns the launcher's exit code.
+pub(crate) fn hold(spec: &LinuxSpec, ctl: &UnixStream) -> u8 {
+    let mut ctl_w = ctl;
+    let proof = match ns::single_threaded() {
+        Ok(proof) => proof,
+        Err(err) => {
+            let message = err.to_string();
+            let _ = crate::proto::write_frame(&mut ctl_w, &HoldReply::Refused { message });
+            return 1;
+        }
+    };
+    if let Err(message) = join_cgroups(spec).and_then(|()| new_namespaces(spec)) {
+        let _ = crate::proto::write_frame(&mut ctl_w, &HoldReply::Refused { message });
+        return 1;
+    }
+    let (ready_r, ready_w) =
+        match hako_sys::rustix::pipe::pipe_with(hako_sys::rustix::pipe::PipeFlags::CLOEXEC) {
+            Ok(p) => p,
+            Err(err) => {
+                let message = format!("cannot create a pipe: {err}");
+                let _ = crate::proto::write_frame(&mut ctl_w, &HoldReply::Refused { message });
+                return 1;
+            }
+        };
+    match ns::fork_single_threaded(&proof) {
+        Err(err) => {
+            let message = format!("cannot fork pid 1: {err}");
+            let _ = crate::proto::write_frame(&mut ctl_w, &HoldReply::Refused { message });
+            1
+        }
+        Ok(Forked::Parent(pid)) => {
+            drop(ready_w);
+            // Pid 1 writes nothing on success and the reason on failure,
+            // then closes its end.
+            let mut why = String::new();
+            let _ = std::fs::File::from(ready_r).read_to_string(&mut why);
+            let reply = if why.is_empty() {
+                HoldReply::Holding { pid }
+            } else {
+                HoldReply::Refused { message: why }
+            };
+            if crate::proto::write_frame(&mut ctl_w, &reply).is_err() {
+                let _ = rproc::kill_process(Pid::from_raw(pid).unwrap_or(Pid::INIT), Signal::KILL);
+            }
+            wait_for_init(pid)
+        }
+        Ok(Forked::Child) => {
+            drop(ready_r);
+            let mut ready = std::fs::File::from(ready_w);
+            if let Err(message) = set_up(spec) {
+                let _ = ready.write_all(message.as_bytes());
+                return 1;
+            }
+            drop(ready);
+            // Hold until hako closes the control socket (or dies), reaping
+            // whatever is re-parented to pid 1 meanwhile.
+            let _ = hako_sys::stdio_to_null();
+            let signals = match SignalFd::new(&[signum::SIGCHLD]) {
+                Ok(s) => s,
+                Err(_) => return 1,
+            };
+            loop {
+                while let Ok(Some(_)) = rproc::wait(WaitOptions::NOHANG) {}
+                let mut fds = [
+                    hako_sys::rustix::event::PollFd::new(
+                        ctl,
+                        hako_sys::rustix::event::PollFlags::IN,
+                    ),
+                    hako_sys::rustix::event::PollFd::new(
+                        &signals,
+                        hako_sys::rustix::event::PollFlags::IN,
+                    ),
+                ];
+                match hako_sys::rustix::event::poll(&mut fds, None) {
+                    Ok(_) if !fds[0].revents().is_empty() => return 0,
+                    Ok(_) | Err(hako_sys::rustix::io::Errno::INTR) => {
+                        signals.drain();
+                    }
+                    Err(_) => return 1,
+                }
+            }
+        }
+    }
+}
+
+/// Pid 1's part of building a sandbox: the view, the host name, loopback.
+fn set_up(spec: &LinuxSpec) -> Result<(), String> {
+    ns::die_with_parent().map_err(|e| format!("cannot set the parent-death signal: {e}"))?;
+    // Nothing inside may read pid 1's memory or /proc files.
+    let _ = ns::set_not_dumpable();
+    build_view(&spec.mounts)
+        .map_err(|err| format!("cannot build the sandbox's filesystem view: {err}"))?;
+    ns::sethostname(&spec.hostname).map_err(|e| format!("cannot set the host name: {e}"))?;
+    ns::loopback_up().map_err(|e| format!("cannot bring up loopback: {e}"))
 }
 
 /// The launcher: wait for pid 1; on a stop signal, kill it (and with it the
@@ -108,21 +237,20 @@ fn wait_for_init(pid: i32) -> u8 {
     }
 }
 
-/// Pid 1: build the view, then supervise the command.
+/// The process that supervises one command inside the sandbox: pid 1 of a
+/// new sandbox, or, in a held one, a child subreaper in the sandbox's pid
+/// namespace (so the command's pids match the sandbox's /proc, and every
+/// orphan of the command is still its to kill).
 fn init(request: &RunRequest, spec: &LinuxSpec, ctl: &UnixStream) -> RunReply {
-    if let Err(err) = ns::die_with_parent() {
-        return refuse(format!("pid 1: cannot set the parent-death signal: {err}"));
-    }
-    // Nothing inside may read pid 1's memory or /proc files.
-    let _ = ns::set_not_dumpable();
-    if let Err(err) = build_view(&spec.mounts) {
-        return refuse(format!("cannot build the sandbox's filesystem view: {err}"));
-    }
-    if let Err(err) = ns::sethostname(&spec.hostname) {
-        return refuse(format!("cannot set the host name: {err}"));
-    }
-    if let Err(err) = ns::loopback_up() {
-        return refuse(format!("cannot bring up loopback: {err}"));
+    if spec.enter.is_none() {
+        if let Err(message) = set_up(spec) {
+            return refuse(message);
+        }
+    } else {
+        if let Err(err) = ns::die_with_parent() {
+            return refuse(format!("cannot set the parent-death signal: {err}"));
+        }
+        let _ = ns::set_not_dumpable();
     }
     let confine = match crate::confine::hook(spec) {
         Ok(hook) => hook,
@@ -132,7 +260,9 @@ fn init(request: &RunRequest, spec: &LinuxSpec, ctl: &UnixStream) -> RunReply {
         request,
         ctl,
         RunOptions {
-            stop_signals: false,
+            // Pid 1 would receive the command's own signals; a supervisor
+            // in a held sandbox is not pid 1 and cleans up on them.
+            stop_signals: spec.enter.is_some(),
             confine: Some(confine),
             cwd: Some(spec.cwd.clone()),
         },

@@ -32,6 +32,34 @@ pub struct RunRequest {
     pub linux: Option<LinuxSpec>,
 }
 
+/// The first frame hako sends a guest: one command, or holding a sandbox's
+/// namespaces open for the commands that follow.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Request {
+    /// Run one command.
+    Run(RunRequest),
+    /// Build the namespaces and the filesystem view of `spec` and hold them
+    /// until the control socket closes; reply [`HoldReply`].
+    Hold(LinuxSpec),
+}
+
+/// The reply to [`Request::Hold`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HoldReply {
+    /// The sandbox is up; its pid 1 has this pid in the guest's namespace.
+    Holding {
+        /// Pid of the holder (pid 1 of the sandbox's namespace).
+        pid: i32,
+    },
+    /// It could not be built.
+    Refused {
+        /// Why.
+        message: String,
+    },
+}
+
 /// How the guest builds a `linux` sandbox: new namespaces, a filesystem view
 /// on a fresh tmpfs root, and the confinement applied to the command.
 ///
@@ -55,6 +83,14 @@ pub struct LinuxSpec {
     pub landlock: Option<LandlockSpec>,
     /// Apply the default seccomp policy to the command.
     pub seccomp: bool,
+    /// Run in the namespaces held by this process (see [`Request::Hold`])
+    /// instead of building new ones: `mounts` is then ignored.
+    #[serde(default)]
+    pub enter: Option<i32>,
+    /// `cgroup.procs` files the guest joins before anything else, so that
+    /// everything it starts is counted against the sandbox's cgroups.
+    #[serde(default)]
+    pub cgroup_procs: Vec<PathBuf>,
 }
 
 /// One step of building the filesystem view. Paths are absolute paths

@@ -22,6 +22,9 @@ pub trait Launcher: Send + Sync + std::fmt::Debug {
     /// directory is `cwd` (relative to the workspace, checked by the fence);
     /// `None` runs the command where the guest is.
     fn linux_spec(&self, cwd: &Path) -> Result<Option<LinuxSpec>>;
+
+    /// Tears down what the launcher holds (called by `close`, once or more).
+    fn close(&self) {}
 }
 
 /// Everything a backend decides when it opens a [`GuestSandbox`].
@@ -148,6 +151,7 @@ impl Sandbox for GuestSandbox {
     fn close(&self) -> Result<()> {
         self.closed.store(true, Ordering::Release);
         self.running.cancel_all();
+        self.launcher.close();
         Ok(())
     }
 

@@ -13,13 +13,13 @@ use hako_sys::rustix::process::{self as rproc, Pid, Signal, WaitOptions};
 use hako_sys::signal::{signum as libc_sig, SignalFd};
 use hako_sys::spawn::{prepare, ChildSetup, ConfineHook};
 
-use crate::proto::{self, RunReply, RunRequest, SpawnFailure};
+use crate::proto::{self, Request, RunReply, RunRequest, SpawnFailure};
 
 /// Serves one request on the control socket `ctl` and returns the guest's
 /// own exit code (0 when a reply was sent).
 pub fn serve(ctl: OwnedFd) -> u8 {
     let mut ctl = UnixStream::from(ctl);
-    let request: RunRequest = match proto::read_frame(&mut ctl) {
+    let request: Request = match proto::read_frame(&mut ctl) {
         Ok(req) => req,
         Err(err) => {
             let _ = proto::write_frame(
@@ -30,6 +30,10 @@ pub fn serve(ctl: OwnedFd) -> u8 {
             );
             return 2;
         }
+    };
+    let request = match request {
+        Request::Run(request) => request,
+        Request::Hold(spec) => return crate::linux::hold(&spec, &ctl),
     };
     let reply = match &request.linux {
         None => run(&request, &ctl, RunOptions::host()),

@@ -8,9 +8,11 @@
 //! The network namespace has only loopback. See README.md beside this file
 //! for the order in which each protection is applied.
 
+mod cgroup;
 pub mod plan;
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use hako_core::env::EnvPolicy;
 use hako_core::{
@@ -18,9 +20,11 @@ use hako_core::{
     Optional, Result, Sandbox, DEFAULT_MAX_OUTPUT,
 };
 use hako_fence::{Fence, FenceOptions};
+use hako_guest::client::Held;
 use hako_guest::proto::LinuxSpec;
 use hako_guest::sandbox::{GuestConfig, GuestSandbox, Launcher};
 
+use crate::cgroup::Cgroups;
 use crate::plan::{HostFacts, PlanInput, Rlimits};
 
 pub use hako_guest::client::locate_guest;
@@ -87,19 +91,50 @@ impl LinuxConfig {
     }
 }
 
+/// The sandbox's namespaces, held by a guest for the sandbox's life; each
+/// command enters them.
 #[derive(Debug)]
 struct Namespaces {
     input: PlanInput,
     facts: HostFacts,
+    held: Mutex<Option<Held>>,
+    cgroups: Mutex<Option<Cgroups>>,
+}
+
+impl Namespaces {
+    fn spec(&self, cwd: &Path) -> Result<LinuxSpec> {
+        let mut input = self.input.clone();
+        input.cwd = cwd.to_path_buf();
+        plan::plan(&input, &self.facts).map_err(|e| backend_err("plan", e.0))
+    }
 }
 
 impl Launcher for Namespaces {
     fn linux_spec(&self, cwd: &Path) -> Result<Option<LinuxSpec>> {
-        let mut input = self.input.clone();
-        input.cwd = cwd.to_path_buf();
-        plan::plan(&input, &self.facts)
-            .map(Some)
-            .map_err(|e| backend_err("plan", e.0))
+        let pid = self
+            .held
+            .lock()
+            .ok()
+            .and_then(|held| held.as_ref().map(Held::pid))
+            .ok_or(Error::Closed)?;
+        let mut spec = self.spec(cwd)?;
+        spec.mounts.clear();
+        spec.enter = Some(pid);
+        Ok(Some(spec))
+    }
+
+    fn close(&self) {
+        if let Ok(mut held) = self.held.lock() {
+            if let Some(mut held) = held.take() {
+                held.close();
+            }
+        }
+        // After the sandbox's processes are gone.
+        if let Ok(mut cgroups) = self.cgroups.lock() {
+            if let Some(mut cgroups) = cgroups.take() {
+                cgroups.remove();
+            }
+        }
     }
 }
 
@@ -130,12 +165,24 @@ impl LinuxSandbox {
             None => locate_guest()?,
         };
         let limits = config.limits;
-        if limits.cpus_milli.is_some() && !config.best_effort {
-            return Err(backend_err(
-                "apply limits",
-                "--cpus needs a cgroup, which this version does not set up yet; pass --best-effort to run without the CPU limit",
-            ));
-        }
+        // cgroups where they can be made; rlimits otherwise.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let name = format!(
+            "hako-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let cgroups = match Cgroups::create(&limits, &name) {
+            Ok(cg) => cg,
+            Err(why) if limits.cpus_milli.is_some() && !config.best_effort => {
+                return Err(backend_err(
+                    "apply limits",
+                    format!("--cpus needs a cgroup and none could be made here ({why}); pass --best-effort to run without the CPU limit"),
+                ));
+            }
+            Err(_) => None,
+        };
+        let cg_mechanism = cgroups.as_ref().map(|c| c.mechanism);
         let workspace = fence.workdir().to_path_buf();
         let input = PlanInput {
             mount_point: config
@@ -147,13 +194,17 @@ impl LinuxSandbox {
             ro: config.ro.clone(),
             rw: config.rw.clone(),
             rlimits: Rlimits {
-                address_space: limits.memory,
-                nproc: limits.pids,
+                address_space: limits.memory.filter(|_| cg_mechanism.is_none()),
+                nproc: limits.pids.filter(|_| cg_mechanism.is_none()),
                 fsize: limits.file_size,
                 nofile: limits.open_files,
             },
             landlock_required: !config.best_effort,
             tmp_size: "512m".into(),
+            cgroup_procs: cgroups
+                .as_ref()
+                .map(Cgroups::procs_files)
+                .unwrap_or_default(),
         };
         let mut env = config.env.clone();
         // No host home directory inside: HOME and TMPDIR point at the
@@ -184,17 +235,31 @@ impl LinuxSandbox {
                 mechanism: LimitMechanism::Hako,
             },
         ];
-        for (kind, value) in [
-            (LimitKind::Memory, limits.memory),
-            (LimitKind::Pids, limits.pids),
-            (LimitKind::FileSize, limits.file_size),
-            (LimitKind::OpenFiles, limits.open_files),
+        let by_cgroup = cg_mechanism.unwrap_or(LimitMechanism::Rlimit);
+        for (kind, value, mechanism) in [
+            (LimitKind::Memory, limits.memory, by_cgroup),
+            (LimitKind::Pids, limits.pids, by_cgroup),
+            (
+                LimitKind::Cpus,
+                limits.cpus_milli.filter(|_| cg_mechanism.is_some()),
+                by_cgroup,
+            ),
+            (
+                LimitKind::FileSize,
+                limits.file_size,
+                LimitMechanism::Rlimit,
+            ),
+            (
+                LimitKind::OpenFiles,
+                limits.open_files,
+                LimitMechanism::Rlimit,
+            ),
         ] {
             if let Some(value) = value {
                 reports.push(LimitReport {
                     kind,
                     value: Some(value),
-                    mechanism: LimitMechanism::Rlimit,
+                    mechanism,
                 });
             }
         }
@@ -218,6 +283,18 @@ impl LinuxSandbox {
                 exec_stream: true,
             },
         };
+        let namespaces = Namespaces {
+            input,
+            facts: plan::host_facts(),
+            held: Mutex::new(None),
+            cgroups: Mutex::new(cgroups),
+        };
+        let spec = namespaces.spec(Path::new(""))?;
+        let root = fence.open_dir(Path::new("."))?;
+        let held = hako_guest::client::hold(NAME, &guest, root, spec)?;
+        if let Ok(mut slot) = namespaces.held.lock() {
+            *slot = Some(held);
+        }
         let sandbox = LinuxSandbox {
             inner: GuestSandbox::new(GuestConfig {
                 backend: NAME,
@@ -226,10 +303,7 @@ impl LinuxSandbox {
                 base_env,
                 guest,
                 max_output: config.max_output,
-                launcher: Box::new(Namespaces {
-                    input,
-                    facts: plan::host_facts(),
-                }),
+                launcher: Box::new(namespaces),
             }),
         };
         let out = sandbox.exec(&Command::new(["/bin/true"]))?;

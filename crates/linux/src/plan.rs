@@ -106,6 +106,8 @@ pub struct PlanInput {
     pub landlock_required: bool,
     /// Size of the private /tmp, e.g. `512m`.
     pub tmp_size: String,
+    /// `cgroup.procs` files of the sandbox's cgroups.
+    pub cgroup_procs: Vec<PathBuf>,
 }
 
 /// Why a configuration cannot be planned.
@@ -273,6 +275,8 @@ pub fn plan(input: &PlanInput, facts: &HostFacts) -> Result<LinuxSpec, PlanError
             required: input.landlock_required,
         }),
         seccomp: true,
+        enter: None,
+        cgroup_procs: input.cgroup_procs.clone(),
     })
 }
 
@@ -341,6 +345,7 @@ mod tests {
             rlimits: Rlimits::default(),
             landlock_required: true,
             tmp_size: "512m".into(),
+            cgroup_procs: vec![],
         }
     }
 

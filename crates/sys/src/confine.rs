@@ -649,6 +649,11 @@ fn open_rule_path(path: &Path) -> Result<Option<(OwnedFd, bool)>, ConfineError> 
 /// paths as they are in the final root, after `pivot_root`.
 pub fn landlock_restrict_writes(rules: &LandlockRules) -> Result<LandlockStatus, ConfineError> {
     let kernel_abi = probe_landlock_abi().map_err(ConfineError::LandlockUnsupported)?;
+    // The crate advises a fixed ABI; the aim here is the best the kernel
+    // offers, so the rights follow the kernel's ABI, capped at the last one
+    // vetted (see `handled_write_access`). Requesting exactly what the kernel
+    // supports, as a hard requirement, makes anything less than full
+    // enforcement an error rather than a silent downgrade.
     let abi = ABI::from(i32::try_from(kernel_abi).unwrap_or(i32::MAX));
     if abi == ABI::Unsupported {
         return Err(ConfineError::LandlockUnsupported(

@@ -59,18 +59,33 @@ fn thread_count() -> io::Result<usize> {
     Ok(std::fs::read_dir("/proc/self/task")?.count())
 }
 
-/// `fork()`, refused unless the calling process has exactly one thread (in a
-/// multi-threaded process the child could inherit locks held by threads that
-/// no longer exist).
-pub fn fork_single_threaded() -> io::Result<Forked> {
+/// Proof, checked once, that the process had a single thread. It cannot be
+/// sent to another thread; the caller promises not to start threads while
+/// holding it.
+#[derive(Debug)]
+pub struct SingleThreaded {
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+/// Checks that the calling process has exactly one thread (read from
+/// `/proc/self/task`, so call it before entering another mount namespace).
+pub fn single_threaded() -> io::Result<SingleThreaded> {
     let threads = thread_count()?;
     if threads != 1 {
         return Err(io::Error::other(format!(
-            "fork refused: the process has {threads} threads"
+            "the process has {threads} threads; fork and user namespaces need one"
         )));
     }
-    // SAFETY: the process is single-threaded (checked just above), so the
-    // child is a complete copy with no lock held by a vanished thread.
+    Ok(SingleThreaded {
+        _not_send: std::marker::PhantomData,
+    })
+}
+
+/// `fork()` in a process proven single-threaded (in a multi-threaded one the
+/// child could inherit locks held by threads that no longer exist).
+pub fn fork_single_threaded(_proof: &SingleThreaded) -> io::Result<Forked> {
+    // SAFETY: the process is single-threaded (the proof), so the child is a
+    // complete copy with no lock held by a vanished thread.
     let pid = cvt(unsafe { libc::fork() })?;
     Ok(if pid == 0 {
         Forked::Child
@@ -146,4 +161,16 @@ pub fn user_namespaces_allowed() -> Result<(), String> {
 /// The path of a C string, for messages.
 pub fn cstring(s: &str) -> io::Result<CString> {
     CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in string"))
+}
+
+/// Joins the namespaces (`CLONE_NEW*` flags) of the process `pid`, all at
+/// once and race-free through a pidfd (Linux 5.8). Joining a user namespace
+/// requires a single-threaded caller.
+pub fn enter_namespaces_of(pid: i32, flags: libc::c_int) -> io::Result<()> {
+    let pid = rustix::process::Pid::from_raw(pid)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "pid 0"))?;
+    let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
+    // SAFETY: setns takes a descriptor we own and integer flags; it changes
+    // only this (single-threaded) process's namespace membership.
+    cvt(unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&pidfd), flags) }).map(drop)
 }

@@ -192,11 +192,7 @@ fn bench_backend(
         "fork/exec true",
         fork,
     ));
-    let spec = SandboxSpec {
-        workspace: workspace.to_path_buf(),
-        env: Default::default(),
-        max_output: 1 << 20,
-    };
+    let spec = SandboxSpec::new(workspace.to_path_buf());
     let sandbox = backend::open(kind, &spec).map_err(|e| e.to_string())?;
     let command = Command::new(["true"]);
     let fork = fork_exec_true(n)?;

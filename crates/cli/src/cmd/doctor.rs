@@ -32,11 +32,7 @@ fn check(kind: BackendKind) -> Result<(), backend::Unavailable> {
     };
     let dir = std::env::temp_dir().join(format!("hako-doctor-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| unavailable(&e))?;
-    let spec = SandboxSpec {
-        workspace: dir.clone(),
-        env: Default::default(),
-        max_output: 4096,
-    };
+    let spec = SandboxSpec::new(dir.clone());
     let result = backend::open(kind, &spec).and_then(|sb| {
         let out = sb.exec(&Command::new(["true"]));
         let _ = sb.close();

@@ -13,6 +13,7 @@ use hako_core::env::EnvPolicy;
 use hako_core::units;
 
 use crate::backend::{BackendArg, SandboxSpec};
+use hako_linux::Limits;
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
@@ -56,6 +57,30 @@ pub struct SandboxArgs {
     /// Bytes kept of each of stdout and stderr (e.g. 512K, 10M).
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1M")]
     pub max_output: usize,
+    /// Memory limit (e.g. 256M).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_u64)]
+    pub memory: Option<u64>,
+    /// Most processes at once.
+    #[arg(long, value_name = "N")]
+    pub pids: Option<u64>,
+    /// CPU share (e.g. 0.5, 2).
+    #[arg(long, value_name = "N", value_parser = parse_cpus)]
+    pub cpus: Option<u64>,
+    /// Largest file a command may write (e.g. 10M).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_u64)]
+    pub max_file_size: Option<u64>,
+    /// Most open files per process.
+    #[arg(long, value_name = "N")]
+    pub max_open_files: Option<u64>,
+    /// Extra read-only bind, same path inside (linux; repeatable).
+    #[arg(long = "ro", value_name = "DIR")]
+    pub ro: Vec<PathBuf>,
+    /// Extra read-write bind, same path inside (linux; repeatable).
+    #[arg(long = "rw", value_name = "DIR")]
+    pub rw: Vec<PathBuf>,
+    /// Run even when a requested protection or limit cannot be enforced here.
+    #[arg(long)]
+    pub best_effort: bool,
 }
 
 impl SandboxArgs {
@@ -71,6 +96,16 @@ impl SandboxArgs {
                 pass: self.pass_env.clone(),
                 set: self.env.clone(),
             },
+            limits: Limits {
+                memory: self.memory,
+                pids: self.pids,
+                cpus_milli: self.cpus,
+                file_size: self.max_file_size,
+                open_files: self.max_open_files,
+            },
+            ro: self.ro.clone(),
+            rw: self.rw.clone(),
+            best_effort: self.best_effort,
             max_output: self.max_output,
         })
     }
@@ -89,6 +124,21 @@ fn parse_key_value(s: &str) -> Result<(String, String), String> {
 fn parse_size(s: &str) -> Result<usize, String> {
     let n = units::parse_size(s).map_err(|e| e.to_string())?;
     usize::try_from(n).map_err(|_| format!("size {s} is too large"))
+}
+
+fn parse_size_u64(s: &str) -> Result<u64, String> {
+    units::parse_size(s).map_err(|e| e.to_string())
+}
+
+/// CPUs as thousandths: `0.5` is 500.
+fn parse_cpus(s: &str) -> Result<u64, String> {
+    let cpus: f64 = s
+        .parse()
+        .map_err(|_| format!("invalid CPU count {s:?}; e.g. 0.5, 2"))?;
+    if !(cpus > 0.0 && cpus <= 4096.0) {
+        return Err(format!("CPU count {s} out of range"));
+    }
+    Ok((cpus * 1000.0).round() as u64)
 }
 
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {

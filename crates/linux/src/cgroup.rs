@@ -1,0 +1,151 @@
+//! cgroup limits for a sandbox: v2 where a writable unified hierarchy
+//! offers the controllers, v1 where that is what the host has (memory,
+//! pids, cpu under `/sys/fs/cgroup/<controller>`). Each sandbox gets its own
+//! group below the caller's, so an outer limit still applies; the group is
+//! removed when the sandbox closes.
+
+use std::path::{Path, PathBuf};
+
+use hako_core::LimitMechanism;
+
+use crate::Limits;
+
+const ROOT: &str = "/sys/fs/cgroup";
+
+/// The groups of one sandbox.
+#[derive(Debug)]
+pub struct Cgroups {
+    dirs: Vec<PathBuf>,
+    /// Which hierarchy enforces the limits.
+    pub mechanism: LimitMechanism,
+}
+
+/// The caller's group in each hierarchy, from `/proc/self/cgroup`:
+/// controller list ("" for v2) and path.
+fn own_groups() -> Vec<(String, String)> {
+    std::fs::read_to_string("/proc/self/cgroup")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let mut parts = line.splitn(3, ':');
+            let _id = parts.next()?;
+            Some((parts.next()?.to_string(), parts.next()?.to_string()))
+        })
+        .collect()
+}
+
+fn write(path: &Path, value: &str) -> Result<(), String> {
+    std::fs::write(path, value).map_err(|e| format!("write {value} to {}: {e}", path.display()))
+}
+
+impl Cgroups {
+    /// Creates the groups for `limits` (memory, pids, cpus), or returns
+    /// `Ok(None)` when none is asked for, and `Err` when they cannot be made
+    /// here (the caller falls back to rlimits or refuses).
+    pub fn create(limits: &Limits, name: &str) -> Result<Option<Cgroups>, String> {
+        if limits.memory.is_none() && limits.pids.is_none() && limits.cpus_milli.is_none() {
+            return Ok(None);
+        }
+        let groups = own_groups();
+        if let Some((_, path)) = groups.iter().find(|(c, _)| c.is_empty()) {
+            let base = Path::new(ROOT).join(path.trim_start_matches('/'));
+            let controllers =
+                std::fs::read_to_string(base.join("cgroup.controllers")).unwrap_or_default();
+            let has = |c: &str| controllers.split_whitespace().any(|x| x == c);
+            let needed = [
+                (limits.memory.is_some(), "memory"),
+                (limits.pids.is_some(), "pids"),
+                (limits.cpus_milli.is_some(), "cpu"),
+            ];
+            if needed.iter().all(|&(want, c)| !want || has(c)) {
+                if let Ok(cg) = Self::create_v2(&base, limits, name) {
+                    return Ok(Some(cg));
+                }
+            }
+        }
+        Self::create_v1(&groups, limits, name).map(Some)
+    }
+
+    fn create_v2(base: &Path, limits: &Limits, name: &str) -> Result<Cgroups, String> {
+        let dir = base.join(name);
+        std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        let cg = Cgroups {
+            dirs: vec![dir.clone()],
+            mechanism: LimitMechanism::CgroupV2,
+        };
+        if let Some(bytes) = limits.memory {
+            write(&dir.join("memory.max"), &bytes.to_string())?;
+            let _ = write(&dir.join("memory.swap.max"), "0");
+        }
+        if let Some(n) = limits.pids {
+            write(&dir.join("pids.max"), &n.to_string())?;
+        }
+        if let Some(milli) = limits.cpus_milli {
+            write(&dir.join("cpu.max"), &format!("{} 100000", milli * 100))?;
+        }
+        Ok(cg)
+    }
+
+    fn create_v1(
+        groups: &[(String, String)],
+        limits: &Limits,
+        name: &str,
+    ) -> Result<Cgroups, String> {
+        let mut cg = Cgroups {
+            dirs: Vec::new(),
+            mechanism: LimitMechanism::CgroupV1,
+        };
+        let mut make = |controller: &str| -> Result<PathBuf, String> {
+            let own = groups
+                .iter()
+                .find(|(c, _)| c.split(',').any(|x| x == controller))
+                .map(|(_, p)| p.trim_start_matches('/').to_string())
+                .ok_or_else(|| format!("no cgroup v1 {controller} hierarchy"))?;
+            let dir = Path::new(ROOT).join(controller).join(own).join(name);
+            std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+            cg.dirs.push(dir.clone());
+            Ok(dir)
+        };
+        if let Some(bytes) = limits.memory {
+            let dir = make("memory")?;
+            write(&dir.join("memory.limit_in_bytes"), &bytes.to_string())?;
+            // Swap counts too, where the kernel accounts it.
+            let _ = write(&dir.join("memory.memsw.limit_in_bytes"), &bytes.to_string());
+        }
+        if let Some(n) = limits.pids {
+            let dir = make("pids")?;
+            write(&dir.join("pids.max"), &n.to_string())?;
+        }
+        if let Some(milli) = limits.cpus_milli {
+            let dir = make("cpu")?;
+            write(&dir.join("cpu.cfs_period_us"), "100000")?;
+            write(&dir.join("cpu.cfs_quota_us"), &(milli * 100).to_string())?;
+        }
+        Ok(cg)
+    }
+
+    /// The `cgroup.procs` files a process writes its pid to, to join.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
+    }
+
+    /// Removes the groups (they must be empty: call after the sandbox's
+    /// processes are gone). Retries briefly while exiting processes leave.
+    pub fn remove(&mut self) {
+        for dir in self.dirs.drain(..) {
+            for _ in 0..100 {
+                match std::fs::remove_dir(&dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Cgroups {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}

@@ -1,0 +1,271 @@
+//! Escape attempts from inside a linux sandbox. Each test is named after the
+//! attack and asserts it is refused, and that nothing on the host changed.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hako_core::{Command, ExitStatus, Output, Sandbox};
+use hako_linux::{Limits, LinuxConfig, LinuxSandbox};
+
+fn workspace() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    (dir, ws)
+}
+
+fn sandbox(ws: &Path) -> LinuxSandbox {
+    LinuxSandbox::new(LinuxConfig::new(ws)).unwrap()
+}
+
+fn limited(ws: &Path, limits: Limits) -> LinuxSandbox {
+    let mut config = LinuxConfig::new(ws);
+    config.limits = limits;
+    LinuxSandbox::new(config).unwrap()
+}
+
+fn sh(sb: &dyn Sandbox, script: &str) -> Output {
+    sb.exec(&Command::shell(script).timeout(Duration::from_secs(60)))
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn reading_etc_shadow_is_refused() {
+    let (_d, ws) = workspace();
+    let sb = sandbox(&ws);
+    let out = sh(&sb, "cat /etc/shadow; cat /etc/gshadow; ls /etc/sudoers.d");
+    // Masked: /dev/null (empty) or an empty directory; nothing of the host's.
+    assert_eq!(text(&out.stdout), "");
+    if let Ok(host) = std::fs::read_to_string("/etc/shadow") {
+        assert!(!host.is_empty() || out.stdout.is_empty());
+    }
+}
+
+#[test]
+fn reading_a_file_in_the_host_home_is_refused() {
+    let home = PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()));
+    let marker = home.join(format!(".hako-escape-test-{}", std::process::id()));
+    if std::fs::write(&marker, "HOME-SECRET").is_err() {
+        eprintln!("SKIPPED: cannot write into {}", home.display());
+        assert!(std::env::var("HAKO_MUST_WORK").is_err() || !home.exists());
+        return;
+    }
+    let (_d, ws) = workspace();
+    let sb = sandbox(&ws);
+    let out = sh(
+        &sb,
+        &format!("cat {} 2>&1; ls {} 2>&1", marker.display(), home.display()),
+    );
+    std::fs::remove_file(&marker).unwrap();
+    assert!(
+        !text(&out.stdout).contains("HOME-SECRET"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(!out.status.success());
+}
+
+#[test]
+fn writing_outside_the_workspace_into_etc_or_usr_is_refused() {
+    let (_d, ws) = workspace();
+    let sb = sandbox(&ws);
+    let name = format!("hako-escape-{}", std::process::id());
+    for dir in ["/etc", "/usr", "/usr/bin", "/", "/proc", "/dev"] {
+        let path = format!("{dir}/{name}");
+        let out = sh(&sb, &format!("echo x > {path}"));
+        assert!(!out.status.success(), "{path} was writable");
+        assert!(!Path::new(&path).exists(), "{path} appeared on the host");
+    }
+    // And the workspace is writable.
+    let out = sh(&sb, "echo ok > inside && cat inside");
+    assert_eq!(text(&out.stdout), "ok\n");
+}
+
+#[test]
+fn seeing_or_signalling_a_host_process_is_refused() {
+    let mut host = std::process::Command::new("sleep")
+        .arg("120")
+        .spawn()
+        .unwrap();
+    let pid = host.id();
+    let (_d, ws) = workspace();
+    let sb = sandbox(&ws);
+    let out = sh(
+        &sb,
+        &format!("ls /proc/{pid} >/dev/null 2>&1 && echo seen; kill -0 {pid} 2>/dev/null && echo signalled; kill -9 {pid} 2>/dev/null; ls /proc | grep -c '^[0-9]'"),
+    );
+    let stdout = text(&out.stdout);
+    assert!(
+        !stdout.contains("seen") && !stdout.contains("signalled"),
+        "{stdout}"
+    );
+    // Only the sandbox's own processes are visible: its pid 1, this
+    // command's supervisor, sh, ls and grep.
+    let visible: u32 = stdout.trim().parse().unwrap();
+    assert!(visible <= 6, "{visible} processes visible");
+    assert!(host.try_wait().unwrap().is_none(), "the host process died");
+    host.kill().unwrap();
+    host.wait().unwrap();
+}
+
+#[test]
+fn reaching_a_service_on_the_host_loopback_is_refused() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    let (_d, ws) = workspace();
+    let sb = sandbox(&ws);
+    let out = sh(
+        &sb,
+        &format!("bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}' 2>&1 && echo connected"),
+    );
+    assert!(
+        !text(&out.stdout).contains("connected"),
+        "{}",
+        text(&out.stdout)
+    );
+    // Nothing arrived.
+    assert!(listener.accept().is_err());
+    // Loopback inside works: a listener inside the sandbox is reachable.
+    let out = sh(
+        &sb,
+        "python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\", 0)); s.listen(); c=socket.create_connection(s.getsockname()); print(\"loopback ok\")' 2>&1 || echo no-python",
+    );
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("loopback ok") || stdout.contains("no-python"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_secret_host_variable_is_not_visible_in_env_or_proc_1_environ() {
+    std::env::set_var("HAKO_ESCAPE_TEST_API_TOKEN", "leaked-token");
+    let (_d, ws) = workspace();
+    let sb = sandbox(&ws);
+    let out = sh(&sb, "env; cat /proc/1/environ 2>&1; cat /proc/self/environ");
+    assert!(!text(&out.stdout).contains("leaked-token"));
+}
+
+#[test]
+fn proc_self_status_shows_no_capability_and_no_new_privs_and_seccomp() {
+    let (_d, ws) = workspace();
+    let sb = sandbox(&ws);
+    let out = sh(
+        &sb,
+        "grep -E '^(Cap|NoNewPrivs|Seccomp:)' /proc/self/status",
+    );
+    let status = text(&out.stdout);
+    for cap in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert!(
+            status.contains(&format!("{cap}:\t0000000000000000")),
+            "{cap}: {status}"
+        );
+    }
+    assert!(status.contains("NoNewPrivs:\t1"), "{status}");
+    assert!(status.contains("Seccomp:\t2"), "{status}");
+}
+
+#[test]
+fn a_fork_bomb_under_pids_128_is_contained() {
+    let (_d, ws) = workspace();
+    let sb = limited(
+        &ws,
+        Limits {
+            pids: Some(128),
+            ..Limits::default()
+        },
+    );
+    // A bounded bomb: try to start 1000 sleepers and count the ones that
+    // started. Without the limit all 1000 start (and are killed at the end).
+    let out = sh(
+        &sb,
+        "n=0; i=0; while [ $i -lt 1000 ]; do if sleep 30 2>/dev/null & then n=$((n+1)); fi; i=$((i+1)); done; ls /proc | grep -c '^[0-9]'",
+    );
+    let running: u32 = text(&out.stdout).trim().parse().unwrap_or(0);
+    assert!(
+        running > 0 && running <= 130,
+        "{running} processes: {}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn a_1_gib_allocation_under_memory_256m_fails() {
+    let (_d, ws) = workspace();
+    let sb = limited(
+        &ws,
+        Limits {
+            memory: Some(256 << 20),
+            ..Limits::default()
+        },
+    );
+    // dd allocates its whole block size up front.
+    let out = sh(
+        &sb,
+        "dd if=/dev/zero of=/dev/null bs=1G count=1 2>&1 && echo survived; echo done",
+    );
+    let stdout = text(&out.stdout);
+    assert!(!stdout.contains("survived"), "{stdout}");
+    assert!(stdout.contains("done"));
+}
+
+#[test]
+fn a_50_mb_file_under_max_file_size_10m_is_cut() {
+    let (_d, ws) = workspace();
+    let sb = limited(
+        &ws,
+        Limits {
+            file_size: Some(10 << 20),
+            ..Limits::default()
+        },
+    );
+    let out = sh(&sb, "head -c 50000000 /dev/zero > big; echo $?");
+    let code: i32 = text(&out.stdout).trim().parse().unwrap();
+    assert_ne!(code, 0);
+    let size = std::fs::metadata(ws.join("big")).unwrap().len();
+    assert!(size <= 10 << 20, "{size}");
+}
+
+#[test]
+fn a_setsid_background_process_does_not_survive_the_run() {
+    let (_d, ws) = workspace();
+    let sb = sandbox(&ws);
+    let marker = format!("{}", 50_000_000 + std::process::id());
+    let out = sh(&sb, &format!("setsid sleep {marker} & echo started"));
+    assert_eq!(text(&out.stdout), "started\n");
+    let mut left = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let mut cmdline = String::new();
+        if let Ok(mut f) = std::fs::File::open(entry.path().join("cmdline")) {
+            let _ = f.read_to_string(&mut cmdline);
+        }
+        if cmdline.contains(&marker) {
+            left.push(cmdline);
+        }
+    }
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn changing_the_host_hostname_is_refused() {
+    let before = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let (_d, ws) = workspace();
+    let sb = sandbox(&ws);
+    let out = sh(
+        &sb,
+        "hostname evil-hako 2>&1; echo evil > /proc/sys/kernel/hostname 2>&1; hostname",
+    );
+    assert_eq!(text(&out.stdout).lines().last(), Some("hako"));
+    assert_eq!(
+        std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap(),
+        before
+    );
+    assert_eq!(out.status, ExitStatus::Code(0));
+}

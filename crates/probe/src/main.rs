@@ -1,0 +1,56 @@
+//! `hako-probe`: prints, as JSON, what the process it runs in may do. See
+//! the library documentation for the report's keys.
+
+use std::process::ExitCode;
+
+use hako_seccomp::Arch;
+
+const USAGE: &str = "usage: hako-probe [--apply-default-seccomp]
+  Prints a JSON report of what this process may do (system calls the
+  default seccomp policy refuses, capabilities, no_new_privs, seccomp,
+  ids, hostname).
+  --apply-default-seccomp  set no_new_privs and install the default
+                           policy on the probe itself first";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(arch) = Arch::native() else {
+        eprintln!(
+            "hako-probe: unsupported architecture {}",
+            std::env::consts::ARCH
+        );
+        return ExitCode::FAILURE;
+    };
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let report = match args.as_slice() {
+        [] => hako_probe::report(arch, false),
+        ["--apply-default-seccomp"] => {
+            if let Err(error) = apply_default_seccomp() {
+                eprintln!("hako-probe: {error}");
+                return ExitCode::FAILURE;
+            }
+            hako_probe::report(arch, true)
+        }
+        ["--single", "unshare-newuser"] => hako_probe::unshare_newuser_here(arch),
+        ["--single", "noop"] => return ExitCode::SUCCESS,
+        ["-h" | "--help"] => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    println!("{report:#}");
+    ExitCode::SUCCESS
+}
+
+/// Sets `no_new_privs`, then installs the default policy: the order the
+/// kernel requires of an unprivileged process.
+fn apply_default_seccomp() -> Result<(), String> {
+    hako_sys::raw::set_no_new_privs().map_err(|e| format!("cannot set no_new_privs: {e}"))?;
+    let program =
+        hako_seccomp::compile(&hako_seccomp::default_policy()).map_err(|e| e.to_string())?;
+    hako_seccomp::apply(&program).map_err(|e| e.to_string())
+}
