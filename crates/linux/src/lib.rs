@@ -16,7 +16,7 @@ use std::sync::Mutex;
 
 use hako_core::env::EnvPolicy;
 use hako_core::{
-    Capabilities, Command, Error, Isolation, LimitKind, LimitMechanism, LimitReport, NetworkAccess,
+    Capabilities, Error, Isolation, LimitKind, LimitMechanism, LimitReport, NetworkAccess,
     Optional, Result, Sandbox, DEFAULT_MAX_OUTPUT,
 };
 use hako_fence::{Fence, FenceOptions};
@@ -155,9 +155,9 @@ pub struct LinuxSandbox {
 hako_guest::delegate_sandbox!(LinuxSandbox, inner);
 
 impl LinuxSandbox {
-    /// Opens the workspace, plans the sandbox and proves it works by running
-    /// `true` inside (so a host that cannot run it fails here, with the
-    /// reason, not at the first command).
+    /// Opens the workspace, plans the sandbox and builds it: the namespaces
+    /// and the filesystem view are held by the sandbox's pid 1 until
+    /// `close`, so a host that cannot build them fails here, with the reason.
     pub fn new(config: LinuxConfig) -> Result<Self> {
         let fence = Fence::open(&config.workspace, config.fence.clone())?;
         let guest = match config.guest {
@@ -306,17 +306,6 @@ impl LinuxSandbox {
                 launcher: Box::new(namespaces),
             }),
         };
-        let out = sandbox.exec(&Command::new(["/bin/true"]))?;
-        if !out.status.success() {
-            return Err(backend_err(
-                "start",
-                format!(
-                    "`true` inside the sandbox ended with {:?}: {}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr)
-                ),
-            ));
-        }
         Ok(sandbox)
     }
 }

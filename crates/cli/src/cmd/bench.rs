@@ -122,28 +122,42 @@ fn find_in_path(name: &str) -> Option<PathBuf> {
     })
 }
 
+/// The reference for the linux backend: bubblewrap with every namespace, a
+/// read-only view of the host, a new /proc and a minimal /dev (it applies no
+/// Landlock, no seccomp and no cgroup; hako's linux backend does).
+const BWRAP: [&str; 12] = [
+    "bwrap",
+    "--unshare-all",
+    "--die-with-parent",
+    "--ro-bind",
+    "/",
+    "/",
+    "--proc",
+    "/proc",
+    "--dev",
+    "/dev",
+    "true",
+    "",
+];
+
+fn bwrap_true(n: usize) -> Result<Stats, String> {
+    let path =
+        find_in_path("bwrap").ok_or("bwrap is not installed (apt-get install bubblewrap)")?;
+    measure(n, || {
+        status_ok(std::process::Command::new(&path).args(&BWRAP[1..11]))
+    })
+}
+
 fn references(n: usize) -> Vec<Reference> {
     let mut out = vec![Reference {
         tool: "fork/exec true".into(),
         stats: fork_exec_true(n).ok(),
         skipped: None,
     }];
-    let bwrap = "bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc true";
+    let bwrap = BWRAP[..11].join(" ");
     out.push(match find_in_path("bwrap") {
         Some(path) => {
-            let run = || {
-                status_ok(std::process::Command::new(&path).args([
-                    "--unshare-all",
-                    "--ro-bind",
-                    "/",
-                    "/",
-                    "--dev",
-                    "/dev",
-                    "--proc",
-                    "/proc",
-                    "true",
-                ]))
-            };
+            let run = || status_ok(std::process::Command::new(&path).args(&BWRAP[1..11]));
             match measure(n, run) {
                 Ok(stats) => Reference {
                     tool: bwrap.into(),
@@ -173,7 +187,11 @@ fn bench_backend(
     out: &mut Vec<Comparison>,
 ) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let fork = fork_exec_true(n)?;
+    // Each backend against the tool it replaces.
+    let (reference_name, reference) = match kind {
+        BackendKind::Linux => (BWRAP[..11].join(" "), bwrap_true(n)?),
+        _ => ("fork/exec true".to_string(), fork_exec_true(n)?),
+    };
     let cold = measure(n, || {
         status_ok(
             std::process::Command::new(&exe)
@@ -189,8 +207,8 @@ fn bench_backend(
         ),
         Some(kind.name()),
         cold,
-        "fork/exec true",
-        fork,
+        &reference_name,
+        reference,
     ));
     let spec = SandboxSpec::new(workspace.to_path_buf());
     let sandbox = backend::open(kind, &spec).map_err(|e| e.to_string())?;
