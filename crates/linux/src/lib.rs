@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use hako_core::env::EnvPolicy;
 use hako_core::{
     Capabilities, Error, Isolation, LimitKind, LimitMechanism, LimitReport, NetworkAccess,
-    Optional, Result, Sandbox, DEFAULT_MAX_OUTPUT,
+    Optional, Result, DEFAULT_MAX_OUTPUT,
 };
 use hako_fence::{Fence, FenceOptions};
 use hako_guest::client::Held;
