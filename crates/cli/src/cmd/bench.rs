@@ -160,19 +160,19 @@ fn references(n: usize) -> Vec<Reference> {
             let run = || status_ok(std::process::Command::new(&path).args(&BWRAP[1..11]));
             match measure(n, run) {
                 Ok(stats) => Reference {
-                    tool: bwrap.into(),
+                    tool: bwrap,
                     stats: Some(stats),
                     skipped: None,
                 },
                 Err(e) => Reference {
-                    tool: bwrap.into(),
+                    tool: bwrap,
                     stats: None,
                     skipped: Some(e),
                 },
             }
         }
         None => Reference {
-            tool: bwrap.into(),
+            tool: bwrap,
             stats: None,
             skipped: Some("bwrap is not installed".into()),
         },
