@@ -275,3 +275,47 @@ fn changing_the_host_hostname_is_refused() {
     );
     assert_eq!(out.status, ExitStatus::Code(0));
 }
+
+/// `hako-probe`: `$HAKO_PROBE`, else where Cargo puts binaries beside the
+/// test binary's directory.
+fn probe_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("HAKO_PROBE") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().unwrap();
+    exe.ancestors()
+        .skip(1)
+        .take(2)
+        .map(|d| d.join("hako-probe"))
+        .find(|p| p.is_file())
+        .expect("hako-probe not built: run cargo build --workspace --bins or set HAKO_PROBE")
+}
+
+#[test]
+fn every_system_call_the_policy_refuses_gets_eperm_inside_the_sandbox() {
+    let (_d, ws) = workspace();
+    std::fs::copy(probe_binary(), ws.join("hako-probe")).unwrap();
+    let sb = sandbox(&ws);
+    let out = sb
+        .exec(&Command::new(["./hako-probe"]).timeout(Duration::from_secs(120)))
+        .unwrap();
+    assert_eq!(out.status, ExitStatus::Code(0), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let syscalls = report["syscalls"].as_object().unwrap();
+    assert!(syscalls.len() >= 40, "only {} checks", syscalls.len());
+    let mut allowed = Vec::new();
+    for (check, result) in syscalls {
+        if result["policy"] != "allow" && result["refused"] != true {
+            allowed.push(format!("{check}: {result}"));
+        }
+    }
+    assert!(allowed.is_empty(), "not refused inside: {allowed:#?}");
+    let status = &report["status"];
+    for cap in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(status[cap], "0000000000000000", "{cap}");
+    }
+    assert_eq!(status["NoNewPrivs"], "1");
+    assert_eq!(status["Seccomp"], "2");
+    assert_eq!(report["hostname"], "hako");
+    assert_ne!(report["euid"], 0);
+}
