@@ -183,6 +183,18 @@ impl LinuxSandbox {
             Err(_) => None,
         };
         let cg_mechanism = cgroups.as_ref().map(|c| c.mechanism);
+        // RLIMIT_NPROC does not count processes inside a user namespace owned
+        // by root, so as root --pids needs the cgroup.
+        if limits.pids.is_some()
+            && cg_mechanism.is_none()
+            && hako_sys::rustix::process::geteuid().is_root()
+            && !config.best_effort
+        {
+            return Err(backend_err(
+                "apply limits",
+                "--pids needs a cgroup when hako runs as root, and none could be made here; pass --best-effort to run without it",
+            ));
+        }
         let workspace = fence.workdir().to_path_buf();
         let input = PlanInput {
             mount_point: config
