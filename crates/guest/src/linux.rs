@@ -192,8 +192,11 @@ pub(crate) fn hold(spec: &LinuxSpec, ctl: &UnixStream) -> u8 {
 /// Pid 1's part of building a sandbox: the view, the host name, loopback.
 fn set_up(spec: &LinuxSpec) -> Result<(), String> {
     ns::die_with_parent().map_err(|e| format!("cannot set the parent-death signal: {e}"))?;
-    // Nothing inside may read pid 1's memory or /proc files.
-    let _ = ns::set_not_dumpable();
+    // Pid 1 stays dumpable: an unprivileged hako must be able to join its
+    // namespaces through a pidfd, which a non-dumpable target refuses. The
+    // commands still cannot read its memory or /proc files: it holds
+    // capabilities in the namespace that they lack, and ptrace and
+    // process_vm_* are refused by seccomp.
     build_view(&spec.mounts)
         .map_err(|err| format!("cannot build the sandbox's filesystem view: {err}"))?;
     ns::sethostname(&spec.hostname).map_err(|e| format!("cannot set the host name: {e}"))?;
