@@ -415,6 +415,9 @@ impl Drop for Held {
     }
 }
 
+/// How long [`hold`] waits for the guest to build the sandbox.
+const HOLD_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Starts a guest that builds the sandbox `spec` describes and holds it.
 pub fn hold(backend: &'static str, guest: &Path, cwd: OwnedFd, spec: LinuxSpec) -> Result<Held> {
     let (ctl, ctl_guest) = UnixStream::pair().map_err(|source| Error::Io {
@@ -458,7 +461,12 @@ pub fn hold(backend: &'static str, guest: &Path, cwd: OwnedFd, spec: LinuxSpec) 
             .as_ref()
             .ok_or_else(|| std::io::Error::other("closed"))?;
         proto::write_frame(ctl, &proto::Request::Hold(spec))?;
-        proto::read_frame(ctl)
+        // Building a sandbox takes milliseconds; a guest that says nothing
+        // for this long is stuck, and the caller must not hang with it.
+        ctl.set_read_timeout(Some(HOLD_TIMEOUT))?;
+        let reply = proto::read_frame(ctl);
+        ctl.set_read_timeout(None)?;
+        reply
     })();
     match reply {
         Ok(proto::HoldReply::Holding { pid }) => {
