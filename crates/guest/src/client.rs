@@ -166,6 +166,46 @@ impl Capture {
     }
 }
 
+/// Starts `hako-guest` in `cwd` with an empty environment, the given stdio,
+/// the control socket at fd 3 and nothing else open, in a process group of
+/// its own (Ctrl-C at the terminal goes to hako's group; the guest learns of
+/// hako's end through its control socket instead).
+fn spawn_guest(
+    backend: &'static str,
+    guest: &Path,
+    cwd: OwnedFd,
+    ctl_guest: UnixStream,
+    [stdin, stdout, stderr]: [Stdio; 3],
+) -> Result<std::process::Child> {
+    let mut command = std::process::Command::new(guest);
+    command
+        .env_clear()
+        .stdin(stdin)
+        .stdout(stdout)
+        .stderr(stderr);
+    prepare(
+        &mut command,
+        ChildSetup {
+            cwd: Some(cwd),
+            fd3: Some(OwnedFd::from(ctl_guest)),
+            new_process_group: true,
+            ..ChildSetup::default()
+        },
+    );
+    // The command is dropped on return, which closes the parent's copies of
+    // the guest's ends.
+    command.spawn().map_err(|e| {
+        backend_err(
+            backend,
+            "start hako-guest",
+            format!(
+                "{}: {e}; hint: set HAKO_GUEST to the hako-guest binary",
+                guest.display()
+            ),
+        )
+    })
+}
+
 /// Runs one command under a fresh guest.
 pub fn run(launch: Launch<'_>, mut sink: Option<&mut OutputSink<'_>>) -> Result<Output> {
     let Launch {
@@ -183,40 +223,19 @@ pub fn run(launch: Launch<'_>, mut sink: Option<&mut OutputSink<'_>>) -> Result<
         op: "create control socket",
         source,
     })?;
-    let mut child_cmd = std::process::Command::new(guest);
-    child_cmd
-        .env_clear()
-        .stdin(if command.stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    prepare(
-        &mut child_cmd,
-        ChildSetup {
-            cwd: Some(cwd),
-            fd3: Some(OwnedFd::from(ctl_guest)),
-            // Ctrl-C at the terminal goes to hako's process group; the guest
-            // learns of hako's end through its control socket instead.
-            new_process_group: true,
-            ..ChildSetup::default()
-        },
-    );
+    let stdin = if command.stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    };
     let start = Instant::now();
-    let mut child = child_cmd.spawn().map_err(|e| {
-        backend_err(
-            backend,
-            "start hako-guest",
-            format!(
-                "{}: {e}; hint: set HAKO_GUEST to the hako-guest binary",
-                guest.display()
-            ),
-        )
-    })?;
-    // Dropping the command closes the parent's copies of the guest's ends.
-    drop(child_cmd);
+    let mut child = spawn_guest(
+        backend,
+        guest,
+        cwd,
+        ctl_guest,
+        [stdin, Stdio::piped(), Stdio::piped()],
+    )?;
     let id = running.add(&ctl);
     let result = (|| {
         let request = RunRequest {
@@ -424,32 +443,13 @@ pub fn hold(backend: &'static str, guest: &Path, cwd: OwnedFd, spec: LinuxSpec) 
         op: "create control socket",
         source,
     })?;
-    let mut child_cmd = std::process::Command::new(guest);
-    child_cmd
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    prepare(
-        &mut child_cmd,
-        ChildSetup {
-            cwd: Some(cwd),
-            fd3: Some(OwnedFd::from(ctl_guest)),
-            new_process_group: true,
-            ..ChildSetup::default()
-        },
-    );
-    let child = child_cmd.spawn().map_err(|e| {
-        backend_err(
-            backend,
-            "start hako-guest",
-            format!(
-                "{}: {e}; hint: set HAKO_GUEST to the hako-guest binary",
-                guest.display()
-            ),
-        )
-    })?;
-    drop(child_cmd);
+    let child = spawn_guest(
+        backend,
+        guest,
+        cwd,
+        ctl_guest,
+        [Stdio::null(), Stdio::null(), Stdio::null()],
+    )?;
     let mut held = Held {
         child,
         ctl: Some(ctl),

@@ -6,9 +6,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use hako_core::env::EnvPolicy;
 use hako_core::{
-    AppendFile, Capabilities, Command, DirListing, Error, ExecStream, MakeDirAll, Metadata, Output,
-    OutputSink, ReadLimit, ReadOutcome, Result, Sandbox, StatPath, Workdir,
+    AppendFile, Capabilities, Command, DirListing, Error, ExecStream, LimitKind, LimitMechanism,
+    LimitReport, MakeDirAll, Metadata, Output, OutputSink, ReadLimit, ReadOutcome, Result, Sandbox,
+    StatPath, Workdir,
 };
 use hako_fence::Fence;
 
@@ -25,6 +27,43 @@ pub trait Launcher: Send + Sync + std::fmt::Debug {
 
     /// Tears down what the launcher holds (called by `close`, once or more).
     fn close(&self) {}
+}
+
+/// The limits every guest-run sandbox enforces the same way: the command's
+/// deadline (the supervisor), the output cap, and the fence's read and
+/// listing bounds (hako).
+pub fn common_limits(max_output: usize, fence: &Fence) -> Vec<LimitReport> {
+    vec![
+        LimitReport {
+            kind: LimitKind::Timeout,
+            value: None,
+            mechanism: LimitMechanism::Supervisor,
+        },
+        LimitReport {
+            kind: LimitKind::OutputBytes,
+            value: Some(max_output as u64),
+            mechanism: LimitMechanism::Hako,
+        },
+        LimitReport {
+            kind: LimitKind::ReadBytes,
+            value: Some(fence.max_read()),
+            mechanism: LimitMechanism::Hako,
+        },
+        LimitReport {
+            kind: LimitKind::DirEntries,
+            value: Some(fence.max_entries() as u64),
+            mechanism: LimitMechanism::Hako,
+        },
+    ]
+}
+
+/// The base environment `policy` gives commands, from this process's
+/// environment (variables that are not UTF-8 never pass).
+pub fn base_env(policy: &EnvPolicy) -> Vec<(String, String)> {
+    policy.build(
+        std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
+    )
 }
 
 /// Everything a backend decides when it opens a [`GuestSandbox`].

@@ -14,13 +14,10 @@
 use std::path::{Path, PathBuf};
 
 use hako_core::env::EnvPolicy;
-use hako_core::{
-    Capabilities, Isolation, LimitKind, LimitMechanism, LimitReport, NetworkAccess, Optional,
-    Result, DEFAULT_MAX_OUTPUT,
-};
+use hako_core::{Capabilities, Isolation, NetworkAccess, Optional, Result, DEFAULT_MAX_OUTPUT};
 use hako_fence::{Fence, FenceOptions};
 use hako_guest::proto::LinuxSpec;
-use hako_guest::sandbox::{GuestConfig, GuestSandbox, Launcher};
+use hako_guest::sandbox::{common_limits, GuestConfig, GuestSandbox, Launcher};
 
 pub use hako_guest::client::locate_guest;
 
@@ -82,37 +79,13 @@ impl HostSandbox {
             Some(path) => path,
             None => locate_guest()?,
         };
-        let base_env = config.env.build(
-            std::env::vars_os()
-                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
-        );
+        let base_env = hako_guest::sandbox::base_env(&config.env);
         let caps = Capabilities {
             backend: NAME.to_string(),
             isolation: Isolation::None,
             network: NetworkAccess::Host,
             fence: fence.resolver(),
-            limits: vec![
-                LimitReport {
-                    kind: LimitKind::Timeout,
-                    value: None,
-                    mechanism: LimitMechanism::Supervisor,
-                },
-                LimitReport {
-                    kind: LimitKind::OutputBytes,
-                    value: Some(config.max_output as u64),
-                    mechanism: LimitMechanism::Hako,
-                },
-                LimitReport {
-                    kind: LimitKind::ReadBytes,
-                    value: Some(fence.max_read()),
-                    mechanism: LimitMechanism::Hako,
-                },
-                LimitReport {
-                    kind: LimitKind::DirEntries,
-                    value: Some(fence.max_entries() as u64),
-                    mechanism: LimitMechanism::Hako,
-                },
-            ],
+            limits: common_limits(config.max_output, &fence),
             env_sanitised: true,
             fds_closed: true,
             landlock_abi: None,

@@ -22,7 +22,7 @@ use hako_core::{
 use hako_fence::{Fence, FenceOptions};
 use hako_guest::client::Held;
 use hako_guest::proto::LinuxSpec;
-use hako_guest::sandbox::{GuestConfig, GuestSandbox, Launcher};
+use hako_guest::sandbox::{common_limits, GuestConfig, GuestSandbox, Launcher};
 
 use crate::cgroup::Cgroups;
 use crate::plan::{HostFacts, PlanInput, Rlimits};
@@ -226,27 +226,8 @@ impl LinuxSandbox {
                 env.set.push((k.into(), v.into()));
             }
         }
-        let base_env = env.build(
-            std::env::vars_os()
-                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
-        );
-        let mut reports = vec![
-            LimitReport {
-                kind: LimitKind::Timeout,
-                value: None,
-                mechanism: LimitMechanism::Supervisor,
-            },
-            LimitReport {
-                kind: LimitKind::OutputBytes,
-                value: Some(config.max_output as u64),
-                mechanism: LimitMechanism::Hako,
-            },
-            LimitReport {
-                kind: LimitKind::ReadBytes,
-                value: Some(fence.max_read()),
-                mechanism: LimitMechanism::Hako,
-            },
-        ];
+        let base_env = hako_guest::sandbox::base_env(&env);
+        let mut reports = common_limits(config.max_output, &fence);
         let by_cgroup = cg_mechanism.unwrap_or(LimitMechanism::Rlimit);
         for (kind, value, mechanism) in [
             (LimitKind::Memory, limits.memory, by_cgroup),
