@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use hako_core::env::EnvPolicy;
 use hako_core::{
     AppendFile, Capabilities, Command, DirListing, Error, ExecStream, LimitKind, LimitMechanism,
-    LimitReport, MakeDirAll, Metadata, Output, OutputSink, ReadLimit, ReadOutcome, Result, Sandbox,
-    StatPath, Workdir,
+    LimitReport, MakeDirAll, Metadata, Optional, Output, OutputSink, ReadLimit, ReadOutcome,
+    Result, Sandbox, StatPath, Workdir,
 };
 use hako_fence::Fence;
 
@@ -64,6 +64,33 @@ pub fn base_env(policy: &EnvPolicy) -> Vec<(String, String)> {
         std::env::vars_os()
             .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
     )
+}
+
+/// The optional capabilities every [`GuestSandbox`] offers (for
+/// [`Capabilities::optional`]).
+pub const OPTIONAL: Optional = Optional {
+    read_limit: true,
+    append: true,
+    make_dir_all: true,
+    workdir: true,
+    stat: true,
+    exec_stream: true,
+};
+
+/// Opens the workspace fence and finds the guest binary (`guest`, or
+/// [`locate_guest`](crate::client::locate_guest)): the first step of every
+/// backend's constructor.
+pub fn open_workspace(
+    workspace: &Path,
+    fence: &hako_fence::FenceOptions,
+    guest: Option<PathBuf>,
+) -> Result<(Fence, PathBuf)> {
+    let fence = Fence::open(workspace, fence.clone())?;
+    let guest = match guest {
+        Some(path) => path,
+        None => crate::client::locate_guest()?,
+    };
+    Ok((fence, guest))
 }
 
 /// Everything a backend decides when it opens a [`GuestSandbox`].

@@ -14,10 +14,12 @@
 use std::path::{Path, PathBuf};
 
 use hako_core::env::EnvPolicy;
-use hako_core::{Capabilities, Isolation, NetworkAccess, Optional, Result, DEFAULT_MAX_OUTPUT};
-use hako_fence::{Fence, FenceOptions};
+use hako_core::{Capabilities, Isolation, NetworkAccess, Result, DEFAULT_MAX_OUTPUT};
+use hako_fence::FenceOptions;
 use hako_guest::proto::LinuxSpec;
-use hako_guest::sandbox::{common_limits, GuestConfig, GuestSandbox, Launcher};
+use hako_guest::sandbox::{
+    common_limits, open_workspace, GuestConfig, GuestSandbox, Launcher, OPTIONAL,
+};
 
 pub use hako_guest::client::locate_guest;
 
@@ -74,11 +76,7 @@ hako_guest::delegate_sandbox!(HostSandbox, inner);
 impl HostSandbox {
     /// Opens the workspace and finds the guest; starts nothing yet.
     pub fn new(config: HostConfig) -> Result<Self> {
-        let fence = Fence::open(&config.workspace, config.fence.clone())?;
-        let guest = match config.guest {
-            Some(path) => path,
-            None => locate_guest()?,
-        };
+        let (fence, guest) = open_workspace(&config.workspace, &config.fence, config.guest)?;
         let base_env = hako_guest::sandbox::base_env(&config.env);
         let caps = Capabilities {
             backend: NAME.to_string(),
@@ -90,14 +88,7 @@ impl HostSandbox {
             fds_closed: true,
             landlock_abi: None,
             seccomp: false,
-            optional: Optional {
-                read_limit: true,
-                append: true,
-                make_dir_all: true,
-                workdir: true,
-                stat: true,
-                exec_stream: true,
-            },
+            optional: OPTIONAL,
         };
         Ok(HostSandbox {
             inner: GuestSandbox::new(GuestConfig {

@@ -16,13 +16,15 @@ use std::sync::Mutex;
 
 use hako_core::env::EnvPolicy;
 use hako_core::{
-    Capabilities, Error, Isolation, LimitKind, LimitMechanism, LimitReport, NetworkAccess,
-    Optional, Result, DEFAULT_MAX_OUTPUT,
+    Capabilities, Error, Isolation, LimitKind, LimitMechanism, LimitReport, NetworkAccess, Result,
+    DEFAULT_MAX_OUTPUT,
 };
-use hako_fence::{Fence, FenceOptions};
+use hako_fence::FenceOptions;
 use hako_guest::client::Held;
 use hako_guest::proto::LinuxSpec;
-use hako_guest::sandbox::{common_limits, GuestConfig, GuestSandbox, Launcher};
+use hako_guest::sandbox::{
+    common_limits, open_workspace, GuestConfig, GuestSandbox, Launcher, OPTIONAL,
+};
 
 use crate::cgroup::Cgroups;
 use crate::plan::{HostFacts, PlanInput, Rlimits};
@@ -159,11 +161,7 @@ impl LinuxSandbox {
     /// and the filesystem view are held by the sandbox's pid 1 until
     /// `close`, so a host that cannot build them fails here, with the reason.
     pub fn new(config: LinuxConfig) -> Result<Self> {
-        let fence = Fence::open(&config.workspace, config.fence.clone())?;
-        let guest = match config.guest {
-            Some(path) => path,
-            None => locate_guest()?,
-        };
+        let (fence, guest) = open_workspace(&config.workspace, &config.fence, config.guest)?;
         let limits = config.limits;
         // cgroups where they can be made; rlimits otherwise.
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -267,14 +265,7 @@ impl LinuxSandbox {
             fds_closed: true,
             landlock_abi,
             seccomp: true,
-            optional: Optional {
-                read_limit: true,
-                append: true,
-                make_dir_all: true,
-                workdir: true,
-                stat: true,
-                exec_stream: true,
-            },
+            optional: OPTIONAL,
         };
         let namespaces = Namespaces {
             input,
