@@ -1,25 +1,29 @@
-//! The host side of the protocol: starting the guest for one command,
-//! feeding it, and collecting its output. Every backend launches through
+//! The host side of the protocol: starting a sandbox's guest, sending it
+//! commands, and collecting their output. Every backend launches through
 //! this; a backend only decides how the guest is started and what it builds.
+//!
+//! One [`Connection`] per sandbox. A reader thread takes every frame the
+//! guest sends and hands it to the command it belongs to, so any number of
+//! threads can run commands at once; each waits only for its own events.
 
-use std::io::Write;
+use std::collections::HashMap;
+use std::io::{IoSlice, Write};
+use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::proto::{self, LinuxSpec, RunReply, RunRequest, SpawnFailure};
+use crate::proto::{
+    self, Cwd, ExecRequest, Frame, FromGuest, Hello, LinuxSpec, SpawnFailure, StreamId, ToGuest,
+    MAX_CHUNK,
+};
 use hako_core::{Command, Error, Output, OutputSink, Result, Stream};
-use hako_sys::rustix::event::{poll, PollFd, PollFlags, Timespec};
-use hako_sys::rustix::io::Errno;
+use hako_sys::rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use hako_sys::spawn::{prepare, ChildSetup};
-
-/// How long output may keep flowing after the guest has replied (it killed
-/// the whole tree first, so this is only a guard against a broken guest).
-const DRAIN_GRACE: Duration = Duration::from_secs(5);
 
 fn backend_err(backend: &str, op: &'static str, message: impl Into<String>) -> Error {
     Error::Backend {
@@ -81,91 +85,6 @@ pub fn validate(command: &Command) -> Result<Vec<String>> {
     Ok(argv)
 }
 
-/// The control sockets of commands in flight, so that closing the sandbox
-/// can cancel them.
-#[derive(Debug, Default)]
-pub struct Running {
-    next: AtomicU64,
-    sockets: Mutex<Vec<(u64, UnixStream)>>,
-}
-
-impl Running {
-    fn add(&self, ctl: &UnixStream) -> Option<u64> {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let clone = ctl.try_clone().ok()?;
-        self.sockets.lock().ok()?.push((id, clone));
-        Some(id)
-    }
-
-    fn remove(&self, id: Option<u64>) {
-        if let (Some(id), Ok(mut sockets)) = (id, self.sockets.lock()) {
-            sockets.retain(|(i, _)| *i != id);
-        }
-    }
-
-    /// Cancels every command in flight: the guest sees end of file on its
-    /// control socket and kills its whole tree.
-    pub fn cancel_all(&self) {
-        if let Ok(sockets) = self.sockets.lock() {
-            for (_, sock) in sockets.iter() {
-                let _ = sock.shutdown(std::net::Shutdown::Write);
-            }
-        }
-    }
-}
-
-/// Everything one launch needs.
-pub struct Launch<'a> {
-    /// The backend's name, for errors.
-    pub backend: &'static str,
-    /// The `hako-guest` binary.
-    pub guest: &'a Path,
-    /// The checked argument vector (see [`validate`]).
-    pub argv: Vec<String>,
-    /// The complete environment of the command.
-    pub env: Vec<(String, String)>,
-    /// The directory the guest starts in (opened through the fence).
-    pub cwd: OwnedFd,
-    /// The command (stdin, timeout).
-    pub command: &'a Command,
-    /// Cap on each output stream.
-    pub max_output: usize,
-    /// Where in-flight commands are registered for cancellation.
-    pub running: &'a Running,
-    /// The sandbox the guest builds around the command, if any.
-    pub linux: Option<LinuxSpec>,
-}
-
-/// One output stream, kept up to a cap and counted in full.
-struct Capture {
-    kept: Vec<u8>,
-    cap: usize,
-    total: u64,
-}
-
-impl Capture {
-    fn new(cap: usize) -> Self {
-        Capture {
-            kept: Vec::new(),
-            cap,
-            total: 0,
-        }
-    }
-
-    /// Keeps what fits under the cap and returns that part.
-    fn push<'b>(&mut self, chunk: &'b [u8]) -> &'b [u8] {
-        self.total += chunk.len() as u64;
-        let room = self.cap.saturating_sub(self.kept.len());
-        let keep = &chunk[..chunk.len().min(room)];
-        self.kept.extend_from_slice(keep);
-        keep
-    }
-
-    fn truncated(&self) -> bool {
-        self.total > self.kept.len() as u64
-    }
-}
-
 /// Starts `hako-guest` in `cwd` with an empty environment, the given stdio,
 /// the control socket at fd 3 and nothing else open, in a process group of
 /// its own (Ctrl-C at the terminal goes to hako's group; the guest learns of
@@ -206,280 +125,391 @@ fn spawn_guest(
     })
 }
 
-/// Runs one command under a fresh guest.
-pub fn run(launch: Launch<'_>, mut sink: Option<&mut OutputSink<'_>>) -> Result<Output> {
-    let Launch {
-        backend,
-        guest,
-        argv,
-        env,
-        cwd,
-        command,
-        max_output,
-        running,
-        linux,
-    } = launch;
-    let (ctl, ctl_guest) = UnixStream::pair().map_err(|source| Error::Io {
-        op: "create control socket",
-        source,
-    })?;
-    let stdin = if command.stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    };
-    let start = Instant::now();
-    let mut child = spawn_guest(
-        backend,
-        guest,
-        cwd,
-        ctl_guest,
-        [stdin, Stdio::piped(), Stdio::piped()],
-    )?;
-    let id = running.add(&ctl);
-    let result = (|| {
-        let request = RunRequest {
-            version: proto::VERSION,
+/// One output stream, kept up to a cap and counted in full.
+struct Capture {
+    kept: Vec<u8>,
+    cap: usize,
+}
+
+impl Capture {
+    fn new(cap: usize) -> Self {
+        Capture {
+            kept: Vec::new(),
+            cap,
+        }
+    }
+
+    /// Keeps what fits under the cap and returns that part.
+    fn push<'b>(&mut self, chunk: &'b [u8]) -> &'b [u8] {
+        let room = self.cap.saturating_sub(self.kept.len());
+        let keep = &chunk[..chunk.len().min(room)];
+        self.kept.extend_from_slice(keep);
+        keep
+    }
+}
+
+/// What the reader thread hands a waiting command.
+enum Event {
+    Output { stream: StreamId, data: Vec<u8> },
+    Done(FromGuest),
+    Gone(String),
+}
+
+#[derive(Default)]
+struct Table {
+    waiting: HashMap<u64, mpsc::Sender<Event>>,
+    /// Why the guest is gone, once it is.
+    gone: Option<String>,
+}
+
+/// How long [`Connection::start`] waits for the guest to build the sandbox.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One command for [`Connection::exec`].
+pub struct Exec<'a> {
+    /// The checked argument vector (see [`validate`]).
+    pub argv: Vec<String>,
+    /// The complete environment.
+    pub env: Vec<(String, String)>,
+    /// Where it starts: a directory opened through the fence (`host`), or a
+    /// path inside the sandbox.
+    pub cwd: ExecCwd,
+    /// The command (stdin, timeout).
+    pub command: &'a Command,
+    /// Cap on each output stream.
+    pub max_output: usize,
+}
+
+/// Where a command starts; see [`Exec::cwd`].
+pub enum ExecCwd {
+    /// This directory, passed to the guest as a descriptor.
+    Fd(OwnedFd),
+    /// This absolute path inside the sandbox.
+    Path(PathBuf),
+}
+
+/// A sandbox's guest, started once and serving every command until
+/// [`close`](Connection::close). Dropping it closes it; if this process
+/// dies, the guest sees its connection close and kills everything.
+pub struct Connection {
+    backend: &'static str,
+    writer: Mutex<UnixStream>,
+    table: Arc<Mutex<Table>>,
+    reader: Mutex<Option<std::thread::JoinHandle<()>>>,
+    child: Mutex<Option<std::process::Child>>,
+    next_id: AtomicU64,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connection {
+    /// Starts `hako-guest` in `cwd`, has it build `linux` (if given), and
+    /// returns once it is ready to serve commands.
+    pub fn start(
+        backend: &'static str,
+        guest: &Path,
+        cwd: OwnedFd,
+        linux: Option<LinuxSpec>,
+    ) -> Result<Connection> {
+        let (ctl, ctl_guest) = UnixStream::pair().map_err(|source| Error::Io {
+            op: "create control socket",
+            source,
+        })?;
+        let mut child = spawn_guest(
+            backend,
+            guest,
+            cwd,
+            ctl_guest,
+            [Stdio::null(), Stdio::null(), Stdio::null()],
+        )?;
+        let ready: std::io::Result<FromGuest> = (|| {
+            let hello = ToGuest::Hello(Hello {
+                version: proto::VERSION,
+                linux,
+            });
+            proto::write_frame(&ctl, &hello)?;
+            // Building a sandbox takes milliseconds; a guest that says
+            // nothing for this long is stuck, and the caller must not hang
+            // with it.
+            ctl.set_read_timeout(Some(START_TIMEOUT))?;
+            let reply = proto::read_frame(&ctl);
+            ctl.set_read_timeout(None)?;
+            reply
+        })();
+        let mut failed = |message: String| {
+            let _ = ctl.shutdown(std::net::Shutdown::Both);
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(backend_err(backend, "start the sandbox", message))
+        };
+        match ready {
+            Ok(FromGuest::Ready { .. }) => {}
+            Ok(FromGuest::Refused { message }) => return failed(message),
+            Ok(other) => return failed(format!("unexpected first reply {other:?}")),
+            Err(e) => return failed(format!("hako-guest ended without a reply: {e}")),
+        }
+        let reader_end = ctl.try_clone().map_err(|source| Error::Io {
+            op: "clone control socket",
+            source,
+        })?;
+        let table = Arc::new(Mutex::new(Table::default()));
+        let reader = {
+            let table = Arc::clone(&table);
+            std::thread::Builder::new()
+                .name(format!("hako-{backend}-guest"))
+                .spawn(move || read_events(reader_end, &table))
+                .map_err(|source| Error::Io {
+                    op: "start the guest reader thread",
+                    source,
+                })?
+        };
+        Ok(Connection {
+            backend,
+            writer: Mutex::new(ctl),
+            table,
+            reader: Mutex::new(Some(reader)),
+            child: Mutex::new(Some(child)),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    fn send(&self, frame: &Frame<ToGuest>, fd: Option<&OwnedFd>) -> Result<()> {
+        let bytes = proto::encode(frame)
+            .map_err(|e| backend_err(self.backend, "send to hako-guest", e.to_string()))?;
+        let writer = self
+            .writer
+            .lock()
+            .map_err(|_| backend_err(self.backend, "send to hako-guest", "lock poisoned"))?;
+        let sent = match fd {
+            None => (&*writer).write_all(&bytes),
+            Some(fd) => send_with_fd(&writer, &bytes, fd),
+        };
+        sent.map_err(|e| backend_err(self.backend, "send to hako-guest", e.to_string()))
+    }
+
+    /// Runs one command and returns its output once every process of it is
+    /// gone. `sink` sees each kept chunk as it arrives.
+    pub fn exec(&self, exec: Exec<'_>, mut sink: Option<&mut OutputSink<'_>>) -> Result<Output> {
+        let Exec {
             argv,
             env,
+            cwd,
+            command,
+            max_output,
+        } = exec;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        {
+            let mut table = self
+                .table
+                .lock()
+                .map_err(|_| backend_err(self.backend, "run command", "lock poisoned"))?;
+            if let Some(why) = &table.gone {
+                return Err(backend_err(self.backend, "run command", why.clone()));
+            }
+            table.waiting.insert(id, tx);
+        }
+        let (cwd, fd) = match cwd {
+            ExecCwd::Fd(fd) => (Cwd::Fd, Some(fd)),
+            ExecCwd::Path(path) => (Cwd::Path(path), None),
+        };
+        let start = Instant::now();
+        let request = ExecRequest {
+            id,
+            argv,
+            env,
+            cwd,
             timeout_ms: command
                 .timeout
                 .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
-            linux,
+            stdin: command.stdin.is_some(),
+            max_output: max_output as u64,
         };
-        proto::write_frame(&ctl, &proto::Request::Run(request))
-            .map_err(|e| backend_err(backend, "send request to hako-guest", e.to_string()))?;
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take();
-        let stderr = child.stderr.take();
-        std::thread::scope(|scope| {
-            if let (Some(mut pipe), Some(data)) = (stdin, command.stdin.as_deref()) {
-                scope.spawn(move || {
-                    // A command that exits without reading its input closes
-                    // the pipe; that is not an error.
-                    let _ = pipe.write_all(data);
-                });
+        let sent = self
+            .send(&Frame::Message(ToGuest::Exec(request)), fd.as_ref())
+            .and_then(|()| {
+                let Some(data) = command.stdin.as_deref() else {
+                    return Ok(());
+                };
+                for chunk in data.chunks(MAX_CHUNK) {
+                    let frame = Frame::Stdin {
+                        id,
+                        data: chunk.to_vec(),
+                    };
+                    self.send(&frame, None)?;
+                }
+                self.send(&Frame::Message(ToGuest::CloseStdin { id }), None)
+            });
+        drop(fd);
+        if let Err(err) = sent {
+            if let Ok(mut table) = self.table.lock() {
+                table.waiting.remove(&id);
             }
-            pump(
-                stdout.map(OwnedFd::from),
-                stderr.map(OwnedFd::from),
-                &ctl,
-                max_output,
-                &mut sink,
-            )
-        })
-    })();
-    running.remove(id);
-    // On an error the guest must not outlive us: closing its control socket
-    // makes it kill the command's tree.
-    drop(ctl);
-    let waited = child.wait();
-    let (out, err, reply) = result?;
-    let reply = match reply {
-        Some(reply) => reply,
-        None => {
-            return Err(backend_err(
-                backend,
-                "run command",
-                format!("hako-guest ended without a reply ({waited:?})"),
-            ))
+            return Err(err);
         }
-    };
-    match reply {
-        RunReply::Finished { status, timed_out } => Ok(Output {
-            status,
-            stdout_truncated: out.truncated(),
-            stderr_truncated: err.truncated(),
-            stdout_total: out.total,
-            stderr_total: err.total,
-            stdout: out.kept,
-            stderr: err.kept,
-            duration: start.elapsed(),
-            timed_out,
-        }),
-        RunReply::SpawnFailed {
-            kind,
-            errno,
-            message,
-        } => {
-            let program = command.program.argv().first().cloned().unwrap_or_default();
-            Err(match kind {
-                SpawnFailure::NotFound => Error::CommandNotFound { program },
+        let mut out = Capture::new(max_output);
+        let mut err = Capture::new(max_output);
+        let done = loop {
+            match rx.recv() {
+                Ok(Event::Output { stream, data }) => {
+                    let (capture, which) = match stream {
+                        StreamId::Stdout => (&mut out, Stream::Stdout),
+                        StreamId::Stderr => (&mut err, Stream::Stderr),
+                    };
+                    let kept = capture.push(&data);
+                    if let Some(sink) = sink.as_mut() {
+                        if !kept.is_empty() {
+                            sink(which, kept);
+                        }
+                    }
+                }
+                Ok(Event::Done(msg)) => break msg,
+                Ok(Event::Gone(why)) => {
+                    return Err(backend_err(self.backend, "run command", why));
+                }
+                Err(_) => {
+                    return Err(backend_err(
+                        self.backend,
+                        "run command",
+                        "the connection to hako-guest ended",
+                    ))
+                }
+            }
+        };
+        let program = || command.program.argv().first().cloned().unwrap_or_default();
+        match done {
+            FromGuest::Exited {
+                status,
+                timed_out,
+                stdout_total,
+                stderr_total,
+                ..
+            } => Ok(Output {
+                status,
+                stdout_truncated: stdout_total > out.kept.len() as u64,
+                stderr_truncated: stderr_total > err.kept.len() as u64,
+                stdout_total,
+                stderr_total,
+                stdout: out.kept,
+                stderr: err.kept,
+                duration: start.elapsed(),
+                timed_out,
+            }),
+            FromGuest::SpawnFailed {
+                kind,
+                errno,
+                message,
+                ..
+            } => Err(match kind {
+                SpawnFailure::NotFound => Error::CommandNotFound { program: program() },
                 SpawnFailure::CannotExecute => Error::CannotExecute {
-                    program,
+                    program: program(),
                     source: errno.map_or_else(
                         || std::io::Error::other(message),
                         std::io::Error::from_raw_os_error,
                     ),
                 },
-                SpawnFailure::Other => backend_err(backend, "start command", message),
-            })
-        }
-        RunReply::Refused { message } => Err(backend_err(backend, "run command", message)),
-    }
-}
-
-/// Reads both output streams until they close, and the guest's reply.
-fn pump(
-    stdout: Option<OwnedFd>,
-    stderr: Option<OwnedFd>,
-    ctl: &UnixStream,
-    cap: usize,
-    sink: &mut Option<&mut OutputSink<'_>>,
-) -> Result<(Capture, Capture, Option<RunReply>)> {
-    let mut streams = [
-        (Stream::Stdout, stdout, Capture::new(cap)),
-        (Stream::Stderr, stderr, Capture::new(cap)),
-    ];
-    let mut reply: Option<RunReply> = None;
-    let mut ctl_open = true;
-    let mut replied_at: Option<Instant> = None;
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let open: Vec<usize> = (0..2).filter(|&i| streams[i].1.is_some()).collect();
-        if open.is_empty() && !ctl_open {
-            break;
-        }
-        if let Some(at) = replied_at {
-            if at.elapsed() > DRAIN_GRACE {
-                tracing::warn!(
-                    "output still open {DRAIN_GRACE:?} after the guest replied; giving up on it"
-                );
-                break;
+                SpawnFailure::Other => backend_err(self.backend, "start command", message),
+            }),
+            FromGuest::Failed { message, .. } | FromGuest::Refused { message } => {
+                Err(backend_err(self.backend, "run command", message))
             }
-        }
-        let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(3);
-        for &i in &open {
-            if let Some(fd) = streams[i].1.as_ref() {
-                fds.push(PollFd::new(fd, PollFlags::IN));
-            }
-        }
-        if ctl_open {
-            fds.push(PollFd::new(ctl, PollFlags::IN));
-        }
-        let timeout = replied_at.map(|_| Timespec {
-            tv_sec: 0,
-            tv_nsec: 100_000_000,
-        });
-        match poll(&mut fds, timeout.as_ref()) {
-            Ok(_) | Err(Errno::INTR) => {}
-            Err(e) => {
-                return Err(Error::Io {
-                    op: "poll command output",
-                    source: e.into(),
-                })
-            }
-        }
-        let ready: Vec<bool> = fds.iter().map(|f| !f.revents().is_empty()).collect();
-        drop(fds);
-        for (slot, &i) in open.iter().enumerate() {
-            if !ready[slot] {
-                continue;
-            }
-            let (stream, fd, capture) = &mut streams[i];
-            let Some(handle) = fd.as_ref() else { continue };
-            match hako_sys::rustix::io::read(handle.as_fd(), &mut buf[..]) {
-                Ok(0) => *fd = None,
-                Ok(n) => {
-                    let kept = capture.push(&buf[..n]);
-                    if let Some(sink) = sink.as_mut() {
-                        if !kept.is_empty() {
-                            sink(*stream, kept);
-                        }
-                    }
-                }
-                Err(Errno::INTR) | Err(Errno::AGAIN) => {}
-                Err(_) => *fd = None,
-            }
-        }
-        if ctl_open && ready.last().copied().unwrap_or(false) {
-            reply = proto::read_frame(ctl).ok();
-            ctl_open = false;
-            replied_at = Some(Instant::now());
+            FromGuest::Ready { .. } => Err(backend_err(
+                self.backend,
+                "run command",
+                "unexpected reply from hako-guest",
+            )),
         }
     }
-    let [(_, _, out), (_, _, err)] = streams;
-    Ok((out, err, reply))
-}
 
-/// A sandbox held open by a guest (see [`proto::Request::Hold`]): closing
-/// it, dropping it or the death of this process tears the sandbox down.
-#[derive(Debug)]
-pub struct Held {
-    child: std::process::Child,
-    ctl: Option<UnixStream>,
-    pid: i32,
-}
-
-impl Held {
-    /// Pid of the sandbox's pid 1, for [`LinuxSpec::enter`].
-    pub fn pid(&self) -> i32 {
-        self.pid
-    }
-
-    /// Tears the sandbox down: pid 1 sees its control socket close and
-    /// exits, and the kernel kills everything left in its namespaces.
-    pub fn close(&mut self) {
-        if let Some(ctl) = self.ctl.take() {
-            let _ = ctl.shutdown(std::net::Shutdown::Both);
-            drop(ctl);
-            let _ = self.child.wait();
+    /// Ends the sandbox: the guest kills every command (each still gets its
+    /// result, killed), then exits; with it, a `linux` sandbox's pid 1 and
+    /// so everything in its namespaces. Idempotent.
+    pub fn close(&self) {
+        if let Ok(writer) = self.writer.lock() {
+            let _ = writer.shutdown(std::net::Shutdown::Write);
+        }
+        let reader = self.reader.lock().ok().and_then(|mut r| r.take());
+        if let Some(reader) = reader {
+            let _ = reader.join();
+        }
+        let child = self.child.lock().ok().and_then(|mut c| c.take());
+        if let Some(mut child) = child {
+            let _ = child.wait();
         }
     }
 }
 
-impl Drop for Held {
+impl Drop for Connection {
     fn drop(&mut self) {
         self.close();
     }
 }
 
-/// How long [`hold`] waits for the guest to build the sandbox.
-const HOLD_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Starts a guest that builds the sandbox `spec` describes and holds it.
-pub fn hold(backend: &'static str, guest: &Path, cwd: OwnedFd, spec: LinuxSpec) -> Result<Held> {
-    let (ctl, ctl_guest) = UnixStream::pair().map_err(|source| Error::Io {
-        op: "create control socket",
-        source,
-    })?;
-    let child = spawn_guest(
-        backend,
-        guest,
-        cwd,
-        ctl_guest,
-        [Stdio::null(), Stdio::null(), Stdio::null()],
+/// Sends `bytes` with `fd` attached to the first of them.
+fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: &OwnedFd) -> std::io::Result<()> {
+    let mut space = [MaybeUninit::<u8>::uninit(); hako_sys::rustix::cmsg_space!(ScmRights(1))];
+    let mut ancillary = SendAncillaryBuffer::new(&mut space);
+    let fds = [fd.as_fd()];
+    if !ancillary.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(std::io::Error::other("no room for the descriptor"));
+    }
+    let sent = sendmsg(
+        stream,
+        &[IoSlice::new(bytes)],
+        &mut ancillary,
+        SendFlags::NOSIGNAL,
     )?;
-    let mut held = Held {
-        child,
-        ctl: Some(ctl),
-        pid: 0,
+    let mut rest = stream;
+    rest.write_all(&bytes[sent..])
+}
+
+/// The reader thread: hands every frame to the command it belongs to, and
+/// tells every waiting command when the guest is gone.
+fn read_events(ctl: UnixStream, table: &Mutex<Table>) {
+    let why = loop {
+        let frame = match proto::read_any::<FromGuest>(&ctl) {
+            Ok(frame) => frame,
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                break "the sandbox's guest ended".to_string()
+            }
+            Err(e) => break format!("the connection to the sandbox's guest failed: {e}"),
+        };
+        let Ok(mut table) = table.lock() else { return };
+        match frame {
+            Frame::Output {
+                id, stream, data, ..
+            } => {
+                if let Some(tx) = table.waiting.get(&id) {
+                    let _ = tx.send(Event::Output { stream, data });
+                }
+            }
+            Frame::Message(msg) => {
+                let id = match &msg {
+                    FromGuest::Exited { id, .. } | FromGuest::SpawnFailed { id, .. } => Some(*id),
+                    FromGuest::Failed { id, .. } => *id,
+                    _ => None,
+                };
+                match id.and_then(|id| table.waiting.remove(&id)) {
+                    Some(tx) => {
+                        let _ = tx.send(Event::Done(msg));
+                    }
+                    None => tracing::warn!("hako-guest: {msg:?}"),
+                }
+            }
+            Frame::Stdin { .. } => tracing::warn!("hako-guest sent a stdin frame"),
+        }
     };
-    let reply: std::io::Result<proto::HoldReply> = (|| {
-        let ctl = held
-            .ctl
-            .as_ref()
-            .ok_or_else(|| std::io::Error::other("closed"))?;
-        proto::write_frame(ctl, &proto::Request::Hold(spec))?;
-        // Building a sandbox takes milliseconds; a guest that says nothing
-        // for this long is stuck, and the caller must not hang with it.
-        ctl.set_read_timeout(Some(HOLD_TIMEOUT))?;
-        let reply = proto::read_frame(ctl);
-        ctl.set_read_timeout(None)?;
-        reply
-    })();
-    match reply {
-        Ok(proto::HoldReply::Holding { pid }) => {
-            held.pid = pid;
-            Ok(held)
+    if let Ok(mut table) = table.lock() {
+        for (_, tx) in table.waiting.drain() {
+            let _ = tx.send(Event::Gone(why.clone()));
         }
-        Ok(proto::HoldReply::Refused { message }) => {
-            Err(backend_err(backend, "create the sandbox", message))
-        }
-        Err(e) => Err(backend_err(
-            backend,
-            "create the sandbox",
-            format!("hako-guest ended without a reply: {e}"),
-        )),
+        table.gone = Some(why);
     }
 }

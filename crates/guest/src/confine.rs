@@ -11,6 +11,7 @@
 //! 5. seccomp, last: its filter would refuse some of the calls above.
 
 use std::io;
+use std::sync::Arc;
 
 use hako_sys::confine::{self, LandlockRules, Resource, Rlimit};
 use hako_sys::spawn::ConfineHook;
@@ -31,52 +32,72 @@ fn other(err: impl std::fmt::Display) -> io::Error {
     io::Error::other(err.to_string())
 }
 
-/// Checks and prepares in pid 1 what can be (Landlock's availability, the
-/// seccomp program), and returns the step run in the command's process.
-pub(crate) fn hook(spec: &LinuxSpec) -> Result<ConfineHook, String> {
-    let rlimits: Vec<Rlimit> = spec
-        .rlimits
-        .iter()
-        .map(|r| Rlimit::new(resource(r.resource), r.value))
-        .collect();
-    let landlock = match &spec.landlock {
-        Some(ll) if confine::landlock_abi().is_none() => {
-            if ll.required {
-                return Err("Landlock is required but this kernel does not offer it; hint: boot with Landlock in the lsm= list, or pass --best-effort to run without it".into());
+/// The confinement of every command of a sandbox, checked and compiled
+/// once in pid 1 (Landlock's availability, the seccomp program).
+#[derive(Clone)]
+pub(crate) struct Confinement {
+    rlimits: Arc<Vec<Rlimit>>,
+    landlock: Option<Arc<(LandlockRules, bool)>>,
+    seccomp: Option<Arc<hako_seccomp::Program>>,
+}
+
+impl Confinement {
+    pub(crate) fn new(spec: &LinuxSpec) -> Result<Self, String> {
+        let rlimits: Vec<Rlimit> = spec
+            .rlimits
+            .iter()
+            .map(|r| Rlimit::new(resource(r.resource), r.value))
+            .collect();
+        let landlock = match &spec.landlock {
+            Some(ll) if confine::landlock_abi().is_none() => {
+                if ll.required {
+                    return Err("Landlock is required but this kernel does not offer it; hint: boot with Landlock in the lsm= list, or pass --best-effort to run without it".into());
+                }
+                None
             }
+            Some(ll) => Some(Arc::new((
+                LandlockRules {
+                    write_paths: ll.write_dirs.clone(),
+                    write_files: ll.write_files.clone(),
+                },
+                ll.required,
+            ))),
+            None => None,
+        };
+        let seccomp = if spec.seccomp {
+            Some(Arc::new(
+                hako_seccomp::compile(&hako_seccomp::default_policy())
+                    .map_err(|e| format!("cannot compile the seccomp policy: {e}"))?,
+            ))
+        } else {
             None
-        }
-        Some(ll) => Some((
-            LandlockRules {
-                write_paths: ll.write_dirs.clone(),
-                write_files: ll.write_files.clone(),
-            },
-            ll.required,
-        )),
-        None => None,
-    };
-    let seccomp = if spec.seccomp {
-        Some(
-            hako_seccomp::compile(&hako_seccomp::default_policy())
-                .map_err(|e| format!("cannot compile the seccomp policy: {e}"))?,
-        )
-    } else {
-        None
-    };
-    Ok(Box::new(move || {
-        confine::apply_rlimits(&rlimits).map_err(other)?;
-        if let Some((rules, required)) = &landlock {
-            if let Err(err) = confine::landlock_restrict_writes(rules) {
-                if *required {
-                    return Err(other(err));
+        };
+        Ok(Confinement {
+            rlimits: Arc::new(rlimits),
+            landlock,
+            seccomp,
+        })
+    }
+
+    /// The step run in one command's process just before exec.
+    pub(crate) fn hook(&self) -> ConfineHook {
+        let this = self.clone();
+        Box::new(move || {
+            confine::apply_rlimits(&this.rlimits).map_err(other)?;
+            if let Some(ll) = &this.landlock {
+                let (rules, required) = &**ll;
+                if let Err(err) = confine::landlock_restrict_writes(rules) {
+                    if *required {
+                        return Err(other(err));
+                    }
                 }
             }
-        }
-        confine::set_no_new_privs().map_err(other)?;
-        confine::drop_all_capabilities().map_err(other)?;
-        if let Some(program) = &seccomp {
-            hako_seccomp::apply(program).map_err(other)?;
-        }
-        Ok(())
-    }))
+            confine::set_no_new_privs().map_err(other)?;
+            confine::drop_all_capabilities().map_err(other)?;
+            if let Some(program) = &this.seccomp {
+                hako_seccomp::apply(program).map_err(other)?;
+            }
+            Ok(())
+        })
+    }
 }

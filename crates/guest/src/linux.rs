@@ -7,10 +7,10 @@
 //!    namespaces, maps its uid and gid, and forks.
 //! 2. Its child is **pid 1** of the new pid namespace. It builds the
 //!    filesystem view on a fresh tmpfs, `pivot_root`s into it and detaches
-//!    the host's tree, names the host, brings up loopback, and then
-//!    supervises the command exactly as the host guest does, with the
-//!    command confined just before exec (rlimits, Landlock, no_new_privs,
-//!    no capabilities, seccomp).
+//!    the host's tree, names the host, brings up loopback, and then serves
+//!    commands exactly as the host guest does (see
+//!    [`server`](crate::server)), each confined just before exec (rlimits,
+//!    Landlock, no_new_privs, no capabilities, seccomp).
 //!
 //! When pid 1 exits the kernel kills every process left in the namespace.
 //! Pid 1 dies with the launcher (`PR_SET_PDEATHSIG`), and the launcher
@@ -23,23 +23,14 @@ use std::os::unix::net::UnixStream;
 use std::path::{Component, Path, PathBuf};
 
 use hako_sys::mount::{self as m, fd_path};
-use hako_sys::ns::{self, Forked};
+use hako_sys::ns::{self, Forked, SingleThreaded};
 use hako_sys::rustix::fs::{self as rfs, Mode, OFlags};
 use hako_sys::rustix::process::{self as rproc, Pid, Signal, WaitOptions};
 use hako_sys::signal::{signum, SignalFd};
 
-use std::io::{Read, Write};
-
-use crate::proto::{HoldReply, LinuxSpec, MountOp, RunReply, RunRequest};
-use crate::supervise::{refuse, run, RunOptions};
-
-/// What [`launch`] returned in this process.
-pub(crate) enum Launched {
-    /// This is the launcher; exit with this code (pid 1 replied).
-    Launcher(u8),
-    /// Send this reply (an error before pid 1 existed, or pid 1's result).
-    Reply(RunReply),
-}
+use crate::confine::Confinement;
+use crate::proto::{FromGuest, LinuxSpec, MountOp};
+use crate::server::Mode as ServeMode;
 
 /// Where the new root is assembled, inside the new mount namespace only.
 const STAGING: &str = "/tmp";
@@ -77,114 +68,41 @@ fn new_namespaces(spec: &LinuxSpec) -> Result<(), String> {
     })
 }
 
-pub(crate) fn launch(request: &RunRequest, spec: &LinuxSpec, ctl: &UnixStream) -> Launched {
-    let proof = match ns::single_threaded() {
-        Ok(proof) => proof,
-        Err(err) => return Launched::Reply(refuse(err.to_string())),
-    };
-    if let Err(message) = join_cgroups(spec) {
-        return Launched::Reply(refuse(message));
-    }
-    let entered = match spec.enter {
-        // Join the sandbox's namespaces, its pid namespace included, so the
-        // command shows in the sandbox's /proc to the other commands.
-        Some(holder) => ns::enter_namespaces_of(holder, SHARED_NAMESPACES | ns::CLONE_NEWPID)
-            .map_err(|err| format!("cannot enter the sandbox (pid {holder}): {err}")),
-        None => new_namespaces(spec),
-    };
-    if let Err(message) = entered {
-        return Launched::Reply(refuse(message));
-    }
-    match ns::fork_single_threaded(&proof) {
-        Err(err) => Launched::Reply(refuse(format!("cannot fork into the sandbox: {err}"))),
-        Ok(Forked::Parent(pid)) => Launched::Launcher(wait_for_init(pid)),
-        Ok(Forked::Child) => Launched::Reply(init(request, spec, ctl)),
-    }
-}
-
-/// Builds a sandbox and holds it until the control socket closes: its pid 1
-/// keeps the namespaces and the filesystem view alive for the commands that
-/// enter them. Returns the launcher's exit code.
-pub(crate) fn hold(spec: &LinuxSpec, ctl: &UnixStream) -> u8 {
-    let mut ctl_w = ctl;
-    let proof = match ns::single_threaded() {
-        Ok(proof) => proof,
-        Err(err) => {
-            let message = err.to_string();
-            let _ = crate::proto::write_frame(&mut ctl_w, &HoldReply::Refused { message });
-            return 1;
-        }
+/// Builds the sandbox `spec` describes and serves commands from its pid 1
+/// until hako closes `ctl`. Returns the launcher's exit code.
+pub(crate) fn start(spec: &LinuxSpec, ctl: UnixStream, proof: &SingleThreaded) -> u8 {
+    let refuse = |message: String| {
+        let _ = crate::proto::write_frame(&ctl, &FromGuest::Refused { message });
+        1
     };
     if let Err(message) = join_cgroups(spec).and_then(|()| new_namespaces(spec)) {
-        let _ = crate::proto::write_frame(&mut ctl_w, &HoldReply::Refused { message });
-        return 1;
+        return refuse(message);
     }
-    let (ready_r, ready_w) =
-        match hako_sys::rustix::pipe::pipe_with(hako_sys::rustix::pipe::PipeFlags::CLOEXEC) {
-            Ok(p) => p,
-            Err(err) => {
-                let message = format!("cannot create a pipe: {err}");
-                let _ = crate::proto::write_frame(&mut ctl_w, &HoldReply::Refused { message });
-                return 1;
-            }
-        };
-    match ns::fork_single_threaded(&proof) {
-        Err(err) => {
-            let message = format!("cannot fork pid 1: {err}");
-            let _ = crate::proto::write_frame(&mut ctl_w, &HoldReply::Refused { message });
-            1
-        }
+    // Checked and compiled once, before any command.
+    let confinement = match Confinement::new(spec) {
+        Ok(c) => c,
+        Err(message) => return refuse(message),
+    };
+    match ns::fork_single_threaded(proof) {
+        Err(err) => refuse(format!("cannot fork pid 1: {err}")),
         Ok(Forked::Parent(pid)) => {
-            drop(ready_w);
-            // Pid 1 writes nothing on success and the reason on failure,
-            // then closes its end.
-            let mut why = String::new();
-            let _ = std::fs::File::from(ready_r).read_to_string(&mut why);
-            let reply = if why.is_empty() {
-                HoldReply::Holding { pid }
-            } else {
-                HoldReply::Refused { message: why }
-            };
-            if crate::proto::write_frame(&mut ctl_w, &reply).is_err() {
-                let _ = rproc::kill_process(Pid::from_raw(pid).unwrap_or(Pid::INIT), Signal::KILL);
-            }
+            // Pid 1 holds the connection; hako sees it close when pid 1 ends.
+            drop(ctl);
             wait_for_init(pid)
         }
         Ok(Forked::Child) => {
-            drop(ready_r);
-            let mut ready = std::fs::File::from(ready_w);
             if let Err(message) = set_up(spec) {
-                let _ = ready.write_all(message.as_bytes());
-                return 1;
+                return refuse(message);
             }
-            drop(ready);
-            // Hold until hako closes the control socket (or dies), reaping
-            // whatever is re-parented to pid 1 meanwhile.
-            let _ = hako_sys::stdio_to_null();
-            let signals = match SignalFd::new(&[signum::SIGCHLD]) {
-                Ok(s) => s,
-                Err(_) => return 1,
-            };
-            loop {
-                while let Ok(Some(_)) = rproc::wait(WaitOptions::NOHANG) {}
-                let mut fds = [
-                    hako_sys::rustix::event::PollFd::new(
-                        ctl,
-                        hako_sys::rustix::event::PollFlags::IN,
-                    ),
-                    hako_sys::rustix::event::PollFd::new(
-                        &signals,
-                        hako_sys::rustix::event::PollFlags::IN,
-                    ),
-                ];
-                match hako_sys::rustix::event::poll(&mut fds, None) {
-                    Ok(_) if !fds[0].revents().is_empty() => return 0,
-                    Ok(_) | Err(hako_sys::rustix::io::Errno::INTR) => {
-                        signals.drain();
-                    }
-                    Err(_) => return 1,
-                }
-            }
+            crate::server::serve(
+                ctl,
+                proof,
+                ServeMode {
+                    confinement: Some(confinement),
+                    stop_signals: false,
+                    accept_fds: false,
+                },
+            )
         }
     }
 }
@@ -238,38 +156,6 @@ fn wait_for_init(pid: i32) -> u8 {
             }
         }
     }
-}
-
-/// The process that supervises one command inside the sandbox: pid 1 of a
-/// new sandbox, or, in a held one, a child subreaper in the sandbox's pid
-/// namespace (so the command's pids match the sandbox's /proc, and every
-/// orphan of the command is still its to kill).
-fn init(request: &RunRequest, spec: &LinuxSpec, ctl: &UnixStream) -> RunReply {
-    if spec.enter.is_none() {
-        if let Err(message) = set_up(spec) {
-            return refuse(message);
-        }
-    } else {
-        if let Err(err) = ns::die_with_parent() {
-            return refuse(format!("cannot set the parent-death signal: {err}"));
-        }
-        let _ = ns::set_not_dumpable();
-    }
-    let confine = match crate::confine::hook(spec) {
-        Ok(hook) => hook,
-        Err(message) => return refuse(message),
-    };
-    run(
-        request,
-        ctl,
-        RunOptions {
-            // Pid 1 would receive the command's own signals; a supervisor
-            // in a held sandbox is not pid 1 and cleans up on them.
-            stop_signals: spec.enter.is_some(),
-            confine: Some(confine),
-            cwd: Some(spec.cwd.clone()),
-        },
-    )
 }
 
 /// A path inside the sandbox, relative to the staging root.

@@ -15,50 +15,169 @@ pub const VERSION: u32 = 1;
 /// The largest frame either side accepts: 16 MiB.
 pub const MAX_FRAME: u32 = 16 << 20;
 
-/// Run one command.
+/// The first frame hako sends: the protocol version, and what the guest is
+/// to build before it serves commands. The guest answers [`FromGuest::Ready`]
+/// or [`FromGuest::Refused`] (and then exits).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RunRequest {
+pub struct Hello {
     /// Must equal [`VERSION`].
     pub version: u32,
-    /// Program and arguments; the program is looked up in `PATH` from `env`.
-    pub argv: Vec<String>,
-    /// The complete environment of the command.
-    pub env: Vec<(String, String)>,
-    /// The process deadline in milliseconds.
-    pub timeout_ms: Option<u64>,
-    /// Build a `linux` sandbox around the command first; `None` runs it
+    /// Build a `linux` sandbox first and serve from its pid 1; `None` serves
     /// where the guest is (the `host` backend).
     #[serde(default)]
     pub linux: Option<LinuxSpec>,
 }
 
-/// The first frame hako sends a guest: one command, or holding a sandbox's
-/// namespaces open for the commands that follow.
+/// Where a command starts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Request {
-    /// Run one command.
-    Run(RunRequest),
-    /// Build the namespaces and the filesystem view of `spec` and hold them
-    /// until the control socket closes; reply [`HoldReply`].
-    Hold(LinuxSpec),
+pub enum Cwd {
+    /// The directory whose descriptor travels with this frame
+    /// (`SCM_RIGHTS`), opened by hako through the fence: no path is
+    /// resolved again.
+    Fd,
+    /// An absolute path, resolved inside the sandbox.
+    Path(PathBuf),
 }
 
-/// The reply to [`Request::Hold`].
+/// Start one command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecRequest {
+    /// Chosen by hako, unique on the connection; every event of this command
+    /// carries it.
+    pub id: u64,
+    /// Program and arguments; the program is looked up in `PATH` from `env`.
+    pub argv: Vec<String>,
+    /// The complete environment of the command.
+    pub env: Vec<(String, String)>,
+    /// Where it starts.
+    pub cwd: Cwd,
+    /// The process deadline in milliseconds: on expiry the whole tree is
+    /// killed and the result says so.
+    pub timeout_ms: Option<u64>,
+    /// Give the command a stdin pipe fed by [`Frame::Stdin`] frames and
+    /// closed by [`ToGuest::CloseStdin`]; otherwise stdin is `/dev/null`.
+    pub stdin: bool,
+    /// Bytes of each output stream forwarded; the rest is only counted.
+    pub max_output: u64,
+}
+
+/// A control message from hako to the guest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum HoldReply {
-    /// The sandbox is up; its pid 1 has this pid in the guest's namespace.
-    Holding {
-        /// Pid of the holder (pid 1 of the sandbox's namespace).
-        pid: i32,
+pub enum ToGuest {
+    /// The handshake (first frame only).
+    Hello(Hello),
+    /// Start a command.
+    Exec(ExecRequest),
+    /// No more input for this command's stdin.
+    CloseStdin {
+        /// The command.
+        id: u64,
     },
-    /// It could not be built.
+    /// Kill this command's whole tree (idempotent; an unknown id is
+    /// ignored, it may have just ended).
+    Kill {
+        /// The command.
+        id: u64,
+    },
+}
+
+/// A control message from the guest to hako.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FromGuest {
+    /// The handshake succeeded; commands may be sent.
+    Ready {
+        /// The version the guest speaks.
+        version: u32,
+    },
+    /// The handshake or building the sandbox failed; the guest exits.
     Refused {
         /// Why.
         message: String,
     },
+    /// A command ended and every process it started is gone; all of its
+    /// output was sent before this.
+    Exited {
+        /// The command.
+        id: u64,
+        /// How its first process ended.
+        status: ExitStatus,
+        /// Whether the deadline killed it.
+        timed_out: bool,
+        /// Bytes it wrote to stdout, forwarded or not.
+        stdout_total: u64,
+        /// Bytes it wrote to stderr, forwarded or not.
+        stderr_total: u64,
+    },
+    /// A command never started.
+    SpawnFailed {
+        /// The command.
+        id: u64,
+        /// The kind of failure.
+        kind: SpawnFailure,
+        /// The OS error number, if there was one.
+        errno: Option<i32>,
+        /// A readable message.
+        message: String,
+    },
+    /// A request failed (bad frame, duplicate id, empty argv, ...); the
+    /// guest stays up. `id` names the command when there is one.
+    Failed {
+        /// The command, if the request named one.
+        id: Option<u64>,
+        /// Why.
+        message: String,
+    },
 }
+
+/// Which output stream a chunk belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamId {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+/// One decoded frame. A frame's payload is JSON when its first byte is `{`;
+/// otherwise the first byte tags a binary frame:
+///
+/// - `1` output: command id (u64), stream (`1` stdout, `2` stderr), offset
+///   of the chunk in the stream (u64), bytes;
+/// - `2` stdin: command id (u64), bytes.
+///
+/// Integers are big-endian. Output offsets number the bytes of each stream,
+/// so a reader can tell a gap or a repeat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame<T> {
+    /// A control message.
+    Message(T),
+    /// Output of a command (guest to hako).
+    Output {
+        /// The command.
+        id: u64,
+        /// Which stream.
+        stream: StreamId,
+        /// Offset of `data` in the stream.
+        offset: u64,
+        /// The bytes.
+        data: Vec<u8>,
+    },
+    /// Input for a command (hako to guest).
+    Stdin {
+        /// The command.
+        id: u64,
+        /// The bytes.
+        data: Vec<u8>,
+    },
+}
+
+const TAG_OUTPUT: u8 = 1;
+const TAG_STDIN: u8 = 2;
+/// The largest chunk of data one frame carries.
+pub const MAX_CHUNK: usize = 64 * 1024;
 
 /// How the guest builds a `linux` sandbox: new namespaces, a filesystem view
 /// on a fresh tmpfs root, and the confinement applied to the command.
@@ -75,18 +194,12 @@ pub struct LinuxSpec {
     /// The filesystem view, built in this order on an empty tmpfs that then
     /// becomes the root.
     pub mounts: Vec<MountOp>,
-    /// The command's working directory, absolute, inside.
-    pub cwd: PathBuf,
     /// Resource limits set on the command (`setrlimit`).
     pub rlimits: Vec<RlimitSpec>,
     /// Landlock write rules, if Landlock is to be applied.
     pub landlock: Option<LandlockSpec>,
     /// Apply the default seccomp policy to the command.
     pub seccomp: bool,
-    /// Run in the namespaces held by this process (see [`Request::Hold`])
-    /// instead of building new ones: `mounts` is then ignored.
-    #[serde(default)]
-    pub enter: Option<i32>,
     /// `cgroup.procs` files the guest joins before anything else, so that
     /// everything it starts is counted against the sandbox's cgroups.
     #[serde(default)]
@@ -216,7 +329,8 @@ pub enum SpawnFailure {
     Other,
 }
 
-/// The guest's one reply.
+/// A supervisor's one reply to the guest about its command (inside the
+/// guest; hako sees it as [`FromGuest`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunReply {
@@ -243,30 +357,98 @@ pub enum RunReply {
     },
 }
 
-/// Writes one frame.
-pub fn write_frame<T: Serialize>(mut w: impl Write, msg: &T) -> io::Result<()> {
-    let body = serde_json::to_vec(msg).map_err(io::Error::other)?;
-    let len = u32::try_from(body.len())
+/// Encodes a frame: length prefix and payload.
+pub fn encode<T: Serialize>(frame: &Frame<T>) -> io::Result<Vec<u8>> {
+    let mut out = vec![0u8; 4];
+    match frame {
+        Frame::Message(msg) => serde_json::to_writer(&mut out, msg).map_err(io::Error::other)?,
+        Frame::Output {
+            id,
+            stream,
+            offset,
+            data,
+        } => {
+            out.push(TAG_OUTPUT);
+            out.extend_from_slice(&id.to_be_bytes());
+            out.push(match stream {
+                StreamId::Stdout => 1,
+                StreamId::Stderr => 2,
+            });
+            out.extend_from_slice(&offset.to_be_bytes());
+            out.extend_from_slice(data);
+        }
+        Frame::Stdin { id, data } => {
+            out.push(TAG_STDIN);
+            out.extend_from_slice(&id.to_be_bytes());
+            out.extend_from_slice(data);
+        }
+    }
+    let len = u32::try_from(out.len() - 4)
         .ok()
         .filter(|&n| n <= MAX_FRAME)
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "frame too large"))?;
-    let mut frame = Vec::with_capacity(body.len() + 4);
-    frame.extend_from_slice(&len.to_be_bytes());
-    frame.extend_from_slice(&body);
-    w.write_all(&frame)?;
+    out[..4].copy_from_slice(&len.to_be_bytes());
+    Ok(out)
+}
+
+fn invalid(message: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, message.into())
+}
+
+fn be_u64(bytes: &[u8]) -> io::Result<u64> {
+    bytes
+        .get(..8)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(u64::from_be_bytes)
+        .ok_or_else(|| invalid("binary frame too short"))
+}
+
+/// Decodes a frame's payload (without its length prefix).
+pub fn decode<T: DeserializeOwned>(payload: &[u8]) -> io::Result<Frame<T>> {
+    match payload.first() {
+        Some(b'{') => serde_json::from_slice(payload)
+            .map(Frame::Message)
+            .map_err(|e| invalid(format!("malformed message: {e}"))),
+        Some(&TAG_OUTPUT) => {
+            let id = be_u64(&payload[1..])?;
+            let stream = match payload.get(9) {
+                Some(1) => StreamId::Stdout,
+                Some(2) => StreamId::Stderr,
+                other => return Err(invalid(format!("unknown output stream {other:?}"))),
+            };
+            let offset = be_u64(&payload[10..])?;
+            Ok(Frame::Output {
+                id,
+                stream,
+                offset,
+                data: payload[18..].to_vec(),
+            })
+        }
+        Some(&TAG_STDIN) => Ok(Frame::Stdin {
+            id: be_u64(&payload[1..])?,
+            data: payload[9..].to_vec(),
+        }),
+        Some(tag) => Err(invalid(format!("unknown frame tag {tag}"))),
+        None => Err(invalid("empty frame")),
+    }
+}
+
+/// Writes one control message as a frame.
+pub fn write_frame<T: Serialize>(mut w: impl Write, msg: &T) -> io::Result<()> {
+    w.write_all(&encode(&Frame::Message(msg))?)?;
     w.flush()
 }
 
-/// Reads one frame, refusing a length over [`MAX_FRAME`] before reading it.
-pub fn read_frame<T: DeserializeOwned>(mut r: impl Read) -> io::Result<T> {
+/// Reads one frame's payload, refusing a length over [`MAX_FRAME`] before
+/// reading it.
+pub fn read_payload(mut r: impl Read) -> io::Result<Vec<u8>> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len)?;
     let len = u32::from_be_bytes(len);
     if len > MAX_FRAME {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("frame of {len} bytes is over the {MAX_FRAME}-byte limit"),
-        ));
+        return Err(invalid(format!(
+            "frame of {len} bytes is over the {MAX_FRAME}-byte limit"
+        )));
     }
     let mut body = Vec::new();
     r.take(u64::from(len)).read_to_end(&mut body)?;
@@ -276,32 +458,126 @@ pub fn read_frame<T: DeserializeOwned>(mut r: impl Read) -> io::Result<T> {
             "truncated frame",
         ));
     }
-    serde_json::from_slice(&body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    Ok(body)
+}
+
+/// Reads one frame.
+pub fn read_any<T: DeserializeOwned>(r: impl Read) -> io::Result<Frame<T>> {
+    decode(&read_payload(r)?)
+}
+
+/// Reads one frame that must be a control message.
+pub fn read_frame<T: DeserializeOwned>(r: impl Read) -> io::Result<T> {
+    match read_any(r)? {
+        Frame::Message(msg) => Ok(msg),
+        _ => Err(invalid("expected a control message, got a data frame")),
+    }
+}
+
+/// What [`Decoder::next_frame`] found in the bytes received so far.
+#[derive(Debug)]
+pub enum Decoded<T> {
+    /// A whole frame.
+    Frame(Frame<T>),
+    /// A whole frame that could not be decoded; the stream goes on.
+    Bad(String),
+    /// More bytes are needed.
+    Incomplete,
+}
+
+/// Splits a byte stream into frames as bytes arrive, for a reader that must
+/// not block. A frame over [`MAX_FRAME`] is reported once and its bytes are
+/// skipped as they come, so the stream stays in step.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    buf: Vec<u8>,
+    skip: u64,
+}
+
+impl Decoder {
+    /// Adds received bytes.
+    pub fn push(&mut self, bytes: &[u8]) {
+        let skipped = usize::try_from(self.skip)
+            .unwrap_or(usize::MAX)
+            .min(bytes.len());
+        self.skip -= skipped as u64;
+        self.buf.extend_from_slice(&bytes[skipped..]);
+    }
+
+    /// Whether a frame was begun and not finished.
+    pub fn mid_frame(&self) -> bool {
+        !self.buf.is_empty() || self.skip > 0
+    }
+
+    /// The next frame, if the bytes so far hold one.
+    pub fn next_frame<T: DeserializeOwned>(&mut self) -> Decoded<T> {
+        let Some(len) = self.buf.get(..4) else {
+            return Decoded::Incomplete;
+        };
+        let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+        if len > MAX_FRAME {
+            let have = (self.buf.len() - 4) as u64;
+            self.skip = u64::from(len).saturating_sub(have);
+            self.buf.drain(..(4 + (have.min(u64::from(len)) as usize)));
+            return Decoded::Bad(format!(
+                "frame of {len} bytes is over the {MAX_FRAME}-byte limit; skipped"
+            ));
+        }
+        let end = 4 + len as usize;
+        if self.buf.len() < end {
+            return Decoded::Incomplete;
+        }
+        let result = decode(&self.buf[4..end]);
+        self.buf.drain(..end);
+        match result {
+            Ok(frame) => Decoded::Frame(frame),
+            Err(err) => Decoded::Bad(err.to_string()),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn frames_round_trip() {
-        let req = RunRequest {
-            version: VERSION,
+    fn exec() -> ToGuest {
+        ToGuest::Exec(ExecRequest {
+            id: 7,
             argv: vec!["echo".into(), "hi".into()],
             env: vec![("PATH".into(), "/bin".into())],
+            cwd: Cwd::Path("/w".into()),
             timeout_ms: Some(5),
-            linux: None,
-        };
+            stdin: false,
+            max_output: 10,
+        })
+    }
+
+    #[test]
+    fn frames_round_trip() {
         let mut buf = Vec::new();
-        write_frame(&mut buf, &req).unwrap();
-        assert_eq!(read_frame::<RunRequest>(&buf[..]).unwrap(), req);
+        write_frame(&mut buf, &exec()).unwrap();
+        assert_eq!(read_frame::<ToGuest>(&buf[..]).unwrap(), exec());
+        let output = Frame::<FromGuest>::Output {
+            id: 3,
+            stream: StreamId::Stderr,
+            offset: 1 << 40,
+            data: b"{not json".to_vec(),
+        };
+        let bytes = encode(&output).unwrap();
+        assert_eq!(read_any::<FromGuest>(&bytes[..]).unwrap(), output);
+        let stdin = Frame::<ToGuest>::Stdin {
+            id: 9,
+            data: vec![0, 1, 2],
+        };
+        let bytes = encode(&stdin).unwrap();
+        assert_eq!(read_any::<ToGuest>(&bytes[..]).unwrap(), stdin);
     }
 
     #[test]
     fn oversized_frame_is_refused_without_reading_it() {
         let mut buf = (MAX_FRAME + 1).to_be_bytes().to_vec();
         buf.extend_from_slice(b"{}");
-        let err = read_frame::<RunRequest>(&buf[..]).unwrap_err();
+        let err = read_frame::<ToGuest>(&buf[..]).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
     }
 
@@ -309,9 +585,45 @@ mod tests {
     fn truncated_and_malformed_frames_are_errors() {
         let mut buf = 100u32.to_be_bytes().to_vec();
         buf.extend_from_slice(b"{\"version\"");
-        assert!(read_frame::<RunRequest>(&buf[..]).is_err());
+        assert!(read_frame::<ToGuest>(&buf[..]).is_err());
         let mut buf = 3u32.to_be_bytes().to_vec();
         buf.extend_from_slice(b"{x}");
-        assert!(read_frame::<RunRequest>(&buf[..]).is_err());
+        assert!(read_frame::<ToGuest>(&buf[..]).is_err());
+        for payload in [&[1u8, 0, 0][..], &[2, 0], &[9, 9], &[]] {
+            assert!(decode::<ToGuest>(payload).is_err(), "{payload:?}");
+        }
+    }
+
+    #[test]
+    fn decoder_reports_bad_frames_and_stays_in_step() {
+        let good = encode(&Frame::Message(exec())).unwrap();
+        let mut stream = Vec::new();
+        // Malformed JSON, then an oversized frame (length only, body sent
+        // in pieces), then a good frame: the decoder reports two problems
+        // and still finds the good frame.
+        stream.extend_from_slice(&3u32.to_be_bytes());
+        stream.extend_from_slice(b"{x}");
+        let big = MAX_FRAME + 10;
+        stream.extend_from_slice(&big.to_be_bytes());
+        let mut decoder = Decoder::default();
+        decoder.push(&stream);
+        assert!(matches!(decoder.next_frame::<ToGuest>(), Decoded::Bad(_)));
+        assert!(matches!(decoder.next_frame::<ToGuest>(), Decoded::Bad(m) if m.contains("limit")));
+        let body = vec![b'x'; big as usize];
+        for piece in body.chunks(1 << 20) {
+            decoder.push(piece);
+            assert!(matches!(decoder.next_frame::<ToGuest>(), Decoded::Incomplete));
+        }
+        assert!(!decoder.mid_frame());
+        // A good frame split byte by byte.
+        for (i, b) in good.iter().enumerate() {
+            decoder.push(&[*b]);
+            let next = decoder.next_frame::<ToGuest>();
+            if i + 1 < good.len() {
+                assert!(matches!(next, Decoded::Incomplete));
+            } else {
+                assert!(matches!(next, Decoded::Frame(Frame::Message(m)) if m == exec()));
+            }
+        }
     }
 }

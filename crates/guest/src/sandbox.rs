@@ -18,12 +18,17 @@ use crate::client as driver;
 use crate::proto::LinuxSpec;
 
 /// What distinguishes one backend from another once the guest does the
-/// work: what the guest builds around each command.
+/// work: what the guest builds before it serves commands, and where a
+/// command's working directory is inside.
 pub trait Launcher: Send + Sync + std::fmt::Debug {
-    /// The sandbox the guest builds around one command whose working
-    /// directory is `cwd` (relative to the workspace, checked by the fence);
-    /// `None` runs the command where the guest is.
-    fn linux_spec(&self, cwd: &Path) -> Result<Option<LinuxSpec>>;
+    /// The sandbox the guest builds (once, when the sandbox opens); `None`
+    /// serves commands where the guest is.
+    fn linux_spec(&self) -> Result<Option<LinuxSpec>>;
+
+    /// The absolute path inside the sandbox of the workspace directory
+    /// `rel` (checked by the fence); `None` passes the directory itself to
+    /// the guest as a descriptor (only where the guest shares hako's view).
+    fn cwd_inside(&self, rel: &Path) -> Option<PathBuf>;
 
     /// Tears down what the launcher holds (called by `close`, once or more).
     fn close(&self) {}
@@ -108,7 +113,7 @@ pub struct GuestConfig {
     pub guest: PathBuf,
     /// Default cap on each output stream.
     pub max_output: usize,
-    /// What the guest builds around each command.
+    /// What the guest builds, and where commands start.
     pub launcher: Box<dyn Launcher>,
 }
 
@@ -117,31 +122,38 @@ pub struct GuestConfig {
 /// [`Launcher`].
 #[derive(Debug)]
 pub struct GuestSandbox {
-    backend: &'static str,
     launcher: Box<dyn Launcher>,
     fence: Fence,
     caps: Capabilities,
     base_env: Vec<(String, String)>,
-    guest: PathBuf,
     max_output: usize,
     closed: AtomicBool,
-    running: driver::Running,
+    guest: driver::Connection,
 }
 
 impl GuestSandbox {
-    /// Assembles a sandbox; starts nothing yet.
-    pub fn new(config: GuestConfig) -> Self {
-        GuestSandbox {
-            backend: config.backend,
+    /// Starts the sandbox's guest (which builds what the launcher asks
+    /// for): a host that cannot build it fails here, with the reason.
+    pub fn new(config: GuestConfig) -> Result<Self> {
+        let root = config.fence.open_dir(Path::new("."))?;
+        let spec = config.launcher.linux_spec()?;
+        let guest = driver::Connection::start(config.backend, &config.guest, root, spec);
+        let guest = match guest {
+            Ok(guest) => guest,
+            Err(err) => {
+                config.launcher.close();
+                return Err(err);
+            }
+        };
+        Ok(GuestSandbox {
             launcher: config.launcher,
             fence: config.fence,
             caps: config.caps,
             base_env: config.base_env,
-            guest: config.guest,
             max_output: config.max_output,
             closed: AtomicBool::new(false),
-            running: driver::Running::default(),
-        }
+            guest,
+        })
     }
 
     /// The workspace fence.
@@ -165,20 +177,21 @@ impl GuestSandbox {
         self.check_open()?;
         let argv = driver::validate(command)?;
         let cwd_given = command.cwd.as_deref().unwrap_or(Path::new("."));
-        let cwd = self.fence.open_dir(cwd_given)?;
-        let linux = self.launcher.linux_spec(&self.fence.relative(cwd_given)?)?;
+        // Opened through the fence either way: a working directory outside
+        // the workspace is refused here, with the fence's reason.
+        let cwd_fd = self.fence.open_dir(cwd_given)?;
+        let cwd = match self.launcher.cwd_inside(&self.fence.relative(cwd_given)?) {
+            Some(path) => driver::ExecCwd::Path(path),
+            None => driver::ExecCwd::Fd(cwd_fd),
+        };
         let env = hako_core::env::merge(&self.base_env, &command.env);
-        driver::run(
-            driver::Launch {
-                backend: self.backend,
-                guest: &self.guest,
+        self.guest.exec(
+            driver::Exec {
                 argv,
                 env,
                 cwd,
                 command,
                 max_output: command.max_output.unwrap_or(self.max_output),
-                running: &self.running,
-                linux,
             },
             sink,
         )
@@ -216,7 +229,7 @@ impl Sandbox for GuestSandbox {
 
     fn close(&self) -> Result<()> {
         self.closed.store(true, Ordering::Release);
-        self.running.cancel_all();
+        self.guest.close();
         self.launcher.close();
         Ok(())
     }

@@ -13,41 +13,13 @@ use hako_sys::rustix::process::{self as rproc, Pid, Signal, WaitOptions};
 use hako_sys::signal::{signum as libc_sig, SignalFd};
 use hako_sys::spawn::{prepare, ChildSetup, ConfineHook};
 
-use crate::proto::{self, Request, RunReply, RunRequest, SpawnFailure};
+use crate::proto::{RunReply, SpawnFailure};
 
-/// Serves one request on the control socket `ctl` and returns the guest's
-/// own exit code (0 when a reply was sent).
-pub fn serve(ctl: OwnedFd) -> u8 {
-    let mut ctl = UnixStream::from(ctl);
-    let request: Request = match proto::read_frame(&mut ctl) {
-        Ok(req) => req,
-        Err(err) => {
-            let _ = proto::write_frame(
-                &mut ctl,
-                &RunReply::Refused {
-                    message: format!("bad request frame: {err}"),
-                },
-            );
-            return 2;
-        }
-    };
-    let request = match request {
-        Request::Run(request) => request,
-        Request::Hold(spec) => return crate::linux::hold(&spec, &ctl),
-    };
-    let reply = match &request.linux {
-        None => run(&request, &ctl, RunOptions::host()),
-        Some(spec) => match crate::linux::launch(&request, spec, &ctl) {
-            // The launcher process: pid 1 inside has replied (or died, and
-            // hako sees the control socket close without a reply).
-            crate::linux::Launched::Launcher(code) => return code,
-            crate::linux::Launched::Reply(reply) => reply,
-        },
-    };
-    match proto::write_frame(&mut ctl, &reply) {
-        Ok(()) => 0,
-        Err(_) => 3,
-    }
+/// One command for a supervisor.
+pub(crate) struct Job {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub timeout_ms: Option<u64>,
 }
 
 pub(crate) fn refuse(message: impl Into<String>) -> RunReply {
@@ -63,28 +35,22 @@ pub(crate) struct RunOptions {
     pub stop_signals: bool,
     /// Applied in the command's process just before exec.
     pub confine: Option<ConfineHook>,
-    /// Working directory of the command; `None` keeps the guest's.
-    pub cwd: Option<std::path::PathBuf>,
+    /// Working directory of the command.
+    pub cwd: CwdChoice,
 }
 
-impl RunOptions {
-    fn host() -> Self {
-        RunOptions {
-            stop_signals: true,
-            confine: None,
-            cwd: None,
-        }
-    }
+/// Where the supervisor starts the command.
+pub(crate) enum CwdChoice {
+    /// This directory (a descriptor hako opened through the fence).
+    Fd(OwnedFd),
+    /// This path inside the sandbox.
+    Path(std::path::PathBuf),
 }
 
-pub(crate) fn run(request: &RunRequest, ctl: &UnixStream, options: RunOptions) -> RunReply {
-    if request.version != proto::VERSION {
-        return refuse(format!(
-            "protocol version {} is not supported; this guest speaks {}",
-            request.version,
-            proto::VERSION
-        ));
-    }
+/// Runs `request` under this process as its child subreaper and returns the
+/// outcome once every process of the command is gone. End of file (or
+/// anything) on `ctl` means "stop": the whole tree is killed.
+pub(crate) fn run(request: &Job, ctl: &UnixStream, options: RunOptions) -> RunReply {
     let Some((program, args)) = request.argv.split_first() else {
         return refuse("empty argv");
     };
@@ -113,12 +79,17 @@ pub(crate) fn run(request: &RunRequest, ctl: &UnixStream, options: RunOptions) -
         .args(args)
         .env_clear()
         .envs(request.env.iter().cloned());
-    if let Some(cwd) = &options.cwd {
-        command.current_dir(cwd);
-    }
+    let cwd_fd = match options.cwd {
+        CwdChoice::Fd(fd) => Some(fd),
+        CwdChoice::Path(path) => {
+            command.current_dir(path);
+            None
+        }
+    };
     prepare(
         &mut command,
         ChildSetup {
+            cwd: cwd_fd,
             new_session: true,
             // If the guest itself is killed outright, its direct child
             // goes with it.
@@ -234,7 +205,7 @@ fn reap(main: Option<Pid>, status: &mut Option<ExitStatus>) {
 /// Each round kills all current children; their children become the
 /// guest's and are killed in the next round. When `wait` says there are no
 /// children left, the tree is empty.
-fn kill_tree(main: Option<Pid>, status: &mut Option<ExitStatus>) {
+pub(crate) fn kill_tree(main: Option<Pid>, status: &mut Option<ExitStatus>) {
     if let Some(main) = main {
         let _ = rproc::kill_process_group(main, Signal::KILL);
     }

@@ -60,8 +60,13 @@ impl HostConfig {
 struct InPlace;
 
 impl Launcher for InPlace {
-    fn linux_spec(&self, _cwd: &Path) -> Result<Option<LinuxSpec>> {
+    fn linux_spec(&self) -> Result<Option<LinuxSpec>> {
         Ok(None)
+    }
+
+    fn cwd_inside(&self, _rel: &Path) -> Option<PathBuf> {
+        // The guest shares hako's view: it gets the directory itself.
+        None
     }
 }
 
@@ -74,7 +79,7 @@ pub struct HostSandbox {
 hako_guest::delegate_sandbox!(HostSandbox, inner);
 
 impl HostSandbox {
-    /// Opens the workspace and finds the guest; starts nothing yet.
+    /// Opens the workspace and starts the sandbox's guest.
     pub fn new(config: HostConfig) -> Result<Self> {
         let (fence, guest) = open_workspace(&config.workspace, &config.fence, config.guest)?;
         let base_env = hako_guest::sandbox::base_env(&config.env);
@@ -99,7 +104,7 @@ impl HostSandbox {
                 guest,
                 max_output: config.max_output,
                 launcher: Box::new(InPlace),
-            }),
+            })?,
         })
     }
 

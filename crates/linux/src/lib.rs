@@ -20,14 +20,13 @@ use hako_core::{
     DEFAULT_MAX_OUTPUT,
 };
 use hako_fence::FenceOptions;
-use hako_guest::client::Held;
 use hako_guest::proto::LinuxSpec;
 use hako_guest::sandbox::{
     common_limits, open_workspace, GuestConfig, GuestSandbox, Launcher, OPTIONAL,
 };
 
 use crate::cgroup::Cgroups;
-use crate::plan::{HostFacts, PlanInput, Rlimits};
+use crate::plan::{PlanInput, Rlimits};
 
 pub use hako_guest::client::locate_guest;
 
@@ -93,45 +92,26 @@ impl LinuxConfig {
     }
 }
 
-/// The sandbox's namespaces, held by a guest for the sandbox's life; each
-/// command enters them.
+/// The sandbox's namespaces: built once by the guest, whose pid 1 serves
+/// every command inside them for the sandbox's life.
 #[derive(Debug)]
 struct Namespaces {
-    input: PlanInput,
-    facts: HostFacts,
-    held: Mutex<Option<Held>>,
+    spec: LinuxSpec,
+    mount_point: PathBuf,
     cgroups: Mutex<Option<Cgroups>>,
 }
 
-impl Namespaces {
-    fn spec(&self, cwd: &Path) -> Result<LinuxSpec> {
-        let mut input = self.input.clone();
-        input.cwd = cwd.to_path_buf();
-        plan::plan(&input, &self.facts).map_err(|e| backend_err("plan", e.0))
-    }
-}
-
 impl Launcher for Namespaces {
-    fn linux_spec(&self, cwd: &Path) -> Result<Option<LinuxSpec>> {
-        let pid = self
-            .held
-            .lock()
-            .ok()
-            .and_then(|held| held.as_ref().map(Held::pid))
-            .ok_or(Error::Closed)?;
-        let mut spec = self.spec(cwd)?;
-        spec.mounts.clear();
-        spec.enter = Some(pid);
-        Ok(Some(spec))
+    fn linux_spec(&self) -> Result<Option<LinuxSpec>> {
+        Ok(Some(self.spec.clone()))
+    }
+
+    fn cwd_inside(&self, rel: &Path) -> Option<PathBuf> {
+        Some(self.mount_point.join(rel))
     }
 
     fn close(&self) {
-        if let Ok(mut held) = self.held.lock() {
-            if let Some(mut held) = held.take() {
-                held.close();
-            }
-        }
-        // After the sandbox's processes are gone.
+        // Called after the guest is gone, and with it every process.
         if let Ok(mut cgroups) = self.cgroups.lock() {
             if let Some(mut cgroups) = cgroups.take() {
                 cgroups.remove();
@@ -200,7 +180,6 @@ impl LinuxSandbox {
                 .clone()
                 .unwrap_or_else(|| workspace.clone()),
             workspace,
-            cwd: PathBuf::new(),
             ro: config.ro.clone(),
             rw: config.rw.clone(),
             rlimits: Rlimits {
@@ -267,18 +246,21 @@ impl LinuxSandbox {
             seccomp: true,
             optional: OPTIONAL,
         };
+        let spec = plan::plan(&input, &plan::host_facts()).map_err(|e| backend_err("plan", e.0));
+        let spec = match spec {
+            Ok(spec) => spec,
+            Err(err) => {
+                if let Some(mut cg) = cgroups {
+                    cg.remove();
+                }
+                return Err(err);
+            }
+        };
         let namespaces = Namespaces {
-            input,
-            facts: plan::host_facts(),
-            held: Mutex::new(None),
+            spec,
+            mount_point: input.mount_point.clone(),
             cgroups: Mutex::new(cgroups),
         };
-        let spec = namespaces.spec(Path::new(""))?;
-        let root = fence.open_dir(Path::new("."))?;
-        let held = hako_guest::client::hold(NAME, &guest, root, spec)?;
-        if let Ok(mut slot) = namespaces.held.lock() {
-            *slot = Some(held);
-        }
         let sandbox = LinuxSandbox {
             inner: GuestSandbox::new(GuestConfig {
                 backend: NAME,
@@ -288,7 +270,7 @@ impl LinuxSandbox {
                 guest,
                 max_output: config.max_output,
                 launcher: Box::new(namespaces),
-            }),
+            })?,
         };
         Ok(sandbox)
     }

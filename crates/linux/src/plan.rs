@@ -93,9 +93,6 @@ pub struct PlanInput {
     pub workspace: PathBuf,
     /// Where it appears inside (by default the same path).
     pub mount_point: PathBuf,
-    /// The command's working directory, relative to the workspace (checked
-    /// by the fence).
-    pub cwd: PathBuf,
     /// Extra read-only binds (host path, same path inside).
     pub ro: Vec<PathBuf>,
     /// Extra read-write binds.
@@ -267,7 +264,6 @@ pub fn plan(input: &PlanInput, facts: &HostFacts) -> Result<LinuxSpec, PlanError
         gid: (inner(facts.gid), facts.gid),
         hostname: "hako".into(),
         mounts,
-        cwd: input.mount_point.join(&input.cwd),
         rlimits,
         landlock: Some(LandlockSpec {
             write_dirs,
@@ -275,7 +271,6 @@ pub fn plan(input: &PlanInput, facts: &HostFacts) -> Result<LinuxSpec, PlanError
             required: input.landlock_required,
         }),
         seccomp: true,
-        enter: None,
         cgroup_procs: input.cgroup_procs.clone(),
     })
 }
@@ -339,7 +334,6 @@ mod tests {
         PlanInput {
             workspace: p("/home/u/proj"),
             mount_point: p("/home/u/proj"),
-            cwd: p("src"),
             ro: vec![],
             rw: vec![],
             rlimits: Rlimits::default(),
@@ -413,7 +407,6 @@ mod tests {
             .position(|m| matches!(m, MountOp::Tmpfs { path, .. } if path == Path::new("/tmp")))
             .unwrap();
         assert!(tmp < ws);
-        assert_eq!(spec.cwd, p("/tmp/x/ws/src"));
     }
 
     #[test]

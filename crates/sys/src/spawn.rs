@@ -156,3 +156,43 @@ pub fn prepare(command: &mut Command, setup: ChildSetup) {
         command.pre_exec(hook);
     }
 }
+
+/// In a freshly forked child: places `fds[i]` at descriptor `i` (clearing
+/// close-on-exec there), then closes every descriptor from `fds.len()` up,
+/// so the child holds nothing of its parent's but what it was given.
+///
+/// Every source must be at or above `fds.len()` (true when the targets are
+/// already open, e.g. stdio on `/dev/null` and the control socket at 3).
+pub fn install_fds_close_rest(fds: &[std::os::fd::BorrowedFd<'_>]) -> io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let count = RawFd::try_from(fds.len()).map_err(io::Error::other)?;
+    if let Some(low) = fds.iter().find(|fd| fd.as_raw_fd() < count) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("descriptor {} would be overwritten", low.as_raw_fd()),
+        ));
+    }
+    for (target, fd) in (0..count).zip(fds) {
+        // SAFETY: dup2 on integers; `fd` is open (borrowed) and `target` is
+        // below every source, so no source is closed before it is copied.
+        if unsafe { libc::dup2(fd.as_raw_fd(), target) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    // SAFETY: close_range on integers; every descriptor from `count` up
+    // belongs to this process alone (it was just forked) and nothing here
+    // uses them again: the caller's owned copies are never dropped (the
+    // child ends with exit).
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            count as libc::c_uint,
+            libc::c_uint::MAX,
+            0 as libc::c_uint,
+        )
+    };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -1,4 +1,4 @@
-//! The guest binary: serves one request on the control socket at fd 3.
+//! The guest binary: serves hako on the control socket at fd 3.
 
 use std::process::ExitCode;
 
@@ -10,5 +10,5 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    ExitCode::from(hako_guest::supervise::serve(ctl))
+    ExitCode::from(hako_guest::main(ctl))
 }
