@@ -75,15 +75,10 @@ pub struct Unavailable {
 /// Whether a backend can be opened on this host, without opening one.
 pub fn probe(kind: BackendKind) -> Result<(), Unavailable> {
     match kind {
-        BackendKind::Host => hako_host::locate_guest().map(|_| ()).map_err(|e| Unavailable {
-            reason: e.to_string(),
-            hint: "install hako-guest beside hako or set HAKO_GUEST".into(),
-        }),
+        // The CLI runs the guest's code in a fork of itself (see
+        // `hako_guest::client::Connection::start`): no helper binary needed.
+        BackendKind::Host => Ok(()),
         BackendKind::Linux => {
-            hako_linux::locate_guest().map_err(|e| Unavailable {
-                reason: e.to_string(),
-                hint: "install hako-guest beside hako or set HAKO_GUEST".into(),
-            })?;
             hako_sys::ns::user_namespaces_allowed().map_err(|reason| Unavailable {
                 reason: format!("user namespaces are not available: {reason}"),
                 hint: "enable unprivileged user namespaces, or use --backend docker".into(),

@@ -440,3 +440,37 @@ fn killing_hako_with_sigkill_leaves_no_process() {
         processes_with(&format!("sleep {marker}"))
     );
 }
+
+#[test]
+fn pid_1_shows_neither_hakos_arguments_nor_its_environment() {
+    // The CLI runs the sandbox's pid 1 in a fork of itself: what hako was
+    // given must not be readable inside through /proc.
+    let d = dirs();
+    let script = "for p in 1 2; do cat /proc/$p/cmdline; echo; cat /proc/$p/environ; echo; cat /proc/$p/comm; done 2>&1";
+    let out = hako()
+        .args([
+            "run",
+            "--backend",
+            "linux",
+            "--max-output",
+            "7654321",
+            "--workspace",
+        ])
+        .arg(&d.ws)
+        .args(["--", "sh", "-c", script])
+        .env("HAKO_TEST_SECRET_TOKEN", "hunter2-marker")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let shown = text(&out.stdout);
+    assert!(out.status.success(), "{shown} {}", text(&out.stderr));
+    assert!(shown.contains("hako-guest"), "{shown}");
+    for leak in [
+        "7654321",
+        "--workspace",
+        "hunter2-marker",
+        "HAKO_TEST_SECRET",
+    ] {
+        assert!(!shown.contains(leak), "{leak} visible inside: {shown}");
+    }
+}

@@ -196,8 +196,88 @@ pub struct Connection {
     writer: Mutex<UnixStream>,
     table: Arc<Mutex<Table>>,
     reader: Mutex<Option<std::thread::JoinHandle<()>>>,
-    child: Mutex<Option<std::process::Child>>,
+    child: Mutex<Option<GuestProcess>>,
     next_id: AtomicU64,
+}
+
+/// The guest's process (for `linux`, the launcher outside the namespaces).
+enum GuestProcess {
+    /// `hako-guest`, executed.
+    Spawned(std::process::Child),
+    /// A fork of this process running the guest's code.
+    Forked(hako_sys::rustix::process::Pid),
+}
+
+impl GuestProcess {
+    fn kill(&mut self) {
+        match self {
+            GuestProcess::Spawned(child) => {
+                let _ = child.kill();
+            }
+            GuestProcess::Forked(pid) => {
+                let _ = hako_sys::rustix::process::kill_process(
+                    *pid,
+                    hako_sys::rustix::process::Signal::KILL,
+                );
+            }
+        }
+    }
+
+    fn wait(&mut self) {
+        match self {
+            GuestProcess::Spawned(child) => {
+                let _ = child.wait();
+            }
+            GuestProcess::Forked(pid) => {
+                while let Err(hako_sys::rustix::io::Errno::INTR) =
+                    hako_sys::rustix::process::waitpid(
+                        Some(*pid),
+                        hako_sys::rustix::process::WaitOptions::empty(),
+                    )
+                {}
+            }
+        }
+    }
+}
+
+/// Forks this (single-threaded) process; the child becomes the guest: in
+/// `cwd`, in a process group of its own, with the control socket at fd 3,
+/// stdio on `/dev/null` and no other descriptor.
+fn fork_guest(
+    backend: &'static str,
+    proof: &hako_sys::ns::SingleThreaded,
+    cwd: OwnedFd,
+    ctl_guest: UnixStream,
+) -> Result<GuestProcess> {
+    use hako_sys::ns::Forked;
+    match hako_sys::ns::fork_single_threaded(proof) {
+        Err(e) => Err(backend_err(
+            backend,
+            "start the guest",
+            format!("fork: {e}"),
+        )),
+        Ok(Forked::Child) => {
+            let code =
+                match hako_sys::spawn::become_forked_helper(Some(cwd.as_fd()), ctl_guest.as_fd()) {
+                    Ok(ctl) => {
+                        // Their descriptors were closed with every other one.
+                        std::mem::forget(cwd);
+                        std::mem::forget(ctl_guest);
+                        // Inside a sandbox pid 1 is this process: it must not
+                        // show hako's command line or environment there.
+                        match hako_sys::proc::disguise_as("hako-guest") {
+                            Ok(()) => i32::from(crate::main(ctl)),
+                            Err(_) => 126,
+                        }
+                    }
+                    Err(_) => 125,
+                };
+            hako_sys::spawn::exit_now(code)
+        }
+        Ok(Forked::Parent(pid)) => hako_sys::rustix::process::Pid::from_raw(pid)
+            .map(GuestProcess::Forked)
+            .ok_or_else(|| backend_err(backend, "start the guest", "fork returned pid 0")),
+    }
 }
 
 impl std::fmt::Debug for Connection {
@@ -209,11 +289,16 @@ impl std::fmt::Debug for Connection {
 }
 
 impl Connection {
-    /// Starts `hako-guest` in `cwd`, has it build `linux` (if given), and
+    /// Starts the guest in `cwd`, has it build `linux` (if given), and
     /// returns once it is ready to serve commands.
+    ///
+    /// With `guest` given (or `HAKO_GUEST` set) that binary is executed.
+    /// Otherwise a single-threaded caller (the `hako` CLI) forks and runs
+    /// the guest's code in the child, which saves starting a second program;
+    /// a multi-threaded one executes `hako-guest` found by [`locate_guest`].
     pub fn start(
         backend: &'static str,
-        guest: &Path,
+        guest: Option<&Path>,
         cwd: OwnedFd,
         linux: Option<LinuxSpec>,
     ) -> Result<Connection> {
@@ -221,19 +306,53 @@ impl Connection {
             op: "create control socket",
             source,
         })?;
-        let mut child = spawn_guest(
-            backend,
-            guest,
-            cwd,
-            ctl_guest,
-            [Stdio::null(), Stdio::null(), Stdio::null()],
-        )?;
+        let explicit = guest
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os("HAKO_GUEST").map(PathBuf::from));
+        let proof = hako_sys::ns::single_threaded();
+        // Whether the guest still needs the handshake to learn what to do.
+        let mut hello = true;
+        let mut child = match (explicit, proof) {
+            (None, Ok(proof)) => match &linux {
+                None => fork_guest(backend, &proof, cwd, ctl_guest)?,
+                Some(spec) => {
+                    // This process is the launcher: its child is pid 1.
+                    drop(cwd);
+                    let pid = crate::linux::spawn_pid1(spec, &ctl_guest, &proof)
+                        .map_err(|m| backend_err(backend, "start the sandbox", m))?;
+                    // Only pid 1 may hold the guest's end: its exit must
+                    // show here as the connection closing.
+                    drop(ctl_guest);
+                    hello = false;
+                    hako_sys::rustix::process::Pid::from_raw(pid)
+                        .map(GuestProcess::Forked)
+                        .ok_or_else(|| {
+                            backend_err(backend, "start the sandbox", "clone returned pid 0")
+                        })?
+                }
+            },
+            (explicit, _) => {
+                let path = match explicit {
+                    Some(path) => path,
+                    None => locate_guest()?,
+                };
+                GuestProcess::Spawned(spawn_guest(
+                    backend,
+                    &path,
+                    cwd,
+                    ctl_guest,
+                    [Stdio::null(), Stdio::null(), Stdio::null()],
+                )?)
+            }
+        };
         let ready: std::io::Result<FromGuest> = (|| {
-            let hello = ToGuest::Hello(Hello {
-                version: proto::VERSION,
-                linux,
-            });
-            proto::write_frame(&ctl, &hello)?;
+            if hello {
+                let hello = ToGuest::Hello(Hello {
+                    version: proto::VERSION,
+                    linux,
+                });
+                proto::write_frame(&ctl, &hello)?;
+            }
             // Building a sandbox takes milliseconds; a guest that says
             // nothing for this long is stuck, and the caller must not hang
             // with it.
@@ -244,8 +363,8 @@ impl Connection {
         })();
         let mut failed = |message: String| {
             let _ = ctl.shutdown(std::net::Shutdown::Both);
-            let _ = child.kill();
-            let _ = child.wait();
+            child.kill();
+            child.wait();
             Err(backend_err(backend, "start the sandbox", message))
         };
         match ready {
@@ -441,7 +560,7 @@ impl Connection {
         }
         let child = self.child.lock().ok().and_then(|mut c| c.take());
         if let Some(mut child) = child {
-            let _ = child.wait();
+            child.wait();
         }
     }
 }

@@ -43,68 +43,122 @@ const SHARED_NAMESPACES: i32 = ns::CLONE_NEWUSER
     | ns::CLONE_NEWUTS
     | ns::CLONE_NEWCGROUP;
 
-/// Moves this process into the sandbox's cgroups.
-fn join_cgroups(spec: &LinuxSpec) -> Result<(), String> {
+/// Moves process `pid` into the sandbox's cgroups.
+fn join_cgroups(spec: &LinuxSpec, pid: i32) -> Result<(), String> {
     for file in &spec.cgroup_procs {
-        std::fs::write(file, std::process::id().to_string())
+        std::fs::write(file, pid.to_string())
             .map_err(|e| format!("cannot join cgroup {}: {e}", file.display()))?;
     }
     Ok(())
 }
 
-/// Creates the sandbox's namespaces and maps the caller's ids.
-fn new_namespaces(spec: &LinuxSpec) -> Result<(), String> {
-    if let Err(err) = ns::unshare(SHARED_NAMESPACES | ns::CLONE_NEWPID) {
-        let hint = ns::user_namespaces_allowed()
-            .err()
-            .unwrap_or_else(|| "user namespaces may be disabled or restricted here".into());
-        return Err(format!("cannot create namespaces: {err}; hint: {hint}"));
-    }
-    ns::write_id_maps(spec.uid, spec.gid).map_err(|err| {
-        format!(
-            "cannot map uid {} / gid {} into the user namespace: {err}",
-            spec.uid.1, spec.gid.1
-        )
-    })
-}
-
 /// Builds the sandbox `spec` describes and serves commands from its pid 1
 /// until hako closes `ctl`. Returns the launcher's exit code.
 pub(crate) fn start(spec: &LinuxSpec, ctl: UnixStream, proof: &SingleThreaded) -> u8 {
-    let refuse = |message: String| {
-        let _ = crate::proto::write_frame(&ctl, &FromGuest::Refused { message });
-        1
-    };
-    if let Err(message) = join_cgroups(spec).and_then(|()| new_namespaces(spec)) {
-        return refuse(message);
-    }
-    // Checked and compiled once, before any command.
-    let confinement = match Confinement::new(spec) {
-        Ok(c) => c,
-        Err(message) => return refuse(message),
-    };
-    match ns::fork_single_threaded(proof) {
-        Err(err) => refuse(format!("cannot fork pid 1: {err}")),
-        Ok(Forked::Parent(pid)) => {
+    match spawn_pid1(spec, &ctl, proof) {
+        Err(message) => {
+            let _ = crate::proto::write_frame(&ctl, &FromGuest::Refused { message });
+            1
+        }
+        Ok(pid) => {
             // Pid 1 holds the connection; hako sees it close when pid 1 ends.
             drop(ctl);
             wait_for_init(pid)
         }
+    }
+}
+
+/// Creates pid 1 of a new sandbox as a child of this process, in new user,
+/// mount, pid, network, IPC, UTS and cgroup namespaces (this process stays
+/// outside them). Pid 1 builds the view `spec` describes and then serves
+/// `ctl`, answering [`FromGuest::Ready`] or [`FromGuest::Refused`] first.
+/// Returns pid 1's pid; in the child it never returns.
+pub(crate) fn spawn_pid1(
+    spec: &LinuxSpec,
+    ctl: &UnixStream,
+    proof: &SingleThreaded,
+) -> Result<i32, String> {
+    // Checked and compiled once, before any command.
+    let confinement = Confinement::new(spec)?;
+    let (go_r, go_w) =
+        hako_sys::rustix::pipe::pipe_with(hako_sys::rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| format!("cannot create a pipe: {e}"))?;
+    match ns::fork_into_namespaces(proof, SHARED_NAMESPACES | ns::CLONE_NEWPID) {
+        Err(err) => {
+            let hint = ns::user_namespaces_allowed()
+                .err()
+                .unwrap_or_else(|| "user namespaces may be disabled or restricted here".into());
+            Err(format!("cannot create namespaces: {err}; hint: {hint}"))
+        }
         Ok(Forked::Child) => {
-            if let Err(message) = set_up(spec) {
-                return refuse(message);
+            drop(go_w);
+            let code = pid1(spec, ctl, go_r, confinement, proof);
+            hako_sys::spawn::exit_now(i32::from(code))
+        }
+        Ok(Forked::Parent(pid)) => {
+            drop(go_r);
+            // The child waits for this before it does anything: its ids
+            // must be mapped, and it must be counted in the cgroups before
+            // it can start a process.
+            let released = ns::write_id_maps_of(pid, spec.uid, spec.gid)
+                .map_err(|err| {
+                    format!(
+                        "cannot map uid {} / gid {} into the user namespace: {err}",
+                        spec.uid.1, spec.gid.1
+                    )
+                })
+                .and_then(|()| join_cgroups(spec, pid))
+                .and_then(|()| {
+                    hako_sys::rustix::io::write(&go_w, b"1")
+                        .map(drop)
+                        .map_err(|e| format!("cannot release pid 1: {e}"))
+                });
+            if let Err(message) = released {
+                if let Some(p) = Pid::from_raw(pid) {
+                    let _ = rproc::kill_process(p, Signal::KILL);
+                    let _ = rproc::waitpid(Some(p), WaitOptions::empty());
+                }
+                return Err(message);
             }
-            crate::server::serve(
-                ctl,
-                proof,
-                ServeMode {
-                    confinement: Some(confinement),
-                    stop_signals: false,
-                    accept_fds: false,
-                },
-            )
+            Ok(pid)
         }
     }
+}
+
+/// Pid 1 of a new sandbox, from its first instruction to its exit code.
+fn pid1(
+    spec: &LinuxSpec,
+    ctl: &UnixStream,
+    go: OwnedFd,
+    confinement: Confinement,
+    proof: &SingleThreaded,
+) -> u8 {
+    let mut byte = [0u8; 1];
+    if !matches!(hako_sys::rustix::io::read(&go, &mut byte), Ok(1)) {
+        // The parent failed (and says why) or died.
+        return 1;
+    }
+    drop(go);
+    // Keep only the connection (at fd 3), and do not show the parent's
+    // command line or environment inside.
+    let ctl = match hako_sys::spawn::become_forked_helper(None, ctl.as_fd()) {
+        Ok(fd) => UnixStream::from(fd),
+        Err(_) => return 1,
+    };
+    let _ = hako_sys::proc::disguise_as("hako-guest");
+    if let Err(message) = set_up(spec) {
+        let _ = crate::proto::write_frame(&ctl, &FromGuest::Refused { message });
+        return 1;
+    }
+    crate::server::serve(
+        ctl,
+        proof,
+        ServeMode {
+            confinement: Some(confinement),
+            stop_signals: false,
+            accept_fds: false,
+        },
+    )
 }
 
 /// Pid 1's part of building a sandbox: the view, the host name, loopback.

@@ -612,7 +612,10 @@ mod tests {
         let body = vec![b'x'; big as usize];
         for piece in body.chunks(1 << 20) {
             decoder.push(piece);
-            assert!(matches!(decoder.next_frame::<ToGuest>(), Decoded::Incomplete));
+            assert!(matches!(
+                decoder.next_frame::<ToGuest>(),
+                Decoded::Incomplete
+            ));
         }
         assert!(!decoder.mid_frame());
         // A good frame split byte by byte.

@@ -82,20 +82,10 @@ pub const OPTIONAL: Optional = Optional {
     exec_stream: true,
 };
 
-/// Opens the workspace fence and finds the guest binary (`guest`, or
-/// [`locate_guest`](crate::client::locate_guest)): the first step of every
-/// backend's constructor.
-pub fn open_workspace(
-    workspace: &Path,
-    fence: &hako_fence::FenceOptions,
-    guest: Option<PathBuf>,
-) -> Result<(Fence, PathBuf)> {
-    let fence = Fence::open(workspace, fence.clone())?;
-    let guest = match guest {
-        Some(path) => path,
-        None => crate::client::locate_guest()?,
-    };
-    Ok((fence, guest))
+/// Opens the workspace fence: the first step of every backend's
+/// constructor.
+pub fn open_workspace(workspace: &Path, fence: &hako_fence::FenceOptions) -> Result<Fence> {
+    Ok(Fence::open(workspace, fence.clone())?)
 }
 
 /// Everything a backend decides when it opens a [`GuestSandbox`].
@@ -109,8 +99,9 @@ pub struct GuestConfig {
     pub caps: Capabilities,
     /// The environment every command starts from.
     pub base_env: Vec<(String, String)>,
-    /// The `hako-guest` binary.
-    pub guest: PathBuf,
+    /// The `hako-guest` binary; `None` chooses (see
+    /// [`Connection::start`](crate::client::Connection::start)).
+    pub guest: Option<PathBuf>,
     /// Default cap on each output stream.
     pub max_output: usize,
     /// What the guest builds, and where commands start.
@@ -137,7 +128,7 @@ impl GuestSandbox {
     pub fn new(config: GuestConfig) -> Result<Self> {
         let root = config.fence.open_dir(Path::new("."))?;
         let spec = config.launcher.linux_spec()?;
-        let guest = driver::Connection::start(config.backend, &config.guest, root, spec);
+        let guest = driver::Connection::start(config.backend, config.guest.as_deref(), root, spec);
         let guest = match guest {
             Ok(guest) => guest,
             Err(err) => {

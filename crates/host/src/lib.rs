@@ -81,7 +81,7 @@ hako_guest::delegate_sandbox!(HostSandbox, inner);
 impl HostSandbox {
     /// Opens the workspace and starts the sandbox's guest.
     pub fn new(config: HostConfig) -> Result<Self> {
-        let (fence, guest) = open_workspace(&config.workspace, &config.fence, config.guest)?;
+        let fence = open_workspace(&config.workspace, &config.fence)?;
         let base_env = hako_guest::sandbox::base_env(&config.env);
         let caps = Capabilities {
             backend: NAME.to_string(),
@@ -101,7 +101,7 @@ impl HostSandbox {
                 fence,
                 caps,
                 base_env,
-                guest,
+                guest: config.guest.clone(),
                 max_output: config.max_output,
                 launcher: Box::new(InPlace),
             })?,

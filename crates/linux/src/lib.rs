@@ -141,7 +141,7 @@ impl LinuxSandbox {
     /// and the filesystem view are held by the sandbox's pid 1 until
     /// `close`, so a host that cannot build them fails here, with the reason.
     pub fn new(config: LinuxConfig) -> Result<Self> {
-        let (fence, guest) = open_workspace(&config.workspace, &config.fence, config.guest)?;
+        let fence = open_workspace(&config.workspace, &config.fence)?;
         let limits = config.limits;
         // cgroups where they can be made; rlimits otherwise.
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -267,7 +267,7 @@ impl LinuxSandbox {
                 fence,
                 caps,
                 base_env,
-                guest,
+                guest: config.guest.clone(),
                 max_output: config.max_output,
                 launcher: Box::new(namespaces),
             })?,

@@ -30,20 +30,30 @@ pub fn unshare(flags: libc::c_int) -> io::Result<()> {
     cvt(unsafe { libc::unshare(flags) }).map(drop)
 }
 
-fn write_proc_self(name: &str, contents: &str) -> io::Result<()> {
-    std::fs::write(format!("/proc/self/{name}"), contents)
+fn write_proc(pid: &str, name: &str, contents: &str) -> io::Result<()> {
+    std::fs::write(format!("/proc/{pid}/{name}"), contents)
 }
 
 /// Maps one uid and one gid of the new user namespace onto the caller's
 /// (`inner outer 1`), after denying `setgroups` (which an unprivileged
 /// process must do before it may write a gid map).
 pub fn write_id_maps(uid: (u32, u32), gid: (u32, u32)) -> io::Result<()> {
-    match write_proc_self("setgroups", "deny") {
+    write_maps("self", uid, gid)
+}
+
+/// Like [`write_id_maps`], for the new user namespace of process `pid`,
+/// written from its parent's namespace (by its parent).
+pub fn write_id_maps_of(pid: i32, uid: (u32, u32), gid: (u32, u32)) -> io::Result<()> {
+    write_maps(&pid.to_string(), uid, gid)
+}
+
+fn write_maps(pid: &str, uid: (u32, u32), gid: (u32, u32)) -> io::Result<()> {
+    match write_proc(pid, "setgroups", "deny") {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         other => other?,
     }
-    write_proc_self("uid_map", &format!("{} {} 1\n", uid.0, uid.1))?;
-    write_proc_self("gid_map", &format!("{} {} 1\n", gid.0, gid.1))
+    write_proc(pid, "uid_map", &format!("{} {} 1\n", uid.0, uid.1))?;
+    write_proc(pid, "gid_map", &format!("{} {} 1\n", gid.0, gid.1))
 }
 
 /// The result of [`fork_single_threaded`].
@@ -87,6 +97,25 @@ pub fn fork_single_threaded(_proof: &SingleThreaded) -> io::Result<Forked> {
     // SAFETY: the process is single-threaded (the proof), so the child is a
     // complete copy with no lock held by a vanished thread.
     let pid = cvt(unsafe { libc::fork() })?;
+    Ok(if pid == 0 {
+        Forked::Child
+    } else {
+        Forked::Parent(pid)
+    })
+}
+
+/// `fork()` into new namespaces: the child starts in the namespaces that
+/// `flags` (`CLONE_NEW*`) create, its parent stays where it was. With
+/// `CLONE_NEWPID` the child is pid 1 of the new pid namespace.
+pub fn fork_into_namespaces(_proof: &SingleThreaded, flags: libc::c_int) -> io::Result<Forked> {
+    let flags = libc::c_ulong::try_from(flags | libc::SIGCHLD).map_err(io::Error::other)?;
+    // SAFETY: clone without CLONE_VM and without a new stack behaves as
+    // fork(): the child gets a copy of the address space and returns here.
+    // The process is single-threaded (the proof), so the copy holds no lock
+    // of a vanished thread. glibc caches no pid since 2.25.
+    let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
+    let pid = i32::try_from(pid).map_err(io::Error::other)?;
+    let pid = cvt(pid)?;
     Ok(if pid == 0 {
         Forked::Child
     } else {

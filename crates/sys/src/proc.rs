@@ -85,3 +85,69 @@ mod tests {
         child.wait().unwrap();
     }
 }
+
+/// The `[start, end)` addresses of this process's argument and environment
+/// strings, from the text of `/proc/self/stat` (fields 48 to 51).
+pub fn arg_env_areas(stat: &str) -> Option<([usize; 2], [usize; 2])> {
+    let after = &stat[stat.rfind(')')? + 1..];
+    // Field 3 (state) is the first after the name.
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let field = |n: usize| fields.get(n - 3)?.parse::<usize>().ok();
+    let areas = ([field(48)?, field(49)?], [field(50)?, field(51)?]);
+    (areas.0[0] <= areas.0[1] && areas.1[0] <= areas.1[1]).then_some(areas)
+}
+
+/// Makes this process show as `name`: its command line (`/proc/PID/cmdline`)
+/// becomes `name`, its initial environment (`/proc/PID/environ`) is blanked,
+/// and its thread name (`comm`) is set.
+///
+/// For a helper forked without exec: it would otherwise show its parent's
+/// arguments and environment to anyone allowed to read them. The process
+/// must not read its own arguments or environment afterwards (they read as
+/// empty) and must be single-threaded.
+pub fn disguise_as(name: &str) -> io::Result<()> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    let (args, env) =
+        arg_env_areas(&stat).ok_or_else(|| io::Error::other("cannot parse /proc/self/stat"))?;
+    let bytes = name.as_bytes();
+    for (area, text) in [(args, bytes), (env, &[][..])] {
+        let len = area[1] - area[0];
+        if len == 0 {
+            continue;
+        }
+        // Keep a final NUL so the kernel reads the area as plain strings.
+        let keep = text.len().min(len - 1);
+        let start = area[0] as *mut u8;
+        // SAFETY: the kernel reports these ranges as this process's argument
+        // and environment strings, which lie in its initial stack mapping
+        // (readable and writable) and stay mapped for the process's life.
+        // The process is single-threaded (the caller's promise), and no Rust
+        // reference to these bytes exists: std and libc keep raw pointers to
+        // them, which only see the strings change.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), start, keep);
+            std::ptr::write_bytes(start.add(keep), 0, len - keep);
+        }
+    }
+    rustix::thread::set_name(
+        &std::ffi::CString::new(name).map_err(|_| io::Error::other("name contains NUL"))?,
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod arg_env_tests {
+    use super::arg_env_areas;
+
+    #[test]
+    fn areas_are_read_after_the_last_parenthesis() {
+        let mut stat = String::from("12 (a) b) c) S");
+        // Fields 4 to 47, then 48..51, then 52.
+        for n in 4..=47 {
+            stat.push_str(&format!(" {n}"));
+        }
+        stat.push_str(" 100 110 110 130 0\n");
+        assert_eq!(arg_env_areas(&stat), Some(([100, 110], [110, 130])));
+        assert_eq!(arg_env_areas("12 (x) S 1 2"), None);
+    }
+}

@@ -196,3 +196,54 @@ pub fn install_fds_close_rest(fds: &[std::os::fd::BorrowedFd<'_>]) -> io::Result
     }
     Ok(())
 }
+
+/// In a child forked (without exec) from a single-threaded process to run
+/// library code in place of a helper binary: empties the signal mask,
+/// starts a new process group, changes into `cwd` (if given), points stdio at
+/// `/dev/null`, places `fd3` at descriptor 3 and closes every other
+/// descriptor. Returns descriptor 3, owned.
+///
+/// The caller must not drop any descriptor it owned before the fork (they
+/// are closed here, and their numbers may be reused): forget them.
+pub fn become_forked_helper(
+    cwd: Option<std::os::fd::BorrowedFd<'_>>,
+    fd3: std::os::fd::BorrowedFd<'_>,
+) -> io::Result<OwnedFd> {
+    use std::os::fd::AsFd as _;
+    // SAFETY: plain system calls on integers and on a local sigset_t.
+    unsafe {
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        if libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::setpgid(0, 0) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    if let Some(cwd) = cwd {
+        rustix::process::fchdir(cwd)?;
+    }
+    // Sources must sit above 3 (install_fds_close_rest): take copies there.
+    let null = {
+        let opened = rustix::fs::open(
+            "/dev/null",
+            rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?;
+        rustix::io::fcntl_dupfd_cloexec(&opened, 4)?
+    };
+    let ctl = rustix::io::fcntl_dupfd_cloexec(fd3, 4)?;
+    install_fds_close_rest(&[null.as_fd(), null.as_fd(), null.as_fd(), ctl.as_fd()])?;
+    // Both were closed by the step above; their numbers are free again.
+    std::mem::forget(null);
+    std::mem::forget(ctl);
+    crate::take_inherited_fd(3)
+}
+
+/// Ends the calling process at once: no exit handlers run and no buffer
+/// inherited from a parent is flushed (for a forked helper).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit takes an integer and does not return.
+    unsafe { libc::_exit(code) }
+}
