@@ -3,12 +3,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use seccompiler::{
-    sock_filter, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
-};
+use libc::sock_filter;
 
-use crate::policy::{Action, Op, Policy, ENOSYS};
+use crate::policy::{Action, Condition, Op, Policy, ENOSYS};
 use crate::{table, Error};
 
 /// An architecture the compiler knows the system call numbers of.
@@ -76,13 +73,6 @@ impl Arch {
             Arch::Aarch64 => table::AARCH64,
         }
     }
-
-    fn target(self) -> TargetArch {
-        match self {
-            Arch::X86_64 => TargetArch::x86_64,
-            Arch::Aarch64 => TargetArch::aarch64,
-        }
-    }
 }
 
 /// A compiled filter: classic-BPF instructions for one architecture. Cheap to
@@ -91,9 +81,6 @@ impl Arch {
 pub struct Program {
     arch: Arch,
     instructions: Arc<[sock_filter]>,
-    /// The same instructions in the kernel's layout, prepared at compile
-    /// time so that [`apply`] allocates nothing.
-    kernel: Arc<[libc::sock_filter]>,
     skipped: Arc<[String]>,
 }
 
@@ -137,6 +124,8 @@ const LD_W_ABS: u16 = 0x20;
 const JMP_JA: u16 = 0x05;
 const JMP_JEQ_K: u16 = 0x05 | 0x10;
 const JMP_JGE_K: u16 = 0x05 | 0x30;
+/// `BPF_ALU | BPF_AND | BPF_K`.
+const ALU_AND_K: u16 = 0x04 | 0x50;
 const RET_K: u16 = 0x06;
 const RET_KILL_PROCESS: u32 = 0x8000_0000;
 const RET_ERRNO: u32 = 0x0005_0000;
@@ -166,13 +155,6 @@ pub(crate) fn ret_value(action: Action) -> u32 {
     }
 }
 
-fn seccompiler_action(action: Action) -> SeccompAction {
-    match action {
-        Action::Allow => SeccompAction::Allow,
-        Action::Errno(errno) => SeccompAction::Errno(errno as u32),
-    }
-}
-
 /// Compiles `policy` for the architecture this crate was built for.
 ///
 /// See [`compile_for`].
@@ -181,28 +163,42 @@ pub fn compile(policy: &Policy) -> Result<Program, Error> {
     compile_for(policy, arch)
 }
 
+/// What the rules say about one system call number.
+struct Entry {
+    nr: u32,
+    action: Action,
+    /// `None`: whatever the arguments. Otherwise any of these condition
+    /// lists (each an AND) must hold.
+    when: Option<Vec<Vec<Condition>>>,
+}
+
+/// Linear runs at the leaves of the dispatch tree are at most this long.
+const LEAF: usize = 4;
+
 /// Compiles `policy` to one BPF program for `arch`.
 ///
 /// The program:
-/// 1. on x86_64, kills the process if the call is not of the x86_64 ABI
-///    (an i386 `int 0x80`), and refuses every x32 call (number with
-///    [`X32_SYSCALL_BIT`] set) with `ENOSYS`: x32 numbers differ from the
-///    ones the rules check, so allowing them would bypass every rule;
-/// 2. for each action of the rules (for [`crate::default_policy`], `EPERM`
-///    then `ENOSYS`), runs a
-///    filter built by `seccompiler` (which itself first kills a process of
-///    another architecture, e.g. AArch32 on aarch64): a call matching a rule
-///    gets that action, any other continues to the next filter;
-/// 3. gives the default action.
+/// 1. kills the process if the call is not of `arch`'s ABI (an i386
+///    `int 0x80` on x86_64, AArch32 on aarch64), and on x86_64 refuses every
+///    x32 call (number with [`X32_SYSCALL_BIT`] set) with `ENOSYS`: x32
+///    numbers differ from the ones the rules check, so allowing them would
+///    bypass every rule;
+/// 2. finds the system call number in a binary search tree over the numbers
+///    the rules name (short linear runs at the leaves), so any call is
+///    decided in about a dozen comparisons;
+/// 3. for a number with conditional rules, checks each rule's conditions
+///    (64-bit comparisons, as two 32-bit halves) and returns the rule's
+///    action when they all hold;
+/// 4. otherwise returns the default action.
 ///
-/// Arguments are compared as 64-bit values. A name that does not exist on
-/// `arch` but does on another supported architecture is skipped (and listed
-/// in [`Program::skipped`]); any other unknown name is an error, as is a
-/// policy that fails [`Policy::validate`].
+/// Every jump is forward and local (a subtree, a rule), so the layout needs
+/// no trampolines. A name that does not exist on `arch` but does on another
+/// supported architecture is skipped (and listed in [`Program::skipped`]);
+/// any other unknown name is an error, as is a policy that fails
+/// [`Policy::validate`].
 pub fn compile_for(policy: &Policy, arch: Arch) -> Result<Program, Error> {
     policy.validate()?;
-    // action -> syscall number -> rules (None: unconditional).
-    let mut groups: BTreeMap<Action, BTreeMap<i64, Option<Vec<SeccompRule>>>> = BTreeMap::new();
+    let mut by_nr: BTreeMap<u32, Entry> = BTreeMap::new();
     let mut skipped: Vec<String> = Vec::new();
     for rule in &policy.rules {
         let Some(nr) = arch.syscall_number(&rule.syscall) else {
@@ -220,89 +216,157 @@ pub fn compile_for(policy: &Policy, arch: Arch) -> Result<Program, Error> {
                 arch: arch.name(),
             });
         };
-        let entry = groups
-            .entry(rule.action)
-            .or_default()
-            .entry(nr)
-            .or_insert_with(|| Some(Vec::new()));
-        if rule.conditions.is_empty() {
-            *entry = None;
-            continue;
+        let nr = u32::try_from(nr).map_err(|_| Error::UnknownSyscall {
+            name: rule.syscall.clone(),
+            arch: arch.name(),
+        })?;
+        // Validation guarantees one action per system call.
+        let entry = by_nr.entry(nr).or_insert_with(|| Entry {
+            nr,
+            action: rule.action,
+            when: Some(Vec::new()),
+        });
+        match (&mut entry.when, rule.conditions.is_empty()) {
+            (when, true) => *when = None,
+            (Some(lists), false) => lists.push(rule.conditions.clone()),
+            // Already refused whatever the arguments.
+            (None, false) => {}
         }
-        let Some(rules) = entry else {
-            continue; // already refused whatever the arguments
-        };
-        let conditions = rule
-            .conditions
-            .iter()
-            .map(|c| {
-                let op = match c.op {
-                    Op::Eq => SeccompCmpOp::Eq,
-                    Op::Ne => SeccompCmpOp::Ne,
-                    Op::MaskedEq(mask) => SeccompCmpOp::MaskedEq(mask),
-                };
-                SeccompCondition::new(c.arg, SeccompCmpArgLen::Qword, op, c.value)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        rules.push(SeccompRule::new(conditions)?);
     }
+    let entries: Vec<Entry> = by_nr.into_values().collect();
 
     let default = ret_value(policy.default);
-    let mut program: Vec<sock_filter> = Vec::new();
+    let mut program: Vec<sock_filter> = vec![
+        stmt(LD_W_ABS, DATA_ARCH),
+        jump(JMP_JEQ_K, arch.audit_arch(), 1, 0),
+        stmt(RET_K, RET_KILL_PROCESS),
+        stmt(LD_W_ABS, DATA_NR),
+    ];
     if arch == Arch::X86_64 {
         program.extend([
-            stmt(LD_W_ABS, DATA_ARCH),
-            jump(JMP_JEQ_K, arch.audit_arch(), 1, 0),
-            stmt(RET_K, RET_KILL_PROCESS),
-            stmt(LD_W_ABS, DATA_NR),
             jump(JMP_JGE_K, X32_SYSCALL_BIT, 0, 1),
             stmt(RET_K, ret_value(Action::Errno(ENOSYS))),
         ]);
     }
-    for (action, rules) in groups {
-        let rules = rules
-            .into_iter()
-            .map(|(nr, rules)| (nr, rules.unwrap_or_default()))
-            .collect();
-        let filter = SeccompFilter::new(
-            rules,
-            seccompiler_action(policy.default),
-            seccompiler_action(action),
-            arch.target(),
-        )?;
-        let mut part: Vec<sock_filter> = filter.try_into()?;
-        // Every return of the default action means "no rule of this action
-        // matched": continue with the next part instead. A jump's offset
-        // counts from the next instruction, so `len - 1 - i` lands just past
-        // the part. Validation guarantees `action` is not the default, so no
-        // matching return is rewritten.
-        let len = part.len();
-        for (i, insn) in part.iter_mut().enumerate() {
-            if insn.code == RET_K && insn.k == default {
-                *insn = stmt(JMP_JA, (len - 1 - i) as u32);
-            }
-        }
-        program.extend(part);
-    }
-    program.push(stmt(RET_K, default));
+    program.extend(dispatch(&entries, default)?);
     if program.len() > MAX_INSTRUCTIONS {
         return Err(Error::TooLarge(program.len()));
     }
-    let kernel: Vec<libc::sock_filter> = program
-        .iter()
-        .map(|i| libc::sock_filter {
-            code: i.code,
-            jt: i.jt,
-            jf: i.jf,
-            k: i.k,
-        })
-        .collect();
     Ok(Program {
         arch,
         instructions: program.into(),
-        kernel: kernel.into(),
         skipped: skipped.into(),
     })
+}
+
+/// The search tree over `entries` (sorted by number), with the number in
+/// the accumulator. Every path ends in a return.
+fn dispatch(entries: &[Entry], default: u32) -> Result<Vec<sock_filter>, Error> {
+    if entries.len() <= LEAF {
+        let mut out = Vec::new();
+        for entry in entries {
+            match &entry.when {
+                None => out.extend([
+                    jump(JMP_JEQ_K, entry.nr, 0, 1),
+                    stmt(RET_K, ret_value(entry.action)),
+                ]),
+                Some(lists) => {
+                    let body = conditional(lists, ret_value(entry.action), default)?;
+                    out.extend([
+                        jump(JMP_JEQ_K, entry.nr, 1, 0),
+                        stmt(JMP_JA, len_u32(body.len())?),
+                    ]);
+                    out.extend(body);
+                }
+            }
+        }
+        out.push(stmt(RET_K, default));
+        return Ok(out);
+    }
+    let mid = entries.len() / 2;
+    let left = dispatch(&entries[..mid], default)?;
+    let right = dispatch(&entries[mid..], default)?;
+    // Numbers at or above the middle one skip the left subtree.
+    let mut out = vec![
+        jump(JMP_JGE_K, entries[mid].nr, 0, 1),
+        stmt(JMP_JA, len_u32(left.len())?),
+    ];
+    out.extend(left);
+    out.extend(right);
+    Ok(out)
+}
+
+fn len_u32(len: usize) -> Result<u32, Error> {
+    u32::try_from(len).map_err(|_| Error::TooLarge(len))
+}
+
+/// A jump target inside one rule's block.
+#[derive(Clone, Copy)]
+enum To {
+    /// This many instructions ahead.
+    Ahead(u8),
+    /// Past the block: the rule does not hold.
+    Fail,
+}
+
+/// The checks of one system call's rules: each rule in turn returns `ret`
+/// when all its conditions hold; when none does, `default`.
+fn conditional(
+    lists: &[Vec<Condition>],
+    ret: u32,
+    default: u32,
+) -> Result<Vec<sock_filter>, Error> {
+    let mut out = Vec::new();
+    for conditions in lists {
+        let mut block: Vec<(u16, u32, To, To)> = Vec::new();
+        for c in conditions {
+            let lo = 16 + 8 * u32::from(c.arg);
+            let hi = lo + 4;
+            let (v_lo, v_hi) = (c.value as u32, (c.value >> 32) as u32);
+            match c.op {
+                Op::Eq => block.extend([
+                    (LD_W_ABS, hi, To::Ahead(0), To::Ahead(0)),
+                    (JMP_JEQ_K, v_hi, To::Ahead(0), To::Fail),
+                    (LD_W_ABS, lo, To::Ahead(0), To::Ahead(0)),
+                    (JMP_JEQ_K, v_lo, To::Ahead(0), To::Fail),
+                ]),
+                // Holds when either half differs.
+                Op::Ne => block.extend([
+                    (LD_W_ABS, hi, To::Ahead(0), To::Ahead(0)),
+                    (JMP_JEQ_K, v_hi, To::Ahead(0), To::Ahead(2)),
+                    (LD_W_ABS, lo, To::Ahead(0), To::Ahead(0)),
+                    (JMP_JEQ_K, v_lo, To::Fail, To::Ahead(0)),
+                ]),
+                Op::MaskedEq(mask) => {
+                    // A half the mask leaves out always matches (the value
+                    // lies within the mask: validated).
+                    for (offset, m, v) in [(hi, (mask >> 32) as u32, v_hi), (lo, mask as u32, v_lo)]
+                    {
+                        if m != 0 {
+                            block.extend([
+                                (LD_W_ABS, offset, To::Ahead(0), To::Ahead(0)),
+                                (ALU_AND_K, m, To::Ahead(0), To::Ahead(0)),
+                                (JMP_JEQ_K, v, To::Ahead(0), To::Fail),
+                            ]);
+                        }
+                    }
+                }
+            }
+        }
+        block.push((RET_K, ret, To::Ahead(0), To::Ahead(0)));
+        let len = block.len();
+        for (i, (code, k, jt, jf)) in block.into_iter().enumerate() {
+            let resolve = |to: To| -> Result<u8, Error> {
+                match to {
+                    To::Ahead(n) => Ok(n),
+                    To::Fail => u8::try_from(len - 1 - i).map_err(|_| Error::TooLarge(len)),
+                }
+            };
+            out.push(jump(code, k, resolve(jt)?, resolve(jf)?));
+        }
+    }
+    out.push(stmt(RET_K, default));
+    Ok(out)
 }
 
 /// Installs `program` on the calling thread; it then applies to every
@@ -325,6 +389,6 @@ pub fn apply(program: &Program) -> Result<(), Error> {
             native: native.name(),
         });
     }
-    hako_sys::raw::seccomp_set_mode_filter(&program.kernel)
+    hako_sys::raw::seccomp_set_mode_filter(&program.instructions)
         .map_err(|source| Error::Apply { source })
 }

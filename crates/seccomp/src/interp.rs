@@ -1,7 +1,7 @@
 //! A classic-BPF interpreter for the instructions seccomp filters use, to
 //! test what a compiled program decides without installing it.
 
-use seccompiler::sock_filter;
+use libc::sock_filter;
 
 /// Runs `program` on a `struct seccomp_data` (little-endian) and returns the
 /// seccomp return value. Panics on an instruction it does not know, a jump
