@@ -44,6 +44,7 @@ mod harness;
 #[cfg(test)]
 mod naive;
 mod procs;
+mod soak;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -53,6 +54,7 @@ use hako_core::{Error, Sandbox};
 
 pub use harness::Harness;
 pub use procs::{host_processes_with_arg, sandbox_processes_with_arg};
+pub use soak::{soak, SoakReport};
 
 /// How a case ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
