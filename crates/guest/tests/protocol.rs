@@ -5,7 +5,6 @@
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -173,7 +172,7 @@ fn bad_requests_name_the_command_and_change_nothing() {
     hello(&ctl);
     // An empty argv, a relative working directory, and a descriptor
     // promised but not sent.
-    let mut request = |id: u64, argv: Vec<String>, cwd: Cwd| {
+    let request = |id: u64, argv: Vec<String>, cwd: Cwd| {
         send(
             &ctl,
             &Frame::Message(ToGuest::Exec(ExecRequest {
