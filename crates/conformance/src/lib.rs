@@ -146,6 +146,13 @@ macro_rules! __hako_with_case_names {
             hardlink_to_an_outside_file_is_never_written_through,
             symlink_swapped_during_write_and_read_is_refused,
             final_component_swapped_for_a_symlink_is_never_followed,
+            // sessions
+            session_keeps_cwd_variables_functions_and_jobs,
+            session_output_and_status_are_delimited_exactly,
+            session_timeout_kills_the_command_and_the_session_goes_on,
+            sessions_run_concurrently_and_stay_apart,
+            closing_a_session_kills_its_jobs,
+            a_session_that_exits_says_so_and_session_commands_are_checked,
             // lifecycle
             closed_sandbox_refuses_every_operation,
             capabilities_match_the_optional_accessors,

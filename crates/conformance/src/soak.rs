@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use hako_core::{Command, ExitStatus};
+use hako_core::{Command, ExitStatus, SessionOptions};
 
 use crate::Factory;
 
@@ -76,8 +76,9 @@ fn descendants() -> Vec<(i32, char, String)> {
 
 /// Opens a sandbox on `workspace`, runs `sequential` commands one after
 /// another, then `threads` threads running `per_thread` commands each at
-/// once; checks every output; closes the sandbox. Fails on the first wrong
-/// output or error.
+/// once (each thread in a session of its own where the sandbox offers
+/// sessions, with plain execs between); checks every output; closes the
+/// sandbox. Fails on the first wrong output or error.
 pub fn soak(
     factory: Arc<Factory>,
     workspace: &Path,
@@ -100,14 +101,38 @@ pub fn soak(
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 scope.spawn(move || -> Result<(), String> {
+                    let sessions = sandbox_ref.sessions();
+                    let session = match sessions {
+                        Some(s) => Some(
+                            s.open_session(&SessionOptions::default())
+                                .map_err(|e| format!("thread {t} open session: {e}"))?,
+                        ),
+                        None => None,
+                    };
                     for i in 0..per_thread {
                         let word = format!("t{t}c{i}");
-                        let out = sandbox_ref
-                            .exec(&Command::shell(format!("printf %s {word}; printf e >&2")))
-                            .map_err(|e| format!("thread {t} exec {i}: {e}"))?;
-                        if out.stdout != word.as_bytes() || out.stderr != b"e" {
-                            return Err(format!("thread {t} exec {i}: {out:?}"));
+                        let command = Command::shell(format!("printf %s {word}; printf e >&2"));
+                        let out = match (sessions, session) {
+                            (Some(s), Some(id)) => s.session_exec(id, &command, None),
+                            _ => sandbox_ref.exec(&command),
                         }
+                        .map_err(|e| format!("thread {t} command {i}: {e}"))?;
+                        if out.stdout != word.as_bytes() || out.stderr != b"e" {
+                            return Err(format!("thread {t} command {i}: {out:?}"));
+                        }
+                        // A plain exec now and then, beside the sessions.
+                        if i % 5 == 0 {
+                            let out = sandbox_ref
+                                .exec(&Command::new(["echo", word.as_str()]))
+                                .map_err(|e| format!("thread {t} exec {i}: {e}"))?;
+                            if out.stdout != format!("{word}\n").into_bytes() {
+                                return Err(format!("thread {t} exec {i}: {out:?}"));
+                            }
+                        }
+                    }
+                    if let (Some(s), Some(id)) = (sessions, session) {
+                        s.close_session(id)
+                            .map_err(|e| format!("thread {t} close session: {e}"))?;
                     }
                     Ok(())
                 })

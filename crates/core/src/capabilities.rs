@@ -121,4 +121,7 @@ pub struct Optional {
     pub stat: bool,
     /// Streamed exec output.
     pub exec_stream: bool,
+    /// Stateful shell sessions.
+    #[serde(default)]
+    pub sessions: bool,
 }

@@ -234,6 +234,24 @@ pub enum Error {
     /// The sandbox has been closed.
     #[error("the sandbox is closed")]
     Closed,
+    /// The session does not exist or has ended (closed, or its shell
+    /// exited); open a new one.
+    #[error("session {session} is not open: {reason}")]
+    SessionNotOpen {
+        /// The session.
+        session: u64,
+        /// Why: never opened, closed, or how its shell ended.
+        reason: String,
+    },
+    /// The session is running another command; a session runs one at a
+    /// time (open another session to run commands at once).
+    #[error(
+        "session {session} is busy running another command; wait for it or use another session"
+    )]
+    SessionBusy {
+        /// The session.
+        session: u64,
+    },
     /// The backend does not offer this optional capability.
     #[error("the {backend} backend does not support {capability}")]
     Unsupported {

@@ -28,5 +28,5 @@ pub use fs::{DirEntry, DirListing, FileKind, Metadata, ReadOutcome};
 pub use isolation::{Isolation, ParseIsolationError};
 pub use sandbox::{
     require_isolation, AppendFile, ExecStream, MakeDirAll, OutputSink, ReadLimit, Sandbox,
-    StatPath, Stream, Workdir,
+    SessionId, SessionOptions, Sessions, StatPath, Stream, Workdir,
 };

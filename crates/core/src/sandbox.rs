@@ -75,6 +75,11 @@ pub trait Sandbox: Send + Sync {
     fn exec_stream(&self) -> Option<&dyn ExecStream> {
         None
     }
+
+    /// Stateful shell sessions, if offered.
+    fn sessions(&self) -> Option<&dyn Sessions> {
+        None
+    }
 }
 
 /// Bounded reads.
@@ -141,4 +146,56 @@ pub fn require_isolation(sandbox: &dyn Sandbox, required: Isolation) -> Result<(
         });
     }
     Ok(())
+}
+
+/// A session, named by the sandbox that opened it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(pub u64);
+
+impl std::fmt::Display for SessionId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// How a session starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionOptions {
+    /// The directory its shell starts in: sandbox-relative, fenced like every
+    /// other path. `None` means the sandbox root.
+    pub cwd: Option<std::path::PathBuf>,
+    /// Variables exported in the shell, over the sandbox's sanitised base.
+    pub env: Vec<(String, String)>,
+}
+
+/// Stateful shells: the commands run in one session share its working
+/// directory, environment, shell variables, functions and background jobs,
+/// as in a terminal.
+///
+/// Each command's output and exit status are delimited exactly: output and
+/// status travel on separate channels, so nothing a command prints can end
+/// it early or fake its status. A session runs one command at a time;
+/// sessions run concurrently. A command's deadline kills the processes it
+/// started and leaves the session usable (if the shell itself does not stop,
+/// for example in a builtin loop, the session ends and says so).
+pub trait Sessions {
+    /// Starts a shell.
+    fn open_session(&self, options: &SessionOptions) -> Result<SessionId>;
+
+    /// Runs a command in the session's shell and returns once its status is
+    /// known. [`Program::Shell`](crate::Program::Shell) is run as given; an
+    /// argument vector is quoted for the shell. The command's stdin is
+    /// empty; `cwd`, `env` and `stdin` must be unset (`cd` and `export`
+    /// inside the session instead), `timeout` and `max_output` apply. `sink`
+    /// receives output as it comes.
+    fn session_exec(
+        &self,
+        session: SessionId,
+        command: &Command,
+        sink: Option<&mut OutputSink<'_>>,
+    ) -> Result<Output>;
+
+    /// Ends the session: its shell and every process started in it are
+    /// killed. Idempotent for a session that has ended.
+    fn close_session(&self, session: SessionId) -> Result<()>;
 }

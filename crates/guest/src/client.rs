@@ -18,8 +18,8 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::proto::{
-    self, Cwd, ExecRequest, Frame, FromGuest, Hello, LinuxSpec, SpawnFailure, StreamId, ToGuest,
-    MAX_CHUNK,
+    self, Cwd, ExecRequest, Frame, FromGuest, Hello, LinuxSpec, SessionExecRequest, SessionRequest,
+    SpawnFailure, StreamId, ToGuest, MAX_CHUNK,
 };
 use hako_core::{Command, Error, Output, OutputSink, Result, Stream};
 use hako_sys::rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
@@ -412,9 +412,31 @@ impl Connection {
         sent.map_err(|e| backend_err(self.backend, "send to hako-guest", e.to_string()))
     }
 
+    /// Takes a new id and registers a waiter for what the guest says about
+    /// it.
+    fn register(&self, op: &'static str) -> Result<(u64, mpsc::Receiver<Event>)> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        let mut table = self
+            .table
+            .lock()
+            .map_err(|_| backend_err(self.backend, op, "lock poisoned"))?;
+        if let Some(why) = &table.gone {
+            return Err(backend_err(self.backend, op, why.clone()));
+        }
+        table.waiting.insert(id, tx);
+        Ok((id, rx))
+    }
+
+    fn unregister(&self, id: u64) {
+        if let Ok(mut table) = self.table.lock() {
+            table.waiting.remove(&id);
+        }
+    }
+
     /// Runs one command and returns its output once every process of it is
     /// gone. `sink` sees each kept chunk as it arrives.
-    pub fn exec(&self, exec: Exec<'_>, mut sink: Option<&mut OutputSink<'_>>) -> Result<Output> {
+    pub fn exec(&self, exec: Exec<'_>, sink: Option<&mut OutputSink<'_>>) -> Result<Output> {
         let Exec {
             argv,
             env,
@@ -422,18 +444,7 @@ impl Connection {
             command,
             max_output,
         } = exec;
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel();
-        {
-            let mut table = self
-                .table
-                .lock()
-                .map_err(|_| backend_err(self.backend, "run command", "lock poisoned"))?;
-            if let Some(why) = &table.gone {
-                return Err(backend_err(self.backend, "run command", why.clone()));
-            }
-            table.waiting.insert(id, tx);
-        }
+        let (id, rx) = self.register("run command")?;
         let (cwd, fd) = match cwd {
             ExecCwd::Fd(fd) => (Cwd::Fd, Some(fd)),
             ExecCwd::Path(path) => (Cwd::Path(path), None),
@@ -444,9 +455,7 @@ impl Connection {
             argv,
             env,
             cwd,
-            timeout_ms: command
-                .timeout
-                .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+            timeout_ms: timeout_ms(command),
             stdin: command.stdin.is_some(),
             max_output: max_output as u64,
         };
@@ -467,11 +476,21 @@ impl Connection {
             });
         drop(fd);
         if let Err(err) = sent {
-            if let Ok(mut table) = self.table.lock() {
-                table.waiting.remove(&id);
-            }
+            self.unregister(id);
             return Err(err);
         }
+        self.output(&rx, command, max_output, sink, start)
+    }
+
+    /// Collects one command's output and end from `rx`.
+    fn output(
+        &self,
+        rx: &mpsc::Receiver<Event>,
+        command: &Command,
+        max_output: usize,
+        mut sink: Option<&mut OutputSink<'_>>,
+        start: Instant,
+    ) -> Result<Output> {
         let mut out = Capture::new(max_output);
         let mut err = Capture::new(max_output);
         let done = loop {
@@ -539,10 +558,114 @@ impl Connection {
             FromGuest::Failed { message, .. } | FromGuest::Refused { message } => {
                 Err(backend_err(self.backend, "run command", message))
             }
-            FromGuest::Ready { .. } => Err(backend_err(
+            other => Err(backend_err(
                 self.backend,
                 "run command",
-                "unexpected reply from hako-guest",
+                format!("unexpected reply from hako-guest: {other:?}"),
+            )),
+        }
+    }
+
+    /// Waits for the one reply to a request.
+    fn reply(&self, rx: &mpsc::Receiver<Event>, op: &'static str) -> Result<FromGuest> {
+        loop {
+            match rx.recv() {
+                Ok(Event::Done(msg)) => return Ok(msg),
+                Ok(Event::Output { .. }) => {}
+                Ok(Event::Gone(why)) => return Err(backend_err(self.backend, op, why)),
+                Err(_) => {
+                    return Err(backend_err(
+                        self.backend,
+                        op,
+                        "the connection to hako-guest ended",
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Starts a shell session in `cwd` with the complete environment `env`;
+    /// returns its id.
+    pub fn open_session(&self, env: Vec<(String, String)>, cwd: ExecCwd) -> Result<u64> {
+        let (id, rx) = self.register("open a session")?;
+        let (cwd, fd) = match cwd {
+            ExecCwd::Fd(fd) => (Cwd::Fd, Some(fd)),
+            ExecCwd::Path(path) => (Cwd::Path(path), None),
+        };
+        let request = SessionRequest {
+            id,
+            shell: None,
+            env,
+            cwd,
+        };
+        if let Err(err) = self.send(&Frame::Message(ToGuest::OpenSession(request)), fd.as_ref()) {
+            self.unregister(id);
+            return Err(err);
+        }
+        drop(fd);
+        match self.reply(&rx, "open a session")? {
+            FromGuest::SessionOpened { .. } => Ok(id),
+            FromGuest::Failed { message, .. } => {
+                Err(backend_err(self.backend, "open a session", message))
+            }
+            other => Err(backend_err(
+                self.backend,
+                "open a session",
+                format!("unexpected reply from hako-guest: {other:?}"),
+            )),
+        }
+    }
+
+    /// Runs `script` in session `session`.
+    pub fn session_exec(
+        &self,
+        session: u64,
+        script: String,
+        command: &Command,
+        max_output: usize,
+        sink: Option<&mut OutputSink<'_>>,
+    ) -> Result<Output> {
+        let (id, rx) = self.register("run command")?;
+        let start = Instant::now();
+        let request = SessionExecRequest {
+            id,
+            session,
+            script,
+            timeout_ms: timeout_ms(command),
+            max_output: max_output as u64,
+        };
+        if let Err(err) = self.send(&Frame::Message(ToGuest::SessionExec(request)), None) {
+            self.unregister(id);
+            return Err(err);
+        }
+        self.output(&rx, command, max_output, sink, start)
+            .map_err(|err| session_error(session, err))
+    }
+
+    /// Ends session `session`; fine for one that has ended.
+    pub fn close_session(&self, session: u64) -> Result<()> {
+        let (tx, rx) = mpsc::channel();
+        {
+            let mut table = self
+                .table
+                .lock()
+                .map_err(|_| backend_err(self.backend, "close a session", "lock poisoned"))?;
+            if table.gone.is_some() {
+                // The guest, and every session with it, is gone.
+                return Ok(());
+            }
+            table.waiting.insert(session, tx);
+        }
+        if let Err(err) = self.send(&Frame::Message(ToGuest::CloseSession { id: session }), None) {
+            self.unregister(session);
+            return Err(err);
+        }
+        match self.reply(&rx, "close a session")? {
+            FromGuest::SessionEnded { .. } => Ok(()),
+            other => Err(backend_err(
+                self.backend,
+                "close a session",
+                format!("unexpected reply from hako-guest: {other:?}"),
             )),
         }
     }
@@ -611,7 +734,10 @@ fn read_events(ctl: UnixStream, table: &Mutex<Table>) {
             }
             Frame::Message(msg) => {
                 let id = match &msg {
-                    FromGuest::Exited { id, .. } | FromGuest::SpawnFailed { id, .. } => Some(*id),
+                    FromGuest::Exited { id, .. }
+                    | FromGuest::SpawnFailed { id, .. }
+                    | FromGuest::SessionOpened { id }
+                    | FromGuest::SessionEnded { id, .. } => Some(*id),
                     FromGuest::Failed { id, .. } => *id,
                     _ => None,
                 };
@@ -619,7 +745,8 @@ fn read_events(ctl: UnixStream, table: &Mutex<Table>) {
                     Some(tx) => {
                         let _ = tx.send(Event::Done(msg));
                     }
-                    None => tracing::warn!("hako-guest: {msg:?}"),
+                    // A session whose shell ended on its own, or a stray.
+                    None => tracing::debug!("hako-guest: {msg:?}"),
                 }
             }
             Frame::Stdin { .. } => tracing::warn!("hako-guest sent a stdin frame"),
@@ -631,4 +758,26 @@ fn read_events(ctl: UnixStream, table: &Mutex<Table>) {
         }
         table.gone = Some(why);
     }
+}
+
+fn timeout_ms(command: &Command) -> Option<u64> {
+    command
+        .timeout
+        .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The guest's refusals of a session request as typed errors.
+fn session_error(session: u64, err: Error) -> Error {
+    if let Error::Backend { message, .. } = &err {
+        if let Some(reason) = message
+            .strip_prefix(&format!("session {session} is not open: "))
+            .map(str::to_string)
+        {
+            return Error::SessionNotOpen { session, reason };
+        }
+        if message.starts_with(&format!("session {session} is busy")) {
+            return Error::SessionBusy { session };
+        }
+    }
+    err
 }

@@ -81,6 +81,49 @@ pub enum ToGuest {
         /// The command.
         id: u64,
     },
+    /// Start a shell session; answered by [`FromGuest::SessionOpened`] or
+    /// [`FromGuest::Failed`].
+    OpenSession(SessionRequest),
+    /// Run a script in a session's shell; answered like [`ToGuest::Exec`].
+    SessionExec(SessionExecRequest),
+    /// End a session (its shell and everything started in it are killed);
+    /// answered by [`FromGuest::SessionEnded`].
+    CloseSession {
+        /// The session.
+        id: u64,
+    },
+}
+
+/// Start a shell session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRequest {
+    /// Chosen by hako, unique on the connection (shared with command ids).
+    pub id: u64,
+    /// The shell and its arguments; `None` lets the guest choose (`bash
+    /// --noprofile --norc` where it exists, else `sh`). It reads its script
+    /// from stdin.
+    pub shell: Option<Vec<String>>,
+    /// The shell's complete environment.
+    pub env: Vec<(String, String)>,
+    /// Where it starts.
+    pub cwd: Cwd,
+}
+
+/// Run a script in a session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionExecRequest {
+    /// The command's id, as for [`ExecRequest::id`].
+    pub id: u64,
+    /// The session.
+    pub session: u64,
+    /// Shell text, run by the session's shell itself (`eval`), with stdin
+    /// from `/dev/null`.
+    pub script: String,
+    /// The deadline in milliseconds: on expiry every process the script
+    /// started is killed and the result says so; the session stays.
+    pub timeout_ms: Option<u64>,
+    /// Bytes of each output stream forwarded; the rest is only counted.
+    pub max_output: u64,
 }
 
 /// A control message from the guest to hako.
@@ -120,6 +163,19 @@ pub enum FromGuest {
         /// The OS error number, if there was one.
         errno: Option<i32>,
         /// A readable message.
+        message: String,
+    },
+    /// A session's shell is running.
+    SessionOpened {
+        /// The session.
+        id: u64,
+    },
+    /// A session ended: closed on request, or its shell exited or was
+    /// killed. The answer to [`ToGuest::CloseSession`].
+    SessionEnded {
+        /// The session.
+        id: u64,
+        /// How.
         message: String,
     },
     /// A request failed (bad frame, duplicate id, empty argv, ...); the

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use hako_core::env::EnvPolicy;
 use hako_core::{
     AppendFile, Capabilities, Command, DirListing, Error, ExecStream, LimitKind, LimitMechanism,
-    LimitReport, MakeDirAll, Metadata, Optional, Output, OutputSink, ReadLimit, ReadOutcome,
-    Result, Sandbox, StatPath, Workdir,
+    LimitReport, MakeDirAll, Metadata, Optional, Output, OutputSink, Program, ReadLimit,
+    ReadOutcome, Result, Sandbox, SessionId, SessionOptions, Sessions, StatPath, Workdir,
 };
 use hako_fence::Fence;
 
@@ -80,6 +80,7 @@ pub const OPTIONAL: Optional = Optional {
     workdir: true,
     stat: true,
     exec_stream: true,
+    sessions: true,
 };
 
 /// Opens the workspace fence: the first step of every backend's
@@ -248,6 +249,10 @@ impl Sandbox for GuestSandbox {
     fn exec_stream(&self) -> Option<&dyn ExecStream> {
         Some(self)
     }
+
+    fn sessions(&self) -> Option<&dyn Sessions> {
+        Some(self)
+    }
 }
 
 impl ReadLimit for GuestSandbox {
@@ -287,6 +292,90 @@ impl StatPath for GuestSandbox {
 impl ExecStream for GuestSandbox {
     fn exec_stream(&self, command: &Command, sink: &mut OutputSink<'_>) -> Result<Output> {
         self.run(command, Some(sink))
+    }
+}
+
+impl Sessions for GuestSandbox {
+    fn open_session(&self, options: &SessionOptions) -> Result<SessionId> {
+        self.check_open()?;
+        let cwd_given = options.cwd.as_deref().unwrap_or(Path::new("."));
+        let cwd_fd = self.fence.open_dir(cwd_given)?;
+        let cwd = match self.launcher.cwd_inside(&self.fence.relative(cwd_given)?) {
+            Some(path) => driver::ExecCwd::Path(path),
+            None => driver::ExecCwd::Fd(cwd_fd),
+        };
+        for (k, v) in &options.env {
+            if !hako_core::env::valid_name(k) || v.contains('\0') {
+                return Err(Error::InvalidCommand {
+                    reason: format!("environment variable {k:?} is not valid"),
+                });
+            }
+        }
+        let env = hako_core::env::merge(&self.base_env, &options.env);
+        self.guest.open_session(env, cwd).map(SessionId)
+    }
+
+    fn session_exec(
+        &self,
+        session: SessionId,
+        command: &Command,
+        sink: Option<&mut OutputSink<'_>>,
+    ) -> Result<Output> {
+        self.check_open()?;
+        let unset = |what: &str| {
+            Error::InvalidCommand {
+            reason: format!("a session command cannot set its own {what}; use the session's shell (cd, export, redirection) instead"),
+        }
+        };
+        if command.cwd.is_some() {
+            return Err(unset("working directory"));
+        }
+        if !command.env.is_empty() {
+            return Err(unset("environment"));
+        }
+        if command.stdin.is_some() {
+            return Err(unset("stdin"));
+        }
+        let script = match &command.program {
+            Program::Shell(script) => script.clone(),
+            Program::Argv(argv) => {
+                driver::validate(command)?;
+                argv.iter()
+                    .map(|a| shell_quote(a))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            }
+        };
+        if script.contains('\0') {
+            return Err(Error::InvalidCommand {
+                reason: "the script contains a NUL byte".into(),
+            });
+        }
+        self.guest.session_exec(
+            session.0,
+            script,
+            command,
+            command.max_output.unwrap_or(self.max_output),
+            sink,
+        )
+    }
+
+    fn close_session(&self, session: SessionId) -> Result<()> {
+        self.check_open()?;
+        self.guest.close_session(session.0)
+    }
+}
+
+/// `arg` as one shell word.
+fn shell_quote(arg: &str) -> String {
+    let plain = !arg.is_empty()
+        && arg
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b));
+    if plain {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', "'\\''"))
     }
 }
 
@@ -340,6 +429,9 @@ macro_rules! delegate_sandbox {
             }
             fn exec_stream(&self) -> Option<&dyn hako_core::ExecStream> {
                 self.$field.exec_stream()
+            }
+            fn sessions(&self) -> Option<&dyn hako_core::Sessions> {
+                self.$field.sessions()
             }
         }
     };

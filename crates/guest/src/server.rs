@@ -29,9 +29,11 @@ use hako_sys::rustix::process::{self as rproc, Pid, Signal, WaitOptions};
 use hako_sys::signal::{signum, SignalFd};
 
 use crate::confine::Confinement;
+use hako_core::ExitStatus;
+
 use crate::proto::{
-    self, Cwd, Decoded, Decoder, ExecRequest, Frame, FromGuest, RunReply, StreamId, ToGuest,
-    MAX_CHUNK,
+    self, Cwd, Decoded, Decoder, ExecRequest, Frame, FromGuest, RunReply, SessionExecRequest,
+    SessionRequest, StreamId, ToGuest, MAX_CHUNK,
 };
 use crate::supervise::{self, CwdChoice, Job, RunOptions};
 
@@ -102,6 +104,10 @@ enum Slot {
     Out(usize, usize),
     Sup(usize),
     Stdin(usize),
+    SessionOut(usize, usize),
+    SessionStatus(usize),
+    SessionSup(usize),
+    SessionStdin(usize),
 }
 
 struct Server<'a> {
@@ -110,6 +116,7 @@ struct Server<'a> {
     decoder: Decoder,
     fds: VecDeque<OwnedFd>,
     execs: Vec<Exec>,
+    sessions: Vec<Session>,
     proof: &'a SingleThreaded,
     mode: Mode,
     orphans: bool,
@@ -148,6 +155,7 @@ pub(crate) fn serve(ctl: UnixStream, proof: &SingleThreaded, mode: Mode) -> u8 {
         decoder: Decoder::default(),
         fds: VecDeque::new(),
         execs: Vec::new(),
+        sessions: Vec::new(),
         proof,
         mode,
         orphans: false,
@@ -168,12 +176,19 @@ impl Server<'_> {
                 for exec in &mut self.execs {
                     exec.kill();
                 }
-                if self.execs.is_empty() {
+                for session in &mut self.sessions {
+                    session.kill("the sandbox closed");
+                }
+                self.sessions.retain(|s| !s.gone());
+                if self.execs.is_empty() && self.sessions.is_empty() {
                     break;
                 }
                 if since.elapsed() > SHUTDOWN_GRACE {
                     for exec in &self.execs {
                         let _ = rproc::kill_process(exec.supervisor, Signal::KILL);
+                    }
+                    for session in &self.sessions {
+                        let _ = rproc::kill_process(session.supervisor, Signal::KILL);
                     }
                     break;
                 }
@@ -186,6 +201,7 @@ impl Server<'_> {
                 self.handle(slot, events, signals);
             }
             self.finish_execs();
+            self.tend_sessions();
         }
         // Whatever is left (a stuck supervisor, an orphan) goes now.
         let mut status = None;
@@ -221,9 +237,34 @@ impl Server<'_> {
             }
             draining |= exec.finished();
         }
+        for (i, session) in self.sessions.iter().enumerate() {
+            for (s, out) in session.out.iter().enumerate() {
+                if let Some(fd) = out {
+                    slots.push(Slot::SessionOut(i, s));
+                    fds.push(PollFd::new(fd, PollFlags::IN));
+                }
+            }
+            if let Some(fd) = &session.status {
+                slots.push(Slot::SessionStatus(i));
+                fds.push(PollFd::new(fd, PollFlags::IN));
+            }
+            if let Some(sup) = &session.sup {
+                slots.push(Slot::SessionSup(i));
+                fds.push(PollFd::new(sup, PollFlags::IN));
+            }
+            if let (Some(fd), false) = (&session.stdin, session.pending.is_empty()) {
+                slots.push(Slot::SessionStdin(i));
+                fds.push(PollFd::new(fd, PollFlags::OUT));
+            }
+            // A deadline to watch.
+            draining |= session
+                .current
+                .as_ref()
+                .is_some_and(|r| r.deadline.is_some());
+        }
         let tick = Timespec {
             tv_sec: 0,
-            tv_nsec: 100_000_000,
+            tv_nsec: 20_000_000,
         };
         let timeout = (draining || closing).then_some(&tick);
         match poll(&mut fds, timeout) {
@@ -265,6 +306,24 @@ impl Server<'_> {
                     return;
                 }
                 self.feed_stdin(i);
+            }
+            Slot::SessionOut(i, s) => self.session_output(i, s),
+            Slot::SessionStatus(i) => self.session_status(i),
+            Slot::SessionSup(i) => {
+                let session = &mut self.sessions[i];
+                if let Some(sup) = session.sup.take() {
+                    let reply = proto::read_frame::<RunReply>(&sup).ok();
+                    session.shell_ended(reply);
+                }
+            }
+            Slot::SessionStdin(i) => {
+                if events.intersects(PollFlags::ERR | PollFlags::HUP) {
+                    let session = &mut self.sessions[i];
+                    session.stdin = None;
+                    session.pending.clear();
+                    return;
+                }
+                self.sessions[i].feed();
             }
         }
     }
@@ -325,6 +384,14 @@ impl Server<'_> {
         self.execs.iter().position(|e| e.id == id)
     }
 
+    fn id_in_use(&self, id: u64) -> bool {
+        self.position(id).is_some()
+            || self
+                .sessions
+                .iter()
+                .any(|s| s.id == id || s.current.as_ref().is_some_and(|r| r.id == id))
+    }
+
     fn request(&mut self, frame: Frame<ToGuest>) {
         match frame {
             Frame::Message(ToGuest::Exec(request)) => {
@@ -348,6 +415,44 @@ impl Server<'_> {
             Frame::Message(ToGuest::Kill { id }) => {
                 if let Some(i) = self.position(id) {
                     self.execs[i].kill();
+                }
+            }
+            Frame::Message(ToGuest::OpenSession(request)) => {
+                let id = request.id;
+                match self.open_session(request) {
+                    Ok(()) => self.send(&FromGuest::SessionOpened { id }),
+                    Err(message) => self.send(&FromGuest::Failed {
+                        id: Some(id),
+                        message,
+                    }),
+                }
+            }
+            Frame::Message(ToGuest::SessionExec(request)) => {
+                let id = request.id;
+                if let Err(message) = self.session_exec(request) {
+                    self.send(&FromGuest::Failed {
+                        id: Some(id),
+                        message,
+                    });
+                }
+            }
+            Frame::Message(ToGuest::CloseSession { id }) => {
+                match self.sessions.iter_mut().find(|s| s.id == id) {
+                    Some(session) if session.reported => {
+                        // It ended on its own earlier: say so again.
+                        session.closing = true;
+                        let message = session.ended.clone().unwrap_or_default();
+                        self.send(&FromGuest::SessionEnded { id, message });
+                    }
+                    Some(session) => {
+                        session.closing = true;
+                        session.kill("closed");
+                    }
+                    // Unknown or long gone: closing it again is fine.
+                    None => self.send(&FromGuest::SessionEnded {
+                        id,
+                        message: "not open".into(),
+                    }),
                 }
             }
             Frame::Message(ToGuest::Hello(_)) => self.send(&FromGuest::Failed {
@@ -381,77 +486,96 @@ impl Server<'_> {
         }
     }
 
+    /// Takes the working directory a request names: a descriptor that came
+    /// with it (where accepted) or an absolute path.
+    fn take_cwd(&mut self, cwd: &Cwd) -> Result<Option<OwnedFd>, String> {
+        match cwd {
+            Cwd::Fd if !self.mode.accept_fds => {
+                Err("a working directory descriptor is not accepted here".into())
+            }
+            Cwd::Fd => self
+                .fds
+                .pop_front()
+                .map(Some)
+                .ok_or_else(|| "no working directory descriptor came with the request".into()),
+            Cwd::Path(p) if !p.is_absolute() => {
+                Err(format!("working directory {} is not absolute", p.display()))
+            }
+            Cwd::Path(_) => Ok(None),
+        }
+    }
+
     /// Starts a command under a new supervisor.
     fn start(&mut self, request: ExecRequest) -> Result<(), String> {
-        if self.position(request.id).is_some() {
-            return Err(format!("command id {} is already running", request.id));
+        if self.id_in_use(request.id) {
+            return Err(format!("id {} is already in use", request.id));
         }
         if request.argv.first().is_none_or(String::is_empty) {
             return Err("the argument vector is empty".into());
         }
-        let cwd_fd = match &request.cwd {
-            Cwd::Fd if !self.mode.accept_fds => {
-                return Err("a working directory descriptor is not accepted here".into())
-            }
-            Cwd::Fd => Some(
-                self.fds
-                    .pop_front()
-                    .ok_or("no working directory descriptor came with the request")?,
-            ),
-            Cwd::Path(p) if !p.is_absolute() => {
-                return Err(format!("working directory {} is not absolute", p.display()))
-            }
-            Cwd::Path(_) => None,
-        };
-        let pipe =
-            || pipe_with(PipeFlags::CLOEXEC).map_err(|e| format!("cannot create a pipe: {e}"));
-        let (out_r, out_w) = pipe()?;
-        let (err_r, err_w) = pipe()?;
+        let cwd_fd = self.take_cwd(&request.cwd)?;
         let (in_r, in_w) = if request.stdin {
             let (r, w) = pipe()?;
             (r, Some(w))
         } else {
-            let null = std::fs::File::open("/dev/null")
-                .map_err(|e| format!("cannot open /dev/null: {e}"))?;
-            (OwnedFd::from(null), None)
+            (dev_null()?, None)
         };
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        let job = Job {
+            argv: request.argv.clone(),
+            env: request.env.clone(),
+            timeout_ms: request.timeout_ms,
+        };
+        let (supervisor, sup) =
+            self.fork_supervisor(&job, &request.cwd, [in_r, out_w, err_w], cwd_fd, None)?;
+        if let Some(w) = &in_w {
+            let _ = hako_sys::rustix::io::ioctl_fionbio(w, true);
+        }
+        self.execs.push(Exec {
+            id: request.id,
+            supervisor,
+            sup: Some(sup),
+            killed: false,
+            stdin: in_w,
+            pending: VecDeque::new(),
+            close_stdin: false,
+            out: [Some(out_r), Some(err_r)],
+            totals: [0, 0],
+            max_output: request.max_output,
+            reply: None,
+            supervisor_gone: false,
+            done_at: None,
+        });
+        Ok(())
+    }
+
+    /// Forks a supervisor for `job` with `stdio` as the job's stdin, stdout
+    /// and stderr (and `fd3` as its descriptor 3); returns its pid and our
+    /// end of its socket. The child ends of every descriptor are closed here.
+    fn fork_supervisor(
+        &self,
+        job: &Job,
+        cwd: &Cwd,
+        stdio: [OwnedFd; 3],
+        cwd_fd: Option<OwnedFd>,
+        fd3: Option<OwnedFd>,
+    ) -> Result<(Pid, UnixStream), String> {
         let (sup_mine, sup_theirs) =
             UnixStream::pair().map_err(|e| format!("cannot create a socket pair: {e}"))?;
         match ns::fork_single_threaded(self.proof) {
             Err(err) => Err(format!("cannot fork a supervisor: {err}")),
             Ok(Forked::Child) => {
-                let mut fds = vec![
-                    in_r.as_fd(),
-                    out_w.as_fd(),
-                    err_w.as_fd(),
-                    sup_theirs.as_fd(),
-                ];
-                if let Some(fd) = &cwd_fd {
-                    fds.push(fd.as_fd());
-                }
-                let code = supervisor(&request, &self.mode, &fds);
+                let [a, b, c] = &stdio;
+                let mut fds = vec![a.as_fd(), b.as_fd(), c.as_fd(), sup_theirs.as_fd()];
+                fds.extend(cwd_fd.as_ref().map(AsFd::as_fd));
+                fds.extend(fd3.as_ref().map(AsFd::as_fd));
+                let code = supervisor(job, cwd, &self.mode, &fds, fd3.is_some());
                 std::process::exit(code)
             }
             Ok(Forked::Parent(pid)) => {
-                if let Some(w) = &in_w {
-                    let _ = hako_sys::rustix::io::ioctl_fionbio(w, true);
-                }
-                self.execs.push(Exec {
-                    id: request.id,
-                    supervisor: Pid::from_raw(pid).ok_or("fork returned pid 0")?,
-                    sup: Some(sup_mine),
-                    killed: false,
-                    stdin: in_w,
-                    pending: VecDeque::new(),
-                    close_stdin: false,
-                    out: [Some(out_r), Some(err_r)],
-                    totals: [0, 0],
-                    max_output: request.max_output,
-                    reply: None,
-                    supervisor_gone: false,
-                    done_at: None,
-                });
-                Ok(())
+                let pid = Pid::from_raw(pid).ok_or("fork returned pid 0")?;
+                Ok((pid, sup_mine))
             }
         }
     }
@@ -521,6 +645,18 @@ impl Server<'_> {
     /// to the guest.
     fn reap(&mut self) {
         while let Ok(Some((pid, _))) = rproc::wait(WaitOptions::NOHANG) {
+            if let Some(session) = self.sessions.iter_mut().find(|s| s.supervisor == pid) {
+                session.supervisor_reaped = true;
+                if let Some(sup) = session.sup.take() {
+                    let _ = sup.set_nonblocking(true);
+                    let reply = proto::read_frame::<RunReply>(&sup).ok();
+                    if reply.is_none() {
+                        self.orphans = true;
+                    }
+                    session.shell_ended(reply);
+                }
+                continue;
+            }
             if let Some(exec) = self.execs.iter_mut().find(|e| e.supervisor == pid) {
                 if exec.sup.is_some() {
                     // It died before its reply was read; the reply may still
@@ -546,7 +682,12 @@ impl Server<'_> {
     /// supervisor.
     fn kill_orphans(&mut self) {
         let me = rproc::getpid();
-        let supervisors: Vec<Pid> = self.execs.iter().map(|e| e.supervisor).collect();
+        let supervisors: Vec<Pid> = self
+            .execs
+            .iter()
+            .map(|e| e.supervisor)
+            .chain(self.sessions.iter().map(|s| s.supervisor))
+            .collect();
         let mut found = false;
         if let Ok(children) = hako_sys::proc::children_of(me) {
             for pid in children.into_iter().filter(|p| !supervisors.contains(p)) {
@@ -605,9 +746,453 @@ impl Server<'_> {
     }
 }
 
-/// The supervisor process: a fork of the guest that runs one command and
-/// writes how it ended on its socket. Never returns to the guest's loop.
-fn supervisor(request: &ExecRequest, mode: &Mode, fds: &[std::os::fd::BorrowedFd<'_>]) -> i32 {
+impl Server<'_> {
+    /// Starts a session's shell under a supervisor, with its script on a
+    /// stdin pipe, its output on two pipes and its status descriptor (3) on
+    /// a third, all read here.
+    fn open_session(&mut self, request: SessionRequest) -> Result<(), String> {
+        if self.id_in_use(request.id) {
+            return Err(format!("id {} is already in use", request.id));
+        }
+        let cwd_fd = self.take_cwd(&request.cwd)?;
+        let shell = match request.shell {
+            Some(shell) if shell.first().is_some_and(|p| !p.is_empty()) => shell,
+            Some(_) => return Err("the shell's argument vector is empty".into()),
+            None if std::path::Path::new("/bin/bash").exists() => {
+                vec!["/bin/bash".into(), "--noprofile".into(), "--norc".into()]
+            }
+            None => vec!["/bin/sh".into()],
+        };
+        let (in_r, in_w) = pipe()?;
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        let (status_r, status_w) = pipe()?;
+        let job = Job {
+            argv: shell,
+            env: request.env,
+            timeout_ms: None,
+        };
+        let (supervisor, sup) = self.fork_supervisor(
+            &job,
+            &request.cwd,
+            [in_r, out_w, err_w],
+            cwd_fd,
+            Some(status_w),
+        )?;
+        for fd in [&in_w, &out_r, &err_r, &status_r] {
+            let _ = hako_sys::rustix::io::ioctl_fionbio(fd, true);
+        }
+        let mut session = Session {
+            id: request.id,
+            supervisor,
+            supervisor_reaped: false,
+            sup: Some(sup),
+            stdin: Some(in_w),
+            pending: VecDeque::new(),
+            out: [Some(out_r), Some(err_r)],
+            status: Some(status_r),
+            status_buf: Vec::new(),
+            hello: nonce(),
+            shell_pid: None,
+            current: None,
+            ended: None,
+            shell_status: None,
+            closing: false,
+            reported: false,
+        };
+        // The shell says who it is first: the pid its commands descend from.
+        let hello = format!("printf '%s %d\\n' {} \"$$\" >&3\n", session.hello);
+        session.pending.extend(hello.as_bytes());
+        session.feed();
+        self.sessions.push(session);
+        Ok(())
+    }
+
+    /// Hands a script to a session's shell.
+    fn session_exec(&mut self, request: SessionExecRequest) -> Result<(), String> {
+        if self.id_in_use(request.id) {
+            return Err(format!("id {} is already in use", request.id));
+        }
+        if request.script.contains('\0') {
+            return Err("the script contains a NUL byte".into());
+        }
+        let Some(session) = self.sessions.iter_mut().find(|s| s.id == request.session) else {
+            return Err(format!(
+                "session {} is not open: never opened or closed",
+                request.session
+            ));
+        };
+        if let Some(why) = &session.ended {
+            return Err(format!("session {} is not open: {why}", request.session));
+        }
+        if let Some(run) = &session.current {
+            return Err(format!(
+                "session {} is busy running command {}",
+                request.session, run.id
+            ));
+        }
+        let nonce = nonce();
+        // The script runs in the shell itself (so `cd`, `export`, functions
+        // and jobs persist), reading nothing of the shell's own input and
+        // without the status descriptor; then the shell reports the status
+        // with this command's nonce on descriptor 3.
+        let quoted = request.script.replace('\'', "'\\''");
+        let line =
+            format!("eval '{quoted}' </dev/null 3>&-; printf '%s %d\\n' {nonce} \"$?\" >&3\n");
+        session.pending.extend(line.as_bytes());
+        session.current = Some(SessionRun {
+            id: request.id,
+            nonce,
+            deadline: request
+                .timeout_ms
+                .map(|ms| Instant::now() + Duration::from_millis(ms)),
+            killed_at: None,
+            timed_out: false,
+            totals: [0, 0],
+            max_output: request.max_output,
+        });
+        session.feed();
+        Ok(())
+    }
+
+    /// Forwards a chunk of a session's output to the command running in it
+    /// (output while none runs, from a background job, is dropped).
+    fn session_output(&mut self, i: usize, s: usize) {
+        let session = &mut self.sessions[i];
+        let Some(fd) = &session.out[s] else { return };
+        match hako_sys::rustix::io::read(fd, &mut self.buf[..]) {
+            Ok(0) => session.out[s] = None,
+            Ok(n) => {
+                if let Some(run) = &mut session.current {
+                    let frame = run.output(s, &self.buf[..n]);
+                    if let Some(frame) = frame {
+                        self.write_frame(&frame);
+                    }
+                }
+            }
+            Err(Errno::INTR) | Err(Errno::AGAIN) => {}
+            Err(_) => session.out[s] = None,
+        }
+    }
+
+    /// Reads status lines; the one with the running command's nonce ends it.
+    fn session_status(&mut self, i: usize) {
+        let session = &mut self.sessions[i];
+        let Some(fd) = &session.status else { return };
+        match hako_sys::rustix::io::read(fd, &mut self.buf[..]) {
+            Ok(0) => session.status = None,
+            Ok(n) => {
+                session.status_buf.extend_from_slice(&self.buf[..n]);
+                // Lines are short; a flood is not a status.
+                if session.status_buf.len() > 64 * 1024 {
+                    session.status_buf.clear();
+                }
+            }
+            Err(Errno::INTR) | Err(Errno::AGAIN) => return,
+            Err(_) => session.status = None,
+        }
+        while let Some(end) = session.status_buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = session.status_buf.drain(..=end).collect();
+            let line = String::from_utf8_lossy(&line[..end]).into_owned();
+            let mut words = line.split(' ');
+            let (Some(nonce), Some(value), None) = (words.next(), words.next(), words.next())
+            else {
+                continue;
+            };
+            let Ok(value) = value.parse::<i32>() else {
+                continue;
+            };
+            if nonce == session.hello && session.shell_pid.is_none() {
+                session.shell_pid = Pid::from_raw(value);
+            } else if session.current.as_ref().is_some_and(|r| r.nonce == nonce) {
+                self.finish_session_run(i, ExitStatus::Code(value));
+                return;
+            }
+        }
+    }
+
+    /// Ends the command running in session `i`: drains the output it wrote
+    /// before its status, then reports it.
+    fn finish_session_run(&mut self, i: usize, status: ExitStatus) {
+        for s in 0..2 {
+            loop {
+                let session = &mut self.sessions[i];
+                let Some(fd) = &session.out[s] else { break };
+                match hako_sys::rustix::io::read(fd, &mut self.buf[..]) {
+                    Ok(0) => {
+                        session.out[s] = None;
+                        break;
+                    }
+                    Ok(n) => {
+                        let frame = session
+                            .current
+                            .as_mut()
+                            .and_then(|run| run.output(s, &self.buf[..n]));
+                        if let Some(frame) = frame {
+                            self.write_frame(&frame);
+                        }
+                    }
+                    Err(Errno::INTR) => {}
+                    Err(_) => break,
+                }
+            }
+        }
+        if let Some(run) = self.sessions[i].current.take() {
+            self.send(&FromGuest::Exited {
+                id: run.id,
+                status,
+                timed_out: run.timed_out,
+                stdout_total: run.totals[0],
+                stderr_total: run.totals[1],
+            });
+        }
+    }
+
+    /// Deadlines, ended shells, finished closes.
+    fn tend_sessions(&mut self) {
+        let now = Instant::now();
+        for i in 0..self.sessions.len() {
+            let session = &mut self.sessions[i];
+            if let Some(run) = &mut session.current {
+                if run.killed_at.is_none() && run.deadline.is_some_and(|d| now >= d) {
+                    // Kill what the command started; the shell reports the
+                    // killed command's status and the session goes on.
+                    run.timed_out = true;
+                    run.killed_at = Some(now);
+                    if let Some(shell) = session.shell_pid {
+                        kill_descendants(shell);
+                    }
+                } else if run
+                    .killed_at
+                    .is_some_and(|at| now.duration_since(at) > SESSION_STOP_GRACE)
+                {
+                    // The shell itself does not stop (a builtin loop): the
+                    // session must go.
+                    session.kill("its shell did not stop at the command's deadline");
+                }
+            }
+            if session.ended.is_some() && session.current.is_some() && session.sup.is_none() {
+                let status = session.shell_status.unwrap_or(ExitStatus::Signal(9));
+                self.finish_session_run(i, status);
+            }
+        }
+        let mut i = 0;
+        while i < self.sessions.len() {
+            let session = &mut self.sessions[i];
+            if session.ended.is_some() && session.sup.is_none() && !session.reported {
+                session.reported = true;
+                let message = session.ended.clone().unwrap_or_default();
+                let id = session.id;
+                session.close_fds();
+                self.send(&FromGuest::SessionEnded { id, message });
+            }
+            let session = &self.sessions[i];
+            if session.reported && session.supervisor_reaped && session.closing {
+                self.sessions.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn write_frame(&mut self, frame: &Frame<FromGuest>) {
+        if let Ok(bytes) = proto::encode(frame) {
+            if (&self.ctl).write_all(&bytes).is_err() {
+                self.ctl_open = false;
+            }
+        }
+    }
+}
+
+/// How long a session's shell has to report a killed command before the
+/// session is ended.
+const SESSION_STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// A shell session.
+struct Session {
+    id: u64,
+    supervisor: Pid,
+    supervisor_reaped: bool,
+    /// Our end of the supervisor's socket, until it reports the shell's end.
+    sup: Option<UnixStream>,
+    stdin: Option<OwnedFd>,
+    pending: VecDeque<u8>,
+    out: [Option<OwnedFd>; 2],
+    status: Option<OwnedFd>,
+    status_buf: Vec<u8>,
+    /// The nonce of the shell's first line, which carries its pid.
+    hello: String,
+    shell_pid: Option<Pid>,
+    current: Option<SessionRun>,
+    /// Why the session is over, once it is.
+    ended: Option<String>,
+    shell_status: Option<ExitStatus>,
+    /// hako asked to close it: forget it once it is reported.
+    closing: bool,
+    /// [`FromGuest::SessionEnded`] was sent.
+    reported: bool,
+}
+
+/// The command running in a session.
+struct SessionRun {
+    id: u64,
+    nonce: String,
+    deadline: Option<Instant>,
+    killed_at: Option<Instant>,
+    timed_out: bool,
+    totals: [u64; 2],
+    max_output: u64,
+}
+
+impl SessionRun {
+    /// Counts a chunk of stream `s` and returns the frame forwarding what is
+    /// under the cap.
+    fn output(&mut self, s: usize, data: &[u8]) -> Option<Frame<FromGuest>> {
+        let offset = self.totals[s];
+        self.totals[s] += data.len() as u64;
+        let room = self.max_output.saturating_sub(offset);
+        let keep = data.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+        (keep > 0).then(|| Frame::Output {
+            id: self.id,
+            stream: if s == 0 {
+                StreamId::Stdout
+            } else {
+                StreamId::Stderr
+            },
+            offset,
+            data: data[..keep].to_vec(),
+        })
+    }
+}
+
+impl Session {
+    /// Writes queued script text into the shell without blocking.
+    fn feed(&mut self) {
+        while let Some(fd) = &self.stdin {
+            let (head, _) = self.pending.as_slices();
+            if head.is_empty() {
+                break;
+            }
+            match hako_sys::rustix::io::write(fd, head) {
+                Ok(n) => {
+                    self.pending.drain(..n);
+                }
+                Err(Errno::AGAIN) => break,
+                Err(Errno::INTR) => {}
+                Err(_) => {
+                    self.stdin = None;
+                    self.pending.clear();
+                }
+            }
+        }
+    }
+
+    /// Ends the session: the supervisor kills the shell and everything
+    /// started in it, then reports.
+    fn kill(&mut self, why: &str) {
+        if self.ended.is_none() {
+            self.ended = Some(why.to_string());
+        }
+        self.stdin = None;
+        self.pending.clear();
+        if let Some(sup) = &self.sup {
+            let _ = sup.shutdown(std::net::Shutdown::Write);
+        }
+    }
+
+    /// The supervisor reported the shell's end (or died without a word).
+    fn shell_ended(&mut self, reply: Option<RunReply>) {
+        let (status, why) = match reply {
+            Some(RunReply::Finished { status, .. }) => (
+                Some(status),
+                match status {
+                    ExitStatus::Code(c) => format!("its shell exited with status {c}"),
+                    ExitStatus::Signal(s) => format!("its shell was killed by signal {s}"),
+                },
+            ),
+            Some(RunReply::SpawnFailed { message, .. }) | Some(RunReply::Refused { message }) => {
+                (None, format!("its shell could not start: {message}"))
+            }
+            None => (None, "its supervisor died".to_string()),
+        };
+        self.shell_status = status;
+        if self.ended.is_none() {
+            self.ended = Some(why);
+        }
+        self.stdin = None;
+        self.pending.clear();
+    }
+
+    fn gone(&self) -> bool {
+        self.reported && self.supervisor_reaped
+    }
+
+    fn close_fds(&mut self) {
+        self.stdin = None;
+        self.out = [None, None];
+        self.status = None;
+    }
+}
+
+/// 128 random bits as hex, from the kernel.
+fn nonce() -> String {
+    let mut bytes = [0u8; 16];
+    let filled = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes));
+    if filled.is_err() {
+        // No /dev/urandom: the clock and the pid still make it unique.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        bytes = (t ^ u128::from(std::process::id())).to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// SIGKILLs every descendant of `pid` (not `pid` itself), deepest last
+/// found first.
+fn kill_descendants(pid: Pid) {
+    let mut found: Vec<Pid> = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(p) = frontier.pop() {
+        if let Ok(children) = hako_sys::proc::children_of(p) {
+            for child in children {
+                if !found.contains(&child) {
+                    found.push(child);
+                    frontier.push(child);
+                }
+            }
+        }
+    }
+    for p in found {
+        let _ = rproc::kill_process(p, Signal::KILL);
+    }
+}
+
+/// A pipe whose ends are both close-on-exec.
+fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
+    pipe_with(PipeFlags::CLOEXEC).map_err(|e| format!("cannot create a pipe: {e}"))
+}
+
+fn dev_null() -> Result<OwnedFd, String> {
+    std::fs::File::open("/dev/null")
+        .map(OwnedFd::from)
+        .map_err(|e| format!("cannot open /dev/null: {e}"))
+}
+
+/// The supervisor process: a fork of the guest that runs one job and writes
+/// how it ended on its socket. Never returns to the guest's loop. `fds` are
+/// placed at 0, 1, 2 (the job's stdio), 3 (the socket), then the working
+/// directory descriptor (for [`Cwd::Fd`]) and the job's descriptor 3 (when
+/// `has_fd3`).
+fn supervisor(
+    job: &Job,
+    cwd: &Cwd,
+    mode: &Mode,
+    fds: &[std::os::fd::BorrowedFd<'_>],
+    has_fd3: bool,
+) -> i32 {
     if hako_sys::spawn::install_fds_close_rest(fds).is_err() {
         return 10;
     }
@@ -615,30 +1200,38 @@ fn supervisor(request: &ExecRequest, mode: &Mode, fds: &[std::os::fd::BorrowedFd
         return 11;
     };
     let ctl = UnixStream::from(ctl);
-    let cwd = match &request.cwd {
+    let mut next = 4;
+    let cwd = match cwd {
         Cwd::Path(path) => CwdChoice::Path(path.clone()),
-        Cwd::Fd => match hako_sys::take_inherited_fd(4) {
-            Ok(fd) => CwdChoice::Fd(fd),
+        Cwd::Fd => match hako_sys::take_inherited_fd(next) {
+            Ok(fd) => {
+                next += 1;
+                CwdChoice::Fd(fd)
+            }
             Err(_) => return 12,
         },
+    };
+    let fd3 = if has_fd3 {
+        match hako_sys::take_inherited_fd(next) {
+            Ok(fd) => Some(fd),
+            Err(_) => return 13,
+        }
+    } else {
+        None
     };
     if mode.confinement.is_some() {
         // Inside a sandbox the supervisor keeps pid 1's capabilities; no
         // command may read its memory or descriptors.
         let _ = ns::set_not_dumpable();
     }
-    let job = Job {
-        argv: request.argv.clone(),
-        env: request.env.clone(),
-        timeout_ms: request.timeout_ms,
-    };
     let reply = supervise::run(
-        &job,
+        job,
         &ctl,
         RunOptions {
             stop_signals: true,
             confine: mode.confinement.as_ref().map(Confinement::hook),
             cwd,
+            fd3,
         },
     );
     match proto::write_frame(&ctl, &reply) {

@@ -37,6 +37,8 @@ pub(crate) struct RunOptions {
     pub confine: Option<ConfineHook>,
     /// Working directory of the command.
     pub cwd: CwdChoice,
+    /// Given to the command as its descriptor 3.
+    pub fd3: Option<OwnedFd>,
 }
 
 /// Where the supervisor starts the command.
@@ -90,6 +92,7 @@ pub(crate) fn run(request: &Job, ctl: &UnixStream, options: RunOptions) -> RunRe
         &mut command,
         ChildSetup {
             cwd: cwd_fd,
+            fd3: options.fd3,
             new_session: true,
             // If the guest itself is killed outright, its direct child
             // goes with it.

@@ -17,8 +17,8 @@ fn start() -> (Child, UnixStream) {
     let (ours, theirs) = UnixStream::pair().unwrap();
     let theirs = OwnedFd::from(theirs);
     // HAKO_GUEST runs these against another build (the static one in CI).
-    let guest = std::env::var_os("HAKO_GUEST")
-        .unwrap_or_else(|| env!("CARGO_BIN_EXE_hako-guest").into());
+    let guest =
+        std::env::var_os("HAKO_GUEST").unwrap_or_else(|| env!("CARGO_BIN_EXE_hako-guest").into());
     let mut command = Command::new(guest);
     command
         .env_clear()

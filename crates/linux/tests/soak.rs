@@ -1,14 +1,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-//! A thousand commands one after another and fifty callers at once through
-//! one sandbox: no error, no zombie, no descriptor or process left. Alone in
-//! its test binary so that no other test opens descriptors meanwhile.
+//! A thousand commands one after another, then fifty sessions of twenty
+//! commands at once, through one sandbox: no error, no zombie, no descriptor
+//! or process left. Alone in its test binary so that no other test opens
+//! descriptors meanwhile.
 
 use std::path::Path;
 
 use hako_linux::{LinuxConfig, LinuxSandbox};
 
 #[test]
-fn a_thousand_sequential_execs_and_fifty_concurrent_callers_leak_nothing() {
+fn a_thousand_sequential_execs_and_fifty_concurrent_sessions_leak_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let ws = std::fs::canonicalize(dir.path()).unwrap();
     let factory = hako_conformance::factory(|ws: &Path| {

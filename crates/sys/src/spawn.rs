@@ -161,21 +161,25 @@ pub fn prepare(command: &mut Command, setup: ChildSetup) {
 /// close-on-exec there), then closes every descriptor from `fds.len()` up,
 /// so the child holds nothing of its parent's but what it was given.
 ///
-/// Every source must be at or above `fds.len()` (true when the targets are
-/// already open, e.g. stdio on `/dev/null` and the control socket at 3).
+/// Sources may sit anywhere, below `fds.len()` included: each is first
+/// copied above the targets.
 pub fn install_fds_close_rest(fds: &[std::os::fd::BorrowedFd<'_>]) -> io::Result<()> {
     use std::os::fd::AsRawFd as _;
     let count = RawFd::try_from(fds.len()).map_err(io::Error::other)?;
-    if let Some(low) = fds.iter().find(|fd| fd.as_raw_fd() < count) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("descriptor {} would be overwritten", low.as_raw_fd()),
-        ));
+    // Copies at `count` or above: no dup2 below can overwrite them.
+    let mut high: Vec<RawFd> = Vec::with_capacity(fds.len());
+    for fd in fds {
+        // SAFETY: fcntl F_DUPFD_CLOEXEC on an open (borrowed) descriptor.
+        let copy = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, count) };
+        if copy < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        high.push(copy);
     }
-    for (target, fd) in (0..count).zip(fds) {
-        // SAFETY: dup2 on integers; `fd` is open (borrowed) and `target` is
-        // below every source, so no source is closed before it is copied.
-        if unsafe { libc::dup2(fd.as_raw_fd(), target) } < 0 {
+    for (target, copy) in (0..count).zip(&high) {
+        // SAFETY: dup2 on integers: `copy` is open and `target` below every
+        // copy; the new descriptor does not inherit close-on-exec.
+        if unsafe { libc::dup2(*copy, target) } < 0 {
             return Err(io::Error::last_os_error());
         }
     }
@@ -224,20 +228,14 @@ pub fn become_forked_helper(
     if let Some(cwd) = cwd {
         rustix::process::fchdir(cwd)?;
     }
-    // Sources must sit above 3 (install_fds_close_rest): take copies there.
-    let null = {
-        let opened = rustix::fs::open(
-            "/dev/null",
-            rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )?;
-        rustix::io::fcntl_dupfd_cloexec(&opened, 4)?
-    };
-    let ctl = rustix::io::fcntl_dupfd_cloexec(fd3, 4)?;
-    install_fds_close_rest(&[null.as_fd(), null.as_fd(), null.as_fd(), ctl.as_fd()])?;
-    // Both were closed by the step above; their numbers are free again.
+    let null = rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    install_fds_close_rest(&[null.as_fd(), null.as_fd(), null.as_fd(), fd3])?;
+    // It was closed by the step above (or replaced, if it was below 4).
     std::mem::forget(null);
-    std::mem::forget(ctl);
     crate::take_inherited_fd(3)
 }
 

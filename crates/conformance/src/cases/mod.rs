@@ -25,6 +25,7 @@ mod files;
 mod lifecycle;
 mod output;
 mod race;
+mod sessions;
 mod special;
 mod tree;
 
@@ -36,5 +37,6 @@ pub(crate) use files::*;
 pub(crate) use lifecycle::*;
 pub(crate) use output::*;
 pub(crate) use race::*;
+pub(crate) use sessions::*;
 pub(crate) use special::*;
 pub(crate) use tree::*;
