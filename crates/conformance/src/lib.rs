@@ -153,6 +153,12 @@ macro_rules! __hako_with_case_names {
             sessions_run_concurrently_and_stay_apart,
             closing_a_session_kills_its_jobs,
             a_session_that_exits_says_so_and_session_commands_are_checked,
+            // long-lived processes
+            process_output_is_read_from_offsets_and_its_end_is_memoised,
+            a_process_with_live_stdin_answers_each_line,
+            killing_a_process_kills_its_tree_and_is_idempotent,
+            the_callers_wait_and_the_process_deadline_are_separate_clocks,
+            output_past_the_ring_is_reported_lost,
             // lifecycle
             closed_sandbox_refuses_every_operation,
             capabilities_match_the_optional_accessors,

@@ -124,4 +124,7 @@ pub struct Optional {
     /// Stateful shell sessions.
     #[serde(default)]
     pub sessions: bool,
+    /// Long-lived processes with handles.
+    #[serde(default)]
+    pub processes: bool,
 }

@@ -243,6 +243,13 @@ pub enum Error {
         /// Why: never opened, closed, or how its shell ended.
         reason: String,
     },
+    /// No process has this handle in this sandbox (never started, or
+    /// forgotten after it ended and many more ended since).
+    #[error("no process {process} in this sandbox")]
+    NoSuchProcess {
+        /// The handle.
+        process: u64,
+    },
     /// The session is running another command; a session runs one at a
     /// time (open another session to run commands at once).
     #[error(

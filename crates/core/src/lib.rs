@@ -27,6 +27,7 @@ pub use error::{Error, FenceError, Result};
 pub use fs::{DirEntry, DirListing, FileKind, Metadata, ReadOutcome};
 pub use isolation::{Isolation, ParseIsolationError};
 pub use sandbox::{
-    require_isolation, AppendFile, ExecStream, MakeDirAll, OutputSink, ReadLimit, Sandbox,
-    SessionId, SessionOptions, Sessions, StatPath, Stream, Workdir,
+    require_isolation, AppendFile, ExecStream, MakeDirAll, OutputSink, OutputSlice, ProcessId,
+    ProcessState, Processes, ReadLimit, Sandbox, SessionId, SessionOptions, Sessions, SpawnOptions,
+    StatPath, Stream, Workdir,
 };

@@ -1,7 +1,7 @@
 use std::path::Path;
 
 use crate::capabilities::Capabilities;
-use crate::command::{Command, Output};
+use crate::command::{Command, ExitStatus, Output};
 use crate::error::{Error, Result};
 use crate::fs::{DirListing, Metadata, ReadOutcome};
 use crate::isolation::Isolation;
@@ -78,6 +78,11 @@ pub trait Sandbox: Send + Sync {
 
     /// Stateful shell sessions, if offered.
     fn sessions(&self) -> Option<&dyn Sessions> {
+        None
+    }
+
+    /// Long-lived processes with handles, if offered.
+    fn processes(&self) -> Option<&dyn Processes> {
         None
     }
 }
@@ -198,4 +203,118 @@ pub trait Sessions {
     /// Ends the session: its shell and every process started in it are
     /// killed. Idempotent for a session that has ended.
     fn close_session(&self, session: SessionId) -> Result<()>;
+}
+
+/// A long-lived process, named by the sandbox that started it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProcessId(pub u64);
+
+impl std::fmt::Display for ProcessId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// How a long-lived process starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpawnOptions {
+    /// Labels to find it by in [`Processes::list`].
+    pub tags: Vec<String>,
+    /// Keep its stdin open for [`Processes::write_stdin`] (after the
+    /// command's own `stdin` bytes, if any) until
+    /// [`Processes::close_stdin`]; otherwise stdin ends after those bytes.
+    pub live_stdin: bool,
+    /// Bytes of stdout kept for reading back (default 1 MiB); older bytes
+    /// are dropped and reported as lost. stderr keeps a tail of a quarter of
+    /// this (at least 64 KiB).
+    pub ring_bytes: Option<usize>,
+}
+
+/// A slice of a process's output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputSlice {
+    /// The bytes, from `offset`.
+    pub data: Vec<u8>,
+    /// Offset of `data` in the stream (later than asked for when the bytes
+    /// asked for were dropped from the buffer).
+    pub offset: u64,
+    /// Bytes asked for that were dropped from the buffer before this read.
+    pub lost: u64,
+    /// Offset to read from next.
+    pub next: u64,
+    /// The stream has ended (the process is gone) and `next` is its end.
+    pub ended: bool,
+}
+
+/// What a process is doing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessState {
+    /// Its handle.
+    pub id: ProcessId,
+    /// The program and arguments it was started with.
+    pub argv: Vec<String>,
+    /// Its tags.
+    pub tags: Vec<String>,
+    /// How it ended; `None` while it runs.
+    pub status: Option<ExitStatus>,
+    /// Why it could not run, when it never started or its machinery failed.
+    pub error: Option<String>,
+    /// Whether its deadline killed it.
+    pub timed_out: bool,
+    /// Bytes written to stdout so far.
+    pub stdout_total: u64,
+    /// Bytes written to stderr so far.
+    pub stderr_total: u64,
+}
+
+impl ProcessState {
+    /// Whether it has ended (or never started).
+    pub fn finished(&self) -> bool {
+        self.status.is_some() || self.error.is_some()
+    }
+}
+
+/// Long-lived processes with durable handles: start one with live stdin
+/// and stdout (a language server over stdio), read its output from any
+/// offset still buffered (after a caller went away and came back), wait for
+/// it (memoised), kill it (idempotent), list them.
+///
+/// Three clocks stay apart: a command's `timeout` is the process deadline
+/// (the tree is killed, the state says `timed_out`); a caller's wait
+/// ([`Processes::wait`], [`Processes::read_output`]) only bounds how long
+/// that call blocks; the sandbox's idle lease, where a backend has one,
+/// counts running processes as activity.
+pub trait Processes {
+    /// Starts `command` and returns its handle at once. The command's
+    /// `max_output` does not apply (see [`SpawnOptions::ring_bytes`]).
+    fn spawn(&self, command: &Command, options: &SpawnOptions) -> Result<ProcessId>;
+
+    /// Up to `max` bytes of `stream` from `offset`. With `wait`, blocks up
+    /// to that long for bytes past `offset` (or the end) when none are
+    /// there yet.
+    fn read_output(
+        &self,
+        id: ProcessId,
+        stream: Stream,
+        offset: u64,
+        max: usize,
+        wait: Option<std::time::Duration>,
+    ) -> Result<OutputSlice>;
+
+    /// Writes to the process's live stdin.
+    fn write_stdin(&self, id: ProcessId, data: &[u8]) -> Result<()>;
+
+    /// Ends the process's stdin.
+    fn close_stdin(&self, id: ProcessId) -> Result<()>;
+
+    /// Waits up to `wait` (forever with `None`) for the process to end and
+    /// returns its state, ended or not. Asking again returns the same end.
+    fn wait(&self, id: ProcessId, wait: Option<std::time::Duration>) -> Result<ProcessState>;
+
+    /// Kills the process and everything it started. Killing one that has
+    /// ended does nothing.
+    fn kill(&self, id: ProcessId) -> Result<()>;
+
+    /// Every process started and not yet forgotten, oldest first.
+    fn list(&self) -> Result<Vec<ProcessState>>;
 }

@@ -14,14 +14,17 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::processes::{Proc, Procs};
 use crate::proto::{
     self, Cwd, ExecRequest, Frame, FromGuest, Hello, LinuxSpec, SessionExecRequest, SessionRequest,
     SpawnFailure, StreamId, ToGuest, MAX_CHUNK,
 };
-use hako_core::{Command, Error, Output, OutputSink, Result, Stream};
+use hako_core::{
+    Command, Error, Output, OutputSink, OutputSlice, ProcessState, Result, SpawnOptions, Stream,
+};
 use hako_sys::rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use hako_sys::spawn::{prepare, ChildSetup};
 
@@ -158,8 +161,17 @@ enum Event {
 #[derive(Default)]
 struct Table {
     waiting: HashMap<u64, mpsc::Sender<Event>>,
+    /// Long-lived processes: their output and end are kept here.
+    procs: Procs,
     /// Why the guest is gone, once it is.
     gone: Option<String>,
+}
+
+/// The table, and a signal for those waiting on a process's output or end.
+#[derive(Default)]
+struct Shared {
+    table: Mutex<Table>,
+    changed: Condvar,
 }
 
 /// How long [`Connection::start`] waits for the guest to build the sandbox.
@@ -194,7 +206,7 @@ pub enum ExecCwd {
 pub struct Connection {
     backend: &'static str,
     writer: Mutex<UnixStream>,
-    table: Arc<Mutex<Table>>,
+    shared: Arc<Shared>,
     reader: Mutex<Option<std::thread::JoinHandle<()>>>,
     child: Mutex<Option<GuestProcess>>,
     next_id: AtomicU64,
@@ -377,12 +389,12 @@ impl Connection {
             op: "clone control socket",
             source,
         })?;
-        let table = Arc::new(Mutex::new(Table::default()));
+        let shared = Arc::new(Shared::default());
         let reader = {
-            let table = Arc::clone(&table);
+            let shared = Arc::clone(&shared);
             std::thread::Builder::new()
                 .name(format!("hako-{backend}-guest"))
-                .spawn(move || read_events(reader_end, &table))
+                .spawn(move || read_events(reader_end, &shared))
                 .map_err(|source| Error::Io {
                     op: "start the guest reader thread",
                     source,
@@ -391,7 +403,7 @@ impl Connection {
         Ok(Connection {
             backend,
             writer: Mutex::new(ctl),
-            table,
+            shared,
             reader: Mutex::new(Some(reader)),
             child: Mutex::new(Some(child)),
             next_id: AtomicU64::new(1),
@@ -417,10 +429,7 @@ impl Connection {
     fn register(&self, op: &'static str) -> Result<(u64, mpsc::Receiver<Event>)> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel();
-        let mut table = self
-            .table
-            .lock()
-            .map_err(|_| backend_err(self.backend, op, "lock poisoned"))?;
+        let mut table = self.lock(op)?;
         if let Some(why) = &table.gone {
             return Err(backend_err(self.backend, op, why.clone()));
         }
@@ -429,9 +438,16 @@ impl Connection {
     }
 
     fn unregister(&self, id: u64) {
-        if let Ok(mut table) = self.table.lock() {
+        if let Ok(mut table) = self.shared.table.lock() {
             table.waiting.remove(&id);
         }
+    }
+
+    fn lock(&self, op: &'static str) -> Result<std::sync::MutexGuard<'_, Table>> {
+        self.shared
+            .table
+            .lock()
+            .map_err(|_| backend_err(self.backend, op, "lock poisoned"))
     }
 
     /// Runs one command and returns its output once every process of it is
@@ -646,10 +662,7 @@ impl Connection {
     pub fn close_session(&self, session: u64) -> Result<()> {
         let (tx, rx) = mpsc::channel();
         {
-            let mut table = self
-                .table
-                .lock()
-                .map_err(|_| backend_err(self.backend, "close a session", "lock poisoned"))?;
+            let mut table = self.lock("close a session")?;
             if table.gone.is_some() {
                 // The guest, and every session with it, is gone.
                 return Ok(());
@@ -668,6 +681,202 @@ impl Connection {
                 format!("unexpected reply from hako-guest: {other:?}"),
             )),
         }
+    }
+
+    /// Starts a long-lived process and returns its id at once; its output
+    /// and end are kept (see [`crate::processes`]).
+    pub fn spawn(&self, exec: Exec<'_>, options: &SpawnOptions) -> Result<u64> {
+        let Exec {
+            argv,
+            env,
+            cwd,
+            command,
+            ..
+        } = exec;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut table = self.lock("start a process")?;
+            if let Some(why) = &table.gone {
+                return Err(backend_err(self.backend, "start a process", why.clone()));
+            }
+            table.procs.map.insert(
+                id,
+                Proc::new(
+                    argv.clone(),
+                    options.tags.clone(),
+                    options.ring_bytes,
+                    options.live_stdin,
+                ),
+            );
+        }
+        let (cwd, fd) = match cwd {
+            ExecCwd::Fd(fd) => (Cwd::Fd, Some(fd)),
+            ExecCwd::Path(path) => (Cwd::Path(path), None),
+        };
+        let request = ExecRequest {
+            id,
+            argv,
+            env,
+            cwd,
+            timeout_ms: timeout_ms(command),
+            stdin: command.stdin.is_some() || options.live_stdin,
+            // Everything is forwarded; the rings bound what is kept.
+            max_output: u64::MAX,
+        };
+        let sent = self
+            .send(&Frame::Message(ToGuest::Exec(request)), fd.as_ref())
+            .and_then(|()| {
+                if let Some(data) = command.stdin.as_deref() {
+                    self.send_stdin(id, data)?;
+                }
+                if command.stdin.is_some() && !options.live_stdin {
+                    self.send(&Frame::Message(ToGuest::CloseStdin { id }), None)?;
+                }
+                Ok(())
+            });
+        if let Err(err) = sent {
+            if let Ok(mut table) = self.shared.table.lock() {
+                table.procs.map.remove(&id);
+            }
+            return Err(err);
+        }
+        Ok(id)
+    }
+
+    fn send_stdin(&self, id: u64, data: &[u8]) -> Result<()> {
+        for chunk in data.chunks(MAX_CHUNK) {
+            self.send(
+                &Frame::Stdin {
+                    id,
+                    data: chunk.to_vec(),
+                },
+                None,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Waits, up to `deadline`, until `ready` holds for process `id`, and
+    /// returns what `then` makes of it.
+    fn with_proc<T>(
+        &self,
+        id: u64,
+        op: &'static str,
+        deadline: Option<Instant>,
+        ready: impl Fn(&Proc) -> bool,
+        then: impl FnOnce(&mut Proc) -> T,
+    ) -> Result<T> {
+        let mut table = self.lock(op)?;
+        loop {
+            let proc = table
+                .procs
+                .map
+                .get_mut(&id)
+                .ok_or(Error::NoSuchProcess { process: id })?;
+            let timed_out = deadline.is_some_and(|d| Instant::now() >= d);
+            if ready(proc) || timed_out {
+                return Ok(then(proc));
+            }
+            table = match deadline {
+                None => self
+                    .shared
+                    .changed
+                    .wait(table)
+                    .map_err(|_| backend_err(self.backend, op, "lock poisoned"))?,
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    self.shared
+                        .changed
+                        .wait_timeout(table, left)
+                        .map_err(|_| backend_err(self.backend, op, "lock poisoned"))?
+                        .0
+                }
+            };
+        }
+    }
+
+    /// Up to `max` bytes of a process's stream from `offset`, waiting up to
+    /// `wait` for bytes past `offset` or the end.
+    pub fn read_output(
+        &self,
+        id: u64,
+        stream: Stream,
+        offset: u64,
+        max: usize,
+        wait: Option<Duration>,
+    ) -> Result<OutputSlice> {
+        let s = match stream {
+            Stream::Stdout => 0,
+            Stream::Stderr => 1,
+        };
+        let deadline = Some(Instant::now() + wait.unwrap_or(Duration::ZERO));
+        self.with_proc(
+            id,
+            "read process output",
+            deadline,
+            |p| p.rings[s].end() > offset || p.finished(),
+            |p| p.slice(s, offset, max),
+        )
+    }
+
+    /// Writes to a process's live stdin.
+    pub fn write_stdin(&self, id: u64, data: &[u8]) -> Result<()> {
+        let open = self.with_proc(id, "write stdin", None, |_| true, |p| p.stdin_open)?;
+        if !open {
+            return Err(backend_err(
+                self.backend,
+                "write stdin",
+                format!("process {id} has no open stdin (it ended, its stdin was closed, or it was not started with a live stdin)"),
+            ));
+        }
+        self.send_stdin(id, data)
+    }
+
+    /// Ends a process's stdin.
+    pub fn close_stdin(&self, id: u64) -> Result<()> {
+        let was_open = self.with_proc(
+            id,
+            "close stdin",
+            None,
+            |_| true,
+            |p| std::mem::replace(&mut p.stdin_open, false),
+        )?;
+        if was_open {
+            self.send(&Frame::Message(ToGuest::CloseStdin { id }), None)?;
+        }
+        Ok(())
+    }
+
+    /// Waits up to `wait` (forever with `None`) for a process to end.
+    pub fn wait(&self, id: u64, wait: Option<Duration>) -> Result<ProcessState> {
+        let deadline = wait.map(|w| Instant::now() + w);
+        self.with_proc(id, "wait for a process", deadline, Proc::finished, |p| {
+            p.state(id)
+        })
+    }
+
+    /// Kills a process's tree; nothing for one that has ended.
+    pub fn kill(&self, id: u64) -> Result<()> {
+        let running = self.with_proc(id, "kill a process", None, |_| true, |p| !p.finished())?;
+        if running {
+            self.send(&Frame::Message(ToGuest::Kill { id }), None)?;
+        }
+        Ok(())
+    }
+
+    /// Every process remembered, oldest first.
+    pub fn list(&self) -> Result<Vec<ProcessState>> {
+        let table = self.lock("list processes")?;
+        Ok(table.procs.map.iter().map(|(id, p)| p.state(*id)).collect())
+    }
+
+    /// Whether a process of this sandbox is still running.
+    pub fn any_process_running(&self) -> bool {
+        self.shared
+            .table
+            .lock()
+            .map(|t| t.procs.any_running())
+            .unwrap_or(false)
     }
 
     /// Ends the sandbox: the guest kills every command (each still gets its
@@ -714,7 +923,7 @@ fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: &OwnedFd) -> std::io::Res
 
 /// The reader thread: hands every frame to the command it belongs to, and
 /// tells every waiting command when the guest is gone.
-fn read_events(ctl: UnixStream, table: &Mutex<Table>) {
+fn read_events(ctl: UnixStream, shared: &Shared) {
     let why = loop {
         let frame = match proto::read_any::<FromGuest>(&ctl) {
             Ok(frame) => frame,
@@ -723,13 +932,18 @@ fn read_events(ctl: UnixStream, table: &Mutex<Table>) {
             }
             Err(e) => break format!("the connection to the sandbox's guest failed: {e}"),
         };
-        let Ok(mut table) = table.lock() else { return };
+        let Ok(mut table) = shared.table.lock() else {
+            return;
+        };
         match frame {
             Frame::Output {
                 id, stream, data, ..
             } => {
                 if let Some(tx) = table.waiting.get(&id) {
                     let _ = tx.send(Event::Output { stream, data });
+                } else if let Some(proc) = table.procs.map.get_mut(&id) {
+                    proc.output(stream_index(stream), &data);
+                    shared.changed.notify_all();
                 }
             }
             Frame::Message(msg) => {
@@ -741,22 +955,52 @@ fn read_events(ctl: UnixStream, table: &Mutex<Table>) {
                     FromGuest::Failed { id, .. } => *id,
                     _ => None,
                 };
-                match id.and_then(|id| table.waiting.remove(&id)) {
-                    Some(tx) => {
-                        let _ = tx.send(Event::Done(msg));
+                if let Some(tx) = id.and_then(|id| table.waiting.remove(&id)) {
+                    let _ = tx.send(Event::Done(msg));
+                } else if let Some(id) = id.filter(|id| table.procs.map.contains_key(id)) {
+                    if let Some(proc) = table.procs.map.get_mut(&id) {
+                        match msg {
+                            FromGuest::Exited {
+                                status, timed_out, ..
+                            } => {
+                                proc.status = Some(status);
+                                proc.timed_out = timed_out;
+                            }
+                            FromGuest::SpawnFailed { message, .. }
+                            | FromGuest::Failed { message, .. } => proc.error = Some(message),
+                            _ => {}
+                        }
+                        proc.stdin_open = false;
                     }
+                    table.procs.ended(id);
+                    shared.changed.notify_all();
+                } else {
                     // A session whose shell ended on its own, or a stray.
-                    None => tracing::debug!("hako-guest: {msg:?}"),
+                    tracing::debug!("hako-guest: {msg:?}");
                 }
             }
             Frame::Stdin { .. } => tracing::warn!("hako-guest sent a stdin frame"),
         }
     };
-    if let Ok(mut table) = table.lock() {
+    if let Ok(mut table) = shared.table.lock() {
         for (_, tx) in table.waiting.drain() {
             let _ = tx.send(Event::Gone(why.clone()));
         }
+        for proc in table.procs.map.values_mut() {
+            if !proc.finished() {
+                proc.error = Some(why.clone());
+                proc.stdin_open = false;
+            }
+        }
         table.gone = Some(why);
+    }
+    shared.changed.notify_all();
+}
+
+fn stream_index(stream: StreamId) -> usize {
+    match stream {
+        StreamId::Stdout => 0,
+        StreamId::Stderr => 1,
     }
 }
 

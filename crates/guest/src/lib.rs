@@ -13,6 +13,7 @@
 pub mod client;
 mod confine;
 mod linux;
+mod processes;
 pub mod proto;
 pub mod sandbox;
 mod server;

@@ -4,13 +4,16 @@
 //! file operations through the fence) is here, written once.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use hako_core::env::EnvPolicy;
 use hako_core::{
     AppendFile, Capabilities, Command, DirListing, Error, ExecStream, LimitKind, LimitMechanism,
-    LimitReport, MakeDirAll, Metadata, Optional, Output, OutputSink, Program, ReadLimit,
-    ReadOutcome, Result, Sandbox, SessionId, SessionOptions, Sessions, StatPath, Workdir,
+    LimitReport, MakeDirAll, Metadata, Optional, Output, OutputSink, OutputSlice, ProcessId,
+    ProcessState, Processes, Program, ReadLimit, ReadOutcome, Result, Sandbox, SessionId,
+    SessionOptions, Sessions, SpawnOptions, StatPath, Stream, Workdir,
 };
 use hako_fence::Fence;
 
@@ -81,6 +84,7 @@ pub const OPTIONAL: Optional = Optional {
     stat: true,
     exec_stream: true,
     sessions: true,
+    processes: true,
 };
 
 /// Opens the workspace fence: the first step of every backend's
@@ -107,6 +111,52 @@ pub struct GuestConfig {
     pub max_output: usize,
     /// What the guest builds, and where commands start.
     pub launcher: Box<dyn Launcher>,
+    /// The idle lease: the sandbox closes itself after this long with no
+    /// call in progress and no long-lived process running.
+    pub idle_timeout: Option<Duration>,
+}
+
+/// What closing needs, shared with the idle-lease watchdog.
+#[derive(Debug)]
+struct Life {
+    guest: driver::Connection,
+    launcher: Box<dyn Launcher>,
+    closed: AtomicBool,
+    /// Calls in progress.
+    busy: AtomicUsize,
+    /// When the last call started or ended.
+    last: Mutex<Instant>,
+}
+
+impl Life {
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.guest.close();
+        self.launcher.close();
+    }
+
+    fn touch(&self) {
+        if let Ok(mut last) = self.last.lock() {
+            *last = Instant::now();
+        }
+    }
+
+    fn idle_for(&self) -> Duration {
+        if self.busy.load(Ordering::Acquire) > 0 || self.guest.any_process_running() {
+            return Duration::ZERO;
+        }
+        self.last.lock().map(|l| l.elapsed()).unwrap_or_default()
+    }
+}
+
+/// One call in progress (activity for the idle lease).
+struct Busy<'a>(&'a Life);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// A sandbox whose commands run under `hako-guest` and whose file
@@ -114,13 +164,29 @@ pub struct GuestConfig {
 /// [`Launcher`].
 #[derive(Debug)]
 pub struct GuestSandbox {
-    launcher: Box<dyn Launcher>,
+    life: Arc<Life>,
     fence: Fence,
     caps: Capabilities,
     base_env: Vec<(String, String)>,
     max_output: usize,
-    closed: AtomicBool,
-    guest: driver::Connection,
+}
+
+/// Watches the idle lease: closes the sandbox once it has been idle for
+/// `lease`; ends when the sandbox closes or is dropped.
+fn watch_lease(life: Weak<Life>, lease: Duration) {
+    let tick = (lease / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    loop {
+        std::thread::sleep(tick);
+        let Some(life) = life.upgrade() else { return };
+        if life.closed.load(Ordering::Acquire) {
+            return;
+        }
+        if life.idle_for() >= lease {
+            tracing::info!("closing a sandbox idle for {lease:?}");
+            life.close();
+            return;
+        }
+    }
 }
 
 impl GuestSandbox {
@@ -137,14 +203,29 @@ impl GuestSandbox {
                 return Err(err);
             }
         };
-        Ok(GuestSandbox {
+        let life = Arc::new(Life {
+            guest,
             launcher: config.launcher,
+            closed: AtomicBool::new(false),
+            busy: AtomicUsize::new(0),
+            last: Mutex::new(Instant::now()),
+        });
+        if let Some(lease) = config.idle_timeout {
+            let weak = Arc::downgrade(&life);
+            std::thread::Builder::new()
+                .name("hako-idle-lease".into())
+                .spawn(move || watch_lease(weak, lease))
+                .map_err(|source| Error::Io {
+                    op: "start the idle-lease watchdog",
+                    source,
+                })?;
+        }
+        Ok(GuestSandbox {
+            life,
             fence: config.fence,
             caps: config.caps,
             base_env: config.base_env,
             max_output: config.max_output,
-            closed: AtomicBool::new(false),
-            guest,
         })
     }
 
@@ -158,26 +239,43 @@ impl GuestSandbox {
         &self.base_env
     }
 
-    fn check_open(&self) -> Result<()> {
-        if self.closed.load(Ordering::Acquire) {
+    /// Checks the sandbox is open and counts the call as activity until
+    /// the returned guard drops.
+    fn check_open(&self) -> Result<Busy<'_>> {
+        self.life.busy.fetch_add(1, Ordering::AcqRel);
+        self.life.touch();
+        let busy = Busy(&self.life);
+        if self.life.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
-        Ok(())
+        Ok(busy)
     }
 
-    fn run(&self, command: &Command, sink: Option<&mut OutputSink<'_>>) -> Result<Output> {
-        self.check_open()?;
-        let argv = driver::validate(command)?;
-        let cwd_given = command.cwd.as_deref().unwrap_or(Path::new("."));
+    /// The working directory of a command or session: opened through the
+    /// fence, then given as a path inside or as the descriptor.
+    fn exec_cwd(&self, cwd: Option<&Path>) -> Result<driver::ExecCwd> {
+        let cwd_given = cwd.unwrap_or(Path::new("."));
         // Opened through the fence either way: a working directory outside
         // the workspace is refused here, with the fence's reason.
         let cwd_fd = self.fence.open_dir(cwd_given)?;
-        let cwd = match self.launcher.cwd_inside(&self.fence.relative(cwd_given)?) {
-            Some(path) => driver::ExecCwd::Path(path),
-            None => driver::ExecCwd::Fd(cwd_fd),
-        };
+        Ok(
+            match self
+                .life
+                .launcher
+                .cwd_inside(&self.fence.relative(cwd_given)?)
+            {
+                Some(path) => driver::ExecCwd::Path(path),
+                None => driver::ExecCwd::Fd(cwd_fd),
+            },
+        )
+    }
+
+    fn run(&self, command: &Command, sink: Option<&mut OutputSink<'_>>) -> Result<Output> {
+        let _busy = self.check_open()?;
+        let argv = driver::validate(command)?;
+        let cwd = self.exec_cwd(command.cwd.as_deref())?;
         let env = hako_core::env::merge(&self.base_env, &command.env);
-        self.guest.exec(
+        self.life.guest.exec(
             driver::Exec {
                 argv,
                 env,
@@ -200,29 +298,27 @@ impl Sandbox for GuestSandbox {
     }
 
     fn read_file(&self, path: &Path) -> Result<Vec<u8>> {
-        self.check_open()?;
+        let _busy = self.check_open()?;
         Ok(self.fence.read_all(path)?)
     }
 
     fn write_file(&self, path: &Path, data: &[u8]) -> Result<()> {
-        self.check_open()?;
+        let _busy = self.check_open()?;
         Ok(self.fence.write(path, data)?)
     }
 
     fn remove(&self, path: &Path) -> Result<()> {
-        self.check_open()?;
+        let _busy = self.check_open()?;
         Ok(self.fence.remove(path)?)
     }
 
     fn list_dir(&self, path: &Path) -> Result<DirListing> {
-        self.check_open()?;
+        let _busy = self.check_open()?;
         Ok(self.fence.list(path)?)
     }
 
     fn close(&self) -> Result<()> {
-        self.closed.store(true, Ordering::Release);
-        self.guest.close();
-        self.launcher.close();
+        self.life.close();
         Ok(())
     }
 
@@ -253,25 +349,29 @@ impl Sandbox for GuestSandbox {
     fn sessions(&self) -> Option<&dyn Sessions> {
         Some(self)
     }
+
+    fn processes(&self) -> Option<&dyn Processes> {
+        Some(self)
+    }
 }
 
 impl ReadLimit for GuestSandbox {
     fn read_file_limit(&self, path: &Path, max: u64) -> Result<ReadOutcome> {
-        self.check_open()?;
+        let _busy = self.check_open()?;
         Ok(self.fence.read(path, max)?)
     }
 }
 
 impl AppendFile for GuestSandbox {
     fn append_file(&self, path: &Path, data: &[u8]) -> Result<()> {
-        self.check_open()?;
+        let _busy = self.check_open()?;
         Ok(self.fence.append(path, data)?)
     }
 }
 
 impl MakeDirAll for GuestSandbox {
     fn make_dir_all(&self, path: &Path) -> Result<()> {
-        self.check_open()?;
+        let _busy = self.check_open()?;
         Ok(self.fence.make_dir_all(path)?)
     }
 }
@@ -284,7 +384,7 @@ impl Workdir for GuestSandbox {
 
 impl StatPath for GuestSandbox {
     fn stat(&self, path: &Path) -> Result<Metadata> {
-        self.check_open()?;
+        let _busy = self.check_open()?;
         Ok(self.fence.stat(path)?)
     }
 }
@@ -297,13 +397,8 @@ impl ExecStream for GuestSandbox {
 
 impl Sessions for GuestSandbox {
     fn open_session(&self, options: &SessionOptions) -> Result<SessionId> {
-        self.check_open()?;
-        let cwd_given = options.cwd.as_deref().unwrap_or(Path::new("."));
-        let cwd_fd = self.fence.open_dir(cwd_given)?;
-        let cwd = match self.launcher.cwd_inside(&self.fence.relative(cwd_given)?) {
-            Some(path) => driver::ExecCwd::Path(path),
-            None => driver::ExecCwd::Fd(cwd_fd),
-        };
+        let _busy = self.check_open()?;
+        let cwd = self.exec_cwd(options.cwd.as_deref())?;
         for (k, v) in &options.env {
             if !hako_core::env::valid_name(k) || v.contains('\0') {
                 return Err(Error::InvalidCommand {
@@ -312,7 +407,7 @@ impl Sessions for GuestSandbox {
             }
         }
         let env = hako_core::env::merge(&self.base_env, &options.env);
-        self.guest.open_session(env, cwd).map(SessionId)
+        self.life.guest.open_session(env, cwd).map(SessionId)
     }
 
     fn session_exec(
@@ -321,7 +416,7 @@ impl Sessions for GuestSandbox {
         command: &Command,
         sink: Option<&mut OutputSink<'_>>,
     ) -> Result<Output> {
-        self.check_open()?;
+        let _busy = self.check_open()?;
         let unset = |what: &str| {
             Error::InvalidCommand {
             reason: format!("a session command cannot set its own {what}; use the session's shell (cd, export, redirection) instead"),
@@ -351,7 +446,7 @@ impl Sessions for GuestSandbox {
                 reason: "the script contains a NUL byte".into(),
             });
         }
-        self.guest.session_exec(
+        self.life.guest.session_exec(
             session.0,
             script,
             command,
@@ -361,8 +456,67 @@ impl Sessions for GuestSandbox {
     }
 
     fn close_session(&self, session: SessionId) -> Result<()> {
-        self.check_open()?;
-        self.guest.close_session(session.0)
+        let _busy = self.check_open()?;
+        self.life.guest.close_session(session.0)
+    }
+}
+
+impl Processes for GuestSandbox {
+    fn spawn(&self, command: &Command, options: &SpawnOptions) -> Result<ProcessId> {
+        let _busy = self.check_open()?;
+        let argv = driver::validate(command)?;
+        let cwd = self.exec_cwd(command.cwd.as_deref())?;
+        let env = hako_core::env::merge(&self.base_env, &command.env);
+        self.life
+            .guest
+            .spawn(
+                driver::Exec {
+                    argv,
+                    env,
+                    cwd,
+                    command,
+                    max_output: 0,
+                },
+                options,
+            )
+            .map(ProcessId)
+    }
+
+    fn read_output(
+        &self,
+        id: ProcessId,
+        stream: Stream,
+        offset: u64,
+        max: usize,
+        wait: Option<Duration>,
+    ) -> Result<OutputSlice> {
+        let _busy = self.check_open()?;
+        self.life.guest.read_output(id.0, stream, offset, max, wait)
+    }
+
+    fn write_stdin(&self, id: ProcessId, data: &[u8]) -> Result<()> {
+        let _busy = self.check_open()?;
+        self.life.guest.write_stdin(id.0, data)
+    }
+
+    fn close_stdin(&self, id: ProcessId) -> Result<()> {
+        let _busy = self.check_open()?;
+        self.life.guest.close_stdin(id.0)
+    }
+
+    fn wait(&self, id: ProcessId, wait: Option<Duration>) -> Result<ProcessState> {
+        let _busy = self.check_open()?;
+        self.life.guest.wait(id.0, wait)
+    }
+
+    fn kill(&self, id: ProcessId) -> Result<()> {
+        let _busy = self.check_open()?;
+        self.life.guest.kill(id.0)
+    }
+
+    fn list(&self) -> Result<Vec<ProcessState>> {
+        let _busy = self.check_open()?;
+        self.life.guest.list()
     }
 }
 
@@ -432,6 +586,9 @@ macro_rules! delegate_sandbox {
             }
             fn sessions(&self) -> Option<&dyn hako_core::Sessions> {
                 self.$field.sessions()
+            }
+            fn processes(&self) -> Option<&dyn hako_core::Processes> {
+                self.$field.processes()
             }
         }
     };

@@ -38,8 +38,12 @@ pub struct HostConfig {
     pub max_output: usize,
     /// Fence settings (resolver, read and listing limits).
     pub fence: FenceOptions,
-    /// The `hako-guest` binary; `None` finds it (see [`locate_guest`]).
+    /// The `hako-guest` binary; `None` chooses (see
+    /// [`hako_guest::client::Connection::start`]).
     pub guest: Option<PathBuf>,
+    /// Close the sandbox after this long with no call in progress and no
+    /// long-lived process running.
+    pub idle_timeout: Option<std::time::Duration>,
 }
 
 impl HostConfig {
@@ -51,6 +55,7 @@ impl HostConfig {
             max_output: DEFAULT_MAX_OUTPUT,
             fence: FenceOptions::default(),
             guest: None,
+            idle_timeout: None,
         }
     }
 }
@@ -103,6 +108,7 @@ impl HostSandbox {
                 base_env,
                 guest: config.guest.clone(),
                 max_output: config.max_output,
+                idle_timeout: config.idle_timeout,
                 launcher: Box::new(InPlace),
             })?,
         })

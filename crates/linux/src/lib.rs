@@ -61,7 +61,8 @@ pub struct LinuxConfig {
     pub max_output: usize,
     /// Fence settings.
     pub fence: FenceOptions,
-    /// The `hako-guest` binary; `None` finds it.
+    /// The `hako-guest` binary; `None` chooses (see
+    /// [`hako_guest::client::Connection::start`]).
     pub guest: Option<PathBuf>,
     /// Extra read-only binds (same path inside).
     pub ro: Vec<PathBuf>,
@@ -72,6 +73,9 @@ pub struct LinuxConfig {
     /// Run even when a requested protection cannot be enforced here (it is
     /// then left out of [`Capabilities`]).
     pub best_effort: bool,
+    /// Close the sandbox after this long with no call in progress and no
+    /// long-lived process running.
+    pub idle_timeout: Option<std::time::Duration>,
 }
 
 impl LinuxConfig {
@@ -88,6 +92,7 @@ impl LinuxConfig {
             rw: Vec::new(),
             limits: Limits::default(),
             best_effort: false,
+            idle_timeout: None,
         }
     }
 }
@@ -269,6 +274,7 @@ impl LinuxSandbox {
                 base_env,
                 guest: config.guest.clone(),
                 max_output: config.max_output,
+                idle_timeout: config.idle_timeout,
                 launcher: Box::new(namespaces),
             })?,
         };

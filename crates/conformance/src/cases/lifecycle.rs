@@ -38,6 +38,15 @@ case! {
             sb.exec_stream().map(|s| s.exec_stream(&Command::new(["true"]), &mut |_, _| {})),
             "exec_stream",
         )?;
+        closed(
+            sb.sessions().map(|s| s.open_session(&hako_core::SessionOptions::default())),
+            "open_session",
+        )?;
+        closed(
+            sb.processes().map(|p| p.spawn(&Command::new(["true"]), &hako_core::SpawnOptions::default())),
+            "spawn",
+        )?;
+        closed(sb.processes().map(|p| p.list()), "list processes")?;
         sb.close().ctx("close a second time")?;
         sb.close().ctx("close a third time")?;
         let _ = sb.capabilities();
@@ -80,6 +89,8 @@ case! {
             ("workdir", o.workdir, sb.workdir().is_some()),
             ("stat", o.stat, sb.stat().is_some()),
             ("exec_stream", o.exec_stream, sb.exec_stream().is_some()),
+            ("sessions", o.sessions, sb.sessions().is_some()),
+            ("processes", o.processes, sb.processes().is_some()),
         ] {
             ensure_eq!(flag, offered, "optional.{name} flag vs the {name}() accessor");
         }

@@ -3,6 +3,7 @@
 //! the isolation gate, the fence resolver, the guest's location.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use hako_core::env::EnvPolicy;
 use hako_core::{
@@ -505,4 +506,39 @@ fn renames_elsewhere_do_not_make_dot_dot_paths_fail() {
         failures.len(),
         failures.first().map(|f| &f[f.len().saturating_sub(80)..])
     );
+}
+
+#[test]
+fn the_idle_lease_closes_an_idle_sandbox_and_a_running_process_keeps_it_open() {
+    use hako_core::SpawnOptions;
+    let (_dir, ws) = workspace();
+    let mut config = HostConfig::new(&ws);
+    config.idle_timeout = Some(Duration::from_millis(300));
+    let sb = HostSandbox::new(config).unwrap();
+    // A running process is activity: the sandbox stays open past the lease.
+    let p = sb.processes().unwrap();
+    let id = p
+        .spawn(&Command::new(["sleep", "1.2"]), &SpawnOptions::default())
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    sb.exec(&Command::new(["true"])).unwrap();
+    assert_eq!(
+        p.wait(id, None).unwrap().status,
+        Some(hako_core::ExitStatus::Code(0))
+    );
+    // Then nothing runs and nobody calls: the lease ends it.
+    let start = std::time::Instant::now();
+    loop {
+        match sb.exec(&Command::new(["true"])) {
+            Err(Error::Closed) => break,
+            Ok(_) => {}
+            Err(other) => panic!("{other:?}"),
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the lease never closed the sandbox"
+        );
+        // Calls are activity too: wait out the lease between them.
+        std::thread::sleep(Duration::from_millis(700));
+    }
 }
