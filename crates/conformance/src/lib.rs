@@ -159,6 +159,8 @@ macro_rules! __hako_with_case_names {
             killing_a_process_kills_its_tree_and_is_idempotent,
             the_callers_wait_and_the_process_deadline_are_separate_clocks,
             output_past_the_ring_is_reported_lost,
+            a_process_on_a_terminal_sees_a_tty_its_size_and_typed_input,
+            ctrl_c_reaches_the_terminal_program_and_deadlines_kill_it,
             // lifecycle
             closed_sandbox_refuses_every_operation,
             capabilities_match_the_optional_accessors,

@@ -29,5 +29,5 @@ pub use isolation::{Isolation, ParseIsolationError};
 pub use sandbox::{
     require_isolation, AppendFile, ExecStream, MakeDirAll, OutputSink, OutputSlice, ProcessId,
     ProcessState, Processes, ReadLimit, Sandbox, SessionId, SessionOptions, Sessions, SpawnOptions,
-    StatPath, Stream, Workdir,
+    StatPath, Stream, TermSize, Workdir,
 };

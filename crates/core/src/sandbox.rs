@@ -228,6 +228,21 @@ pub struct SpawnOptions {
     /// are dropped and reported as lost. stderr keeps a tail of a quarter of
     /// this (at least 64 KiB).
     pub ring_bytes: Option<usize>,
+    /// Run on a new pseudo-terminal of this size inside the sandbox: it is
+    /// the process's stdin, stdout, stderr and controlling terminal. Its
+    /// output (echo included) is read as [`Stream::Stdout`];
+    /// [`Processes::write_stdin`] types into it (implies `live_stdin`);
+    /// [`Processes::resize`] changes its size.
+    pub pty: Option<TermSize>,
+}
+
+/// A terminal's size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TermSize {
+    /// Rows.
+    pub rows: u16,
+    /// Columns.
+    pub cols: u16,
 }
 
 /// A slice of a process's output.
@@ -306,6 +321,10 @@ pub trait Processes {
 
     /// Ends the process's stdin.
     fn close_stdin(&self, id: ProcessId) -> Result<()>;
+
+    /// Sets the size of the process's terminal (the process gets
+    /// `SIGWINCH`); an error for a process without one.
+    fn resize(&self, id: ProcessId, size: TermSize) -> Result<()>;
 
     /// Waits up to `wait` (forever with `None`) for the process to end and
     /// returns its state, ended or not. Asking again returns the same end.

@@ -24,6 +24,7 @@ use crate::proto::{
 };
 use hako_core::{
     Command, Error, Output, OutputSink, OutputSlice, ProcessState, Result, SpawnOptions, Stream,
+    TermSize,
 };
 use hako_sys::rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use hako_sys::spawn::{prepare, ChildSetup};
@@ -474,6 +475,7 @@ impl Connection {
             timeout_ms: timeout_ms(command),
             stdin: command.stdin.is_some(),
             max_output: max_output as u64,
+            pty: None,
         };
         let sent = self
             .send(&Frame::Message(ToGuest::Exec(request)), fd.as_ref())
@@ -705,7 +707,8 @@ impl Connection {
                     argv.clone(),
                     options.tags.clone(),
                     options.ring_bytes,
-                    options.live_stdin,
+                    options.live_stdin || options.pty.is_some(),
+                    options.pty.is_some(),
                 ),
             );
         }
@@ -719,9 +722,10 @@ impl Connection {
             env,
             cwd,
             timeout_ms: timeout_ms(command),
-            stdin: command.stdin.is_some() || options.live_stdin,
+            stdin: command.stdin.is_some() || options.live_stdin || options.pty.is_some(),
             // Everything is forwarded; the rings bound what is kept.
             max_output: u64::MAX,
+            pty: options.pty.map(|size| (size.rows, size.cols)),
         };
         let sent = self
             .send(&Frame::Message(ToGuest::Exec(request)), fd.as_ref())
@@ -729,7 +733,7 @@ impl Connection {
                 if let Some(data) = command.stdin.as_deref() {
                     self.send_stdin(id, data)?;
                 }
-                if command.stdin.is_some() && !options.live_stdin {
+                if command.stdin.is_some() && !options.live_stdin && options.pty.is_none() {
                     self.send(&Frame::Message(ToGuest::CloseStdin { id }), None)?;
                 }
                 Ok(())
@@ -845,6 +849,26 @@ impl Connection {
             self.send(&Frame::Message(ToGuest::CloseStdin { id }), None)?;
         }
         Ok(())
+    }
+
+    /// Sets the size of a process's terminal.
+    pub fn resize(&self, id: u64, size: TermSize) -> Result<()> {
+        let tty = self.with_proc(id, "resize a terminal", None, |_| true, |p| p.tty)?;
+        if !tty {
+            return Err(backend_err(
+                self.backend,
+                "resize a terminal",
+                format!("process {id} has no terminal"),
+            ));
+        }
+        self.send(
+            &Frame::Message(ToGuest::Resize {
+                id,
+                rows: size.rows,
+                cols: size.cols,
+            }),
+            None,
+        )
     }
 
     /// Waits up to `wait` (forever with `None`) for a process to end.

@@ -64,6 +64,8 @@ pub(crate) struct Proc {
     pub timed_out: bool,
     pub totals: [u64; 2],
     pub stdin_open: bool,
+    /// It runs on a terminal.
+    pub tty: bool,
 }
 
 impl Proc {
@@ -72,6 +74,7 @@ impl Proc {
         tags: Vec<String>,
         ring: Option<usize>,
         stdin_open: bool,
+        tty: bool,
     ) -> Self {
         let ring = ring.unwrap_or(DEFAULT_RING);
         Proc {
@@ -83,6 +86,7 @@ impl Proc {
             timed_out: false,
             totals: [0, 0],
             stdin_open,
+            tty,
         }
     }
 

@@ -60,6 +60,11 @@ pub struct ExecRequest {
     pub stdin: bool,
     /// Bytes of each output stream forwarded; the rest is only counted.
     pub max_output: u64,
+    /// Run on a new pseudo-terminal of this size (rows, columns): the
+    /// terminal is the command's stdin, stdout, stderr and controlling
+    /// terminal; its output comes as stdout, stdin frames are typed input.
+    #[serde(default)]
+    pub pty: Option<(u16, u16)>,
 }
 
 /// A control message from hako to the guest.
@@ -80,6 +85,16 @@ pub enum ToGuest {
     Kill {
         /// The command.
         id: u64,
+    },
+    /// Set the window size of a command's terminal (the command gets
+    /// SIGWINCH); ignored for a command without one.
+    Resize {
+        /// The command.
+        id: u64,
+        /// Rows.
+        rows: u16,
+        /// Columns.
+        cols: u16,
     },
     /// Start a shell session; answered by [`FromGuest::SessionOpened`] or
     /// [`FromGuest::Failed`].
@@ -605,6 +620,7 @@ mod tests {
             timeout_ms: Some(5),
             stdin: false,
             max_output: 10,
+            pty: None,
         })
     }
 

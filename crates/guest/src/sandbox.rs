@@ -13,7 +13,7 @@ use hako_core::{
     AppendFile, Capabilities, Command, DirListing, Error, ExecStream, LimitKind, LimitMechanism,
     LimitReport, MakeDirAll, Metadata, Optional, Output, OutputSink, OutputSlice, ProcessId,
     ProcessState, Processes, Program, ReadLimit, ReadOutcome, Result, Sandbox, SessionId,
-    SessionOptions, Sessions, SpawnOptions, StatPath, Stream, Workdir,
+    SessionOptions, Sessions, SpawnOptions, StatPath, Stream, TermSize, Workdir,
 };
 use hako_fence::Fence;
 
@@ -502,6 +502,11 @@ impl Processes for GuestSandbox {
     fn close_stdin(&self, id: ProcessId) -> Result<()> {
         let _busy = self.check_open()?;
         self.life.guest.close_stdin(id.0)
+    }
+
+    fn resize(&self, id: ProcessId, size: TermSize) -> Result<()> {
+        let _busy = self.check_open()?;
+        self.life.guest.resize(id.0, size)
     }
 
     fn wait(&self, id: ProcessId, wait: Option<Duration>) -> Result<ProcessState> {

@@ -70,6 +70,8 @@ struct Exec {
     pending: VecDeque<u8>,
     close_stdin: bool,
     out: [Option<OwnedFd>; 2],
+    /// The terminal's master side, for resizing.
+    pty: Option<OwnedFd>,
     totals: [u64; 2],
     max_output: u64,
     reply: Option<RunReply>,
@@ -412,6 +414,11 @@ impl Server<'_> {
                     }
                 }
             }
+            Frame::Message(ToGuest::Resize { id, rows, cols }) => {
+                if let Some(fd) = self.position(id).and_then(|i| self.execs[i].pty.as_ref()) {
+                    let _ = hako_sys::rustix::termios::tcsetwinsize(fd, winsize(rows, cols));
+                }
+            }
             Frame::Message(ToGuest::Kill { id }) => {
                 if let Some(i) = self.position(id) {
                     self.execs[i].kill();
@@ -514,24 +521,52 @@ impl Server<'_> {
             return Err("the argument vector is empty".into());
         }
         let cwd_fd = self.take_cwd(&request.cwd)?;
-        let (in_r, in_w) = if request.stdin {
-            let (r, w) = pipe()?;
-            (r, Some(w))
-        } else {
-            (dev_null()?, None)
-        };
-        let (out_r, out_w) = pipe()?;
-        let (err_r, err_w) = pipe()?;
         let job = Job {
             argv: request.argv.clone(),
             env: request.env.clone(),
             timeout_ms: request.timeout_ms,
+            tty: request.pty.is_some(),
         };
-        let (supervisor, sup) =
-            self.fork_supervisor(&job, &request.cwd, [in_r, out_w, err_w], cwd_fd, None)?;
-        if let Some(w) = &in_w {
-            let _ = hako_sys::rustix::io::ioctl_fionbio(w, true);
-        }
+        let (in_w, out, pty) = match request.pty {
+            Some((rows, cols)) => {
+                let (master, slave) = open_pty(rows, cols)?;
+                let dup = |fd: &OwnedFd| {
+                    fd.try_clone()
+                        .map_err(|e| format!("cannot duplicate a terminal descriptor: {e}"))
+                };
+                let stdio = [dup(&slave)?, dup(&slave)?, slave];
+                let (supervisor, sup) =
+                    self.fork_supervisor(&job, &request.cwd, stdio, cwd_fd, None)?;
+                // One open file for reading, writing and resizing; never
+                // blocking (a command that does not read its terminal must
+                // not stall the guest).
+                let _ = hako_sys::rustix::io::ioctl_fionbio(&master, true);
+                let writer = dup(&master)?;
+                let resizer = dup(&master)?;
+                (
+                    Some(writer),
+                    ([Some(master), None], supervisor, sup),
+                    Some(resizer),
+                )
+            }
+            None => {
+                let (in_r, in_w) = if request.stdin {
+                    let (r, w) = pipe()?;
+                    (r, Some(w))
+                } else {
+                    (dev_null()?, None)
+                };
+                let (out_r, out_w) = pipe()?;
+                let (err_r, err_w) = pipe()?;
+                let (supervisor, sup) =
+                    self.fork_supervisor(&job, &request.cwd, [in_r, out_w, err_w], cwd_fd, None)?;
+                if let Some(w) = &in_w {
+                    let _ = hako_sys::rustix::io::ioctl_fionbio(w, true);
+                }
+                (in_w, ([Some(out_r), Some(err_r)], supervisor, sup), None)
+            }
+        };
+        let (out, supervisor, sup) = out;
         self.execs.push(Exec {
             id: request.id,
             supervisor,
@@ -540,7 +575,8 @@ impl Server<'_> {
             stdin: in_w,
             pending: VecDeque::new(),
             close_stdin: false,
-            out: [Some(out_r), Some(err_r)],
+            out,
+            pty,
             totals: [0, 0],
             max_output: request.max_output,
             reply: None,
@@ -771,6 +807,7 @@ impl Server<'_> {
             argv: shell,
             env: request.env,
             timeout_ms: None,
+            tty: false,
         };
         let (supervisor, sup) = self.fork_supervisor(
             &job,
@@ -1170,6 +1207,38 @@ fn kill_descendants(pid: Pid) {
     }
 }
 
+fn winsize(rows: u16, cols: u16) -> hako_sys::rustix::termios::Winsize {
+    hako_sys::rustix::termios::Winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    }
+}
+
+/// A new pseudo-terminal of `rows` x `cols`: (master, slave), both
+/// close-on-exec; the slave is not made anyone's controlling terminal here.
+fn open_pty(rows: u16, cols: u16) -> Result<(OwnedFd, OwnedFd), String> {
+    use hako_sys::rustix::pty::{grantpt, openpt, ptsname, unlockpt, OpenptFlags};
+    let err = |what: &str, e: hako_sys::rustix::io::Errno| format!("cannot {what}: {e}");
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)
+        .map_err(|e| err("open a pseudo-terminal", e))?;
+    grantpt(&master).map_err(|e| err("grant the pseudo-terminal", e))?;
+    unlockpt(&master).map_err(|e| err("unlock the pseudo-terminal", e))?;
+    let name = ptsname(&master, Vec::new()).map_err(|e| err("name the pseudo-terminal", e))?;
+    let slave = hako_sys::rustix::fs::open(
+        name.as_c_str(),
+        hako_sys::rustix::fs::OFlags::RDWR
+            | hako_sys::rustix::fs::OFlags::NOCTTY
+            | hako_sys::rustix::fs::OFlags::CLOEXEC,
+        hako_sys::rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| err("open the terminal", e))?;
+    hako_sys::rustix::termios::tcsetwinsize(&master, winsize(rows, cols))
+        .map_err(|e| err("size the terminal", e))?;
+    Ok((master, slave))
+}
+
 /// A pipe whose ends are both close-on-exec.
 fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
     pipe_with(PipeFlags::CLOEXEC).map_err(|e| format!("cannot create a pipe: {e}"))
@@ -1232,6 +1301,7 @@ fn supervisor(
             confine: mode.confinement.as_ref().map(Confinement::hook),
             cwd,
             fd3,
+            controlling_tty: job.tty,
         },
     );
     match proto::write_frame(&ctl, &reply) {

@@ -20,6 +20,8 @@ pub(crate) struct Job {
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
     pub timeout_ms: Option<u64>,
+    /// stdin is a terminal: make it the controlling one.
+    pub tty: bool,
 }
 
 pub(crate) fn refuse(message: impl Into<String>) -> RunReply {
@@ -39,6 +41,8 @@ pub(crate) struct RunOptions {
     pub cwd: CwdChoice,
     /// Given to the command as its descriptor 3.
     pub fd3: Option<OwnedFd>,
+    /// The command's stdin is a terminal to make its controlling one.
+    pub controlling_tty: bool,
 }
 
 /// Where the supervisor starts the command.
@@ -93,6 +97,7 @@ pub(crate) fn run(request: &Job, ctl: &UnixStream, options: RunOptions) -> RunRe
         ChildSetup {
             cwd: cwd_fd,
             fd3: options.fd3,
+            controlling_tty: options.controlling_tty,
             new_session: true,
             // If the guest itself is killed outright, its direct child
             // goes with it.

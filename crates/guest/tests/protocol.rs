@@ -63,6 +63,7 @@ fn exec(id: u64, script: &str) -> Frame<ToGuest> {
         timeout_ms: Some(20_000),
         stdin: false,
         max_output: 1 << 20,
+        pty: None,
     }))
 }
 
@@ -186,6 +187,7 @@ fn bad_requests_name_the_command_and_change_nothing() {
                 timeout_ms: None,
                 stdin: false,
                 max_output: 10,
+                pty: None,
             })),
         );
         match proto::read_frame::<FromGuest>(&ctl).unwrap() {

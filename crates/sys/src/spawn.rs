@@ -70,6 +70,9 @@ pub struct ChildSetup {
     /// Ask the kernel to send SIGKILL to the child when the thread that
     /// spawned it exits.
     pub parent_death_kill: bool,
+    /// Make stdin (a terminal) the controlling terminal of the new session
+    /// (with `new_session`).
+    pub controlling_tty: bool,
     /// Run last, after every other step; see [`ConfineHook`].
     pub confine: Option<ConfineHook>,
 }
@@ -82,6 +85,7 @@ impl std::fmt::Debug for ChildSetup {
             .field("cwd", &self.cwd)
             .field("fd3", &self.fd3)
             .field("parent_death_kill", &self.parent_death_kill)
+            .field("controlling_tty", &self.controlling_tty)
             .field("confine", &self.confine.is_some())
             .finish()
     }
@@ -100,6 +104,7 @@ pub fn prepare(command: &mut Command, setup: ChildSetup) {
         cwd,
         fd3,
         parent_death_kill,
+        controlling_tty,
         mut confine,
     } = setup;
     let cwd_raw = cwd.as_ref().map(AsRawFd::as_raw_fd);
@@ -126,6 +131,9 @@ pub fn prepare(command: &mut Command, setup: ChildSetup) {
                 return Err(io::Error::last_os_error());
             }
             if new_process_group && !new_session && libc::setpgid(0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if controlling_tty && libc::ioctl(0, libc::TIOCSCTTY, 0) != 0 {
                 return Err(io::Error::last_os_error());
             }
             if let Some(fd) = cwd_raw {

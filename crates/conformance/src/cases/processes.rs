@@ -1,9 +1,12 @@
 //! Long-lived processes with handles: output read back from offsets, live
-//! stdin, a memoised end, idempotent kills, and three clocks kept apart.
+//! stdin, a memoised end, idempotent kills, three clocks kept apart, and
+//! terminals.
 
 use std::time::{Duration, Instant};
 
-use hako_core::{Command, Error, ExitStatus, ProcessId, Processes, Sandbox, SpawnOptions, Stream};
+use hako_core::{
+    Command, Error, ExitStatus, ProcessId, Processes, Sandbox, SpawnOptions, Stream, TermSize,
+};
 
 use crate::check::{show, Ctx, Res};
 use crate::procs::sandbox_processes_with_arg;
@@ -214,5 +217,111 @@ case! {
             Err(Error::NoSuchProcess { .. }) => Ok(()),
             other => fail!("reading a process that never was: got {other:?}, expected NoSuchProcess"),
         }
+    }
+}
+
+/// Reads stdout from `offset` until `needle` shows in what was read;
+/// returns everything read and the offset after it.
+fn read_for(p: &dyn Processes, id: ProcessId, offset: u64, needle: &str) -> Res<(String, u64)> {
+    let start = Instant::now();
+    let mut offset = offset;
+    let mut got = Vec::new();
+    loop {
+        let slice = p
+            .read_output(
+                id,
+                Stream::Stdout,
+                offset,
+                1 << 16,
+                Some(Duration::from_millis(200)),
+            )
+            .ctx("read terminal output")?;
+        got.extend_from_slice(&slice.data);
+        offset = slice.next;
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if text.contains(needle) {
+            return Ok((text, offset));
+        }
+        ensure!(
+            !slice.ended,
+            "the terminal ended before {needle:?} showed: {text:?}"
+        );
+        ensure!(
+            start.elapsed() < Duration::from_secs(20),
+            "{needle:?} never showed: {text:?}"
+        );
+    }
+}
+
+case! {
+    /// A process on a terminal sees a terminal of the size asked, reads
+    /// what is typed (echoed back, as terminals do), and sees a resize.
+    fn a_process_on_a_terminal_sees_a_tty_its_size_and_typed_input(h) {
+        let sb = h.sandbox();
+        let p = processes(sb)?;
+        let script = "tty; stty size; read -r x; echo \"got [$x]\"; read -r y; stty size";
+        let id = p
+            .spawn(
+                &Command::shell(script),
+                &SpawnOptions {
+                    pty: Some(TermSize { rows: 24, cols: 80 }),
+                    ..SpawnOptions::default()
+                },
+            )
+            .ctx("spawn on a terminal")?;
+        let (text, offset) = read_for(p, id, 0, "24 80")?;
+        ensure!(text.contains("/dev/pts/"), "tty does not name a terminal: {text:?}");
+        p.write_stdin(id, b"hello\n").ctx("type a line")?;
+        let (text, offset) = read_for(p, id, offset, "got [hello]")?;
+        ensure!(text.contains("hello\r\n"), "the terminal did not echo the input: {text:?}");
+        p.resize(id, TermSize { rows: 30, cols: 100 }).ctx("resize")?;
+        p.write_stdin(id, b"\n").ctx("type enter")?;
+        read_for(p, id, offset, "30 100")?;
+        let end = p.wait(id, Some(Duration::from_secs(20))).ctx("wait")?;
+        ensure_eq!(end.status, Some(ExitStatus::Code(0)), "the end");
+        let plain = p.spawn(&Command::new(["true"]), &SpawnOptions::default()).ctx("spawn")?;
+        ensure!(p.resize(plain, TermSize { rows: 5, cols: 5 }).is_err(), "resizing a process without a terminal");
+        Ok(())
+    }
+}
+
+case! {
+    /// Ctrl-C typed on the terminal interrupts the program on it; a
+    /// terminal process past its deadline is killed with its whole group.
+    fn ctrl_c_reaches_the_terminal_program_and_deadlines_kill_it(h) {
+        let sb = h.sandbox();
+        let p = processes(sb)?;
+        let tty = SpawnOptions {
+            pty: Some(TermSize { rows: 24, cols: 80 }),
+            ..SpawnOptions::default()
+        };
+        let m = h.marker();
+        let id = p
+            .spawn(&Command::shell(format!("echo ready; sleep {m}")), &tty)
+            .ctx("spawn on a terminal")?;
+        read_for(p, id, 0, "ready")?;
+        let start = Instant::now();
+        while sandbox_processes_with_arg(sb, &m).ctx("scan /proc inside")?.is_empty() {
+            ensure!(start.elapsed() < Duration::from_secs(20), "sleep never started");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        p.write_stdin(id, b"\x03").ctx("type Ctrl-C")?;
+        let end = p.wait(id, Some(Duration::from_secs(20))).ctx("wait after Ctrl-C")?;
+        ensure!(
+            matches!(end.status, Some(ExitStatus::Signal(2)) | Some(ExitStatus::Code(130))),
+            "Ctrl-C did not interrupt it: {end:?}"
+        );
+        let m = h.marker();
+        let id = p
+            .spawn(
+                &Command::shell(format!("sleep {m} & sleep {m}")).timeout(Duration::from_millis(300)),
+                &tty,
+            )
+            .ctx("spawn on a terminal with a deadline")?;
+        let end = p.wait(id, Some(Duration::from_secs(30))).ctx("wait")?;
+        ensure!(end.finished() && end.timed_out, "the deadline did not end it: {end:?}");
+        let left = sandbox_processes_with_arg(sb, &m).ctx("scan /proc inside")?;
+        ensure!(left.is_empty(), "processes of the terminal survived its deadline: {left:?}");
+        Ok(())
     }
 }
