@@ -474,3 +474,124 @@ fn pid_1_shows_neither_hakos_arguments_nor_its_environment() {
         assert!(!shown.contains(leak), "{leak} visible inside: {shown}");
     }
 }
+
+/// A tmux server of the test's own, with one window running `sh`.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn start() -> Option<Tmux> {
+        if Command::new("tmux").arg("-V").output().is_err() {
+            assert!(
+                std::env::var_os("HAKO_MUST_WORK").is_none_or(|v| v != "1"),
+                "tmux is not installed and HAKO_MUST_WORK=1"
+            );
+            eprintln!("SKIPPED: tmux is not installed");
+            return None;
+        }
+        let tmux = Tmux {
+            socket: format!("hako-test-{}", std::process::id()),
+        };
+        let ok = tmux
+            .cmd(&["new-session", "-d", "-s", "t", "-x", "80", "-y", "24", "sh"])
+            .success();
+        assert!(ok, "tmux new-session failed");
+        Some(tmux)
+    }
+
+    fn cmd(&self, args: &[&str]) -> std::process::ExitStatus {
+        Command::new("tmux")
+            .args(["-L", &self.socket])
+            .args(args)
+            .env("TERM", "xterm")
+            .status()
+            .unwrap()
+    }
+
+    fn send(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", "t"];
+        args.extend_from_slice(keys);
+        assert!(self.cmd(&args).success());
+    }
+
+    fn screen(&self) -> String {
+        let out = Command::new("tmux")
+            .args(["-L", &self.socket, "capture-pane", "-p", "-t", "t"])
+            .output()
+            .unwrap();
+        text(&out.stdout)
+    }
+
+    /// Waits until the screen shows `needle` (from a computed echo, so the
+    /// typed command line does not count).
+    fn wait_for(&self, needle: &str) -> String {
+        let start = Instant::now();
+        loop {
+            let screen = self.screen();
+            if screen.contains(needle) {
+                return screen;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{needle:?} never showed on the terminal:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["kill-server"]);
+    }
+}
+
+#[test]
+fn hako_shell_works_on_a_real_terminal_and_restores_it() {
+    let Some(tmux) = Tmux::start() else { return };
+    let d = dirs();
+    let hako = env!("CARGO_BIN_EXE_hako");
+    let line = format!(
+        "{hako} shell --backend linux --workspace {}",
+        d.ws.display()
+    );
+    tmux.send(&[&line, "Enter"]);
+    tmux.send(&["echo READY-$((6*7)); stty size; tty", "Enter"]);
+    let screen = tmux.wait_for("READY-42");
+    tmux.wait_for("24 80");
+    assert!(screen.contains("/dev/pts/"), "{screen}");
+    // A window-size change reaches the shell inside.
+    assert!(tmux
+        .cmd(&["resize-window", "-t", "t", "-x", "100", "-y", "30"])
+        .success());
+    std::thread::sleep(Duration::from_millis(200));
+    tmux.send(&["stty size", "Enter"]);
+    tmux.wait_for("30 100");
+    // Ctrl-C reaches the program in the sandbox, not hako.
+    tmux.send(&["sleep 1000; echo slept-$((1+1))", "Enter"]);
+    std::thread::sleep(Duration::from_millis(500));
+    tmux.send(&["C-c"]);
+    tmux.send(&["echo after-$((2+3))", "Enter"]);
+    let screen = tmux.wait_for("after-5");
+    assert!(!screen.contains("slept-2"), "{screen}");
+    // Leaving the shell leaves hako, with the terminal as it was.
+    tmux.send(&["exit 7", "Enter"]);
+    // Typed only once hako is gone (before, hako would relay it inside).
+    let ws = d.ws.display().to_string();
+    let start = Instant::now();
+    while processes_with(&ws).iter().any(|p| p.contains(" shell ")) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "hako shell did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    tmux.send(&[
+        "echo code-$?; stty -a | tr ' ;' '\\n\\n' | grep -x -e icanon -e echo | tr '\\n' ' '; echo END-$((2+2))",
+        "Enter",
+    ]);
+    let screen = tmux.wait_for("END-4");
+    assert!(screen.contains("code-7"), "{screen}");
+    assert!(screen.contains("icanon echo END-4"), "{screen}");
+}

@@ -15,6 +15,8 @@ pub mod signum {
     pub const SIGTERM: i32 = libc::SIGTERM;
     /// Hang-up (the terminal went away).
     pub const SIGHUP: i32 = libc::SIGHUP;
+    /// The terminal's window changed size.
+    pub const SIGWINCH: i32 = libc::SIGWINCH;
 }
 
 /// Size of one `struct signalfd_siginfo`.

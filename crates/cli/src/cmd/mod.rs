@@ -4,6 +4,7 @@ mod bench;
 mod doctor;
 mod fs;
 mod run;
+mod shell;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -20,6 +21,8 @@ use hako_linux::Limits;
 pub enum Command {
     /// Run a command in a sandbox.
     Run(run::RunArgs),
+    /// Open an interactive shell in a sandbox, on this terminal.
+    Shell(shell::ShellArgs),
     /// Read, write and list files in a sandbox, through the fence.
     Fs(fs::FsArgs),
     /// Show which backends work on this host, and why the others don't.
@@ -32,6 +35,7 @@ pub enum Command {
 pub fn dispatch(command: Command) -> ExitCode {
     let code = match command {
         Command::Run(args) => run::run(args),
+        Command::Shell(args) => shell::run(args),
         Command::Fs(args) => fs::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Bench(args) => bench::run(args),
