@@ -219,6 +219,20 @@ pub(crate) fn kill_tree(main: Option<Pid>, status: &mut Option<ExitStatus>) {
     }
     let me = rproc::getpid();
     loop {
+        // Reap what has ended already; with no child left at all, done
+        // (the common case, and no /proc scan for it).
+        loop {
+            match rproc::wait(WaitOptions::NOHANG) {
+                Ok(Some((pid, st))) => {
+                    if Some(pid) == main && status.is_none() {
+                        *status = convert(st);
+                    }
+                }
+                Ok(None) => break,
+                Err(Errno::INTR) => {}
+                Err(_) => return,
+            }
+        }
         if let Ok(children) = hako_sys::proc::children_of(me) {
             for pid in children {
                 let _ = rproc::kill_process(pid, Signal::KILL);

@@ -229,6 +229,16 @@ fn bench_backend(
         "fork/exec true",
         fork,
     ));
+    if kind == BackendKind::Linux {
+        // What a harness that wraps each call in bubblewrap pays per call.
+        out.push(compare(
+            format!("exec true in an open {} sandbox (library)", kind.name()),
+            Some(kind.name()),
+            warm,
+            &format!("{reference_name} (a new sandbox per call)"),
+            reference,
+        ));
+    }
     bench_fence(sandbox.as_ref(), kind, workspace, n, out)?;
     sandbox.close().map_err(|e| e.to_string())
 }
