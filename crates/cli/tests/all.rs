@@ -369,6 +369,25 @@ fn doctor_reports_every_backend() {
         }
     }
     assert!(v["auto"].as_str().is_some());
+    // Each protection is checked on its own; this machine has all three,
+    // and the linux backend works only when it does.
+    let protections = v["protections"].as_array().unwrap();
+    let names: Vec<&str> = protections
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["landlock", "seccomp", "user namespaces"]);
+    let linux_works = v["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|b| b["backend"] == "linux" && b["works"] == true);
+    for p in protections {
+        assert!(p["detail"].as_str().is_some_and(|d| !d.is_empty()), "{p}");
+        if linux_works {
+            assert_eq!(p["available"], true, "{p}");
+        }
+    }
 }
 
 #[test]
