@@ -201,6 +201,16 @@ pub enum ExecCwd {
     Path(PathBuf),
 }
 
+impl ExecCwd {
+    /// What the request says, and the descriptor to send with it.
+    fn split(self) -> (Cwd, Option<OwnedFd>) {
+        match self {
+            ExecCwd::Fd(fd) => (Cwd::Fd, Some(fd)),
+            ExecCwd::Path(path) => (Cwd::Path(path), None),
+        }
+    }
+}
+
 /// A sandbox's guest, started once and serving every command until
 /// [`close`](Connection::close). Dropping it closes it; if this process
 /// dies, the guest sees its connection close and kills everything.
@@ -462,10 +472,7 @@ impl Connection {
             max_output,
         } = exec;
         let (id, rx) = self.register("run command")?;
-        let (cwd, fd) = match cwd {
-            ExecCwd::Fd(fd) => (Cwd::Fd, Some(fd)),
-            ExecCwd::Path(path) => (Cwd::Path(path), None),
-        };
+        let (cwd, fd) = cwd.split();
         let start = Instant::now();
         let request = ExecRequest {
             id,
@@ -606,10 +613,7 @@ impl Connection {
     /// returns its id.
     pub fn open_session(&self, env: Vec<(String, String)>, cwd: ExecCwd) -> Result<u64> {
         let (id, rx) = self.register("open a session")?;
-        let (cwd, fd) = match cwd {
-            ExecCwd::Fd(fd) => (Cwd::Fd, Some(fd)),
-            ExecCwd::Path(path) => (Cwd::Path(path), None),
-        };
+        let (cwd, fd) = cwd.split();
         let request = SessionRequest {
             id,
             shell: None,
@@ -712,10 +716,7 @@ impl Connection {
                 ),
             );
         }
-        let (cwd, fd) = match cwd {
-            ExecCwd::Fd(fd) => (Cwd::Fd, Some(fd)),
-            ExecCwd::Path(path) => (Cwd::Path(path), None),
-        };
+        let (cwd, fd) = cwd.split();
         let request = ExecRequest {
             id,
             argv,

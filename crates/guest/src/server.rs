@@ -626,24 +626,8 @@ impl Server<'_> {
             Ok(n) => {
                 let offset = exec.totals[s];
                 exec.totals[s] += n as u64;
-                let room = exec.max_output.saturating_sub(offset);
-                let keep = n.min(usize::try_from(room).unwrap_or(usize::MAX));
-                if keep > 0 {
-                    let frame = Frame::<FromGuest>::Output {
-                        id: exec.id,
-                        stream: if s == 0 {
-                            StreamId::Stdout
-                        } else {
-                            StreamId::Stderr
-                        },
-                        offset,
-                        data: self.buf[..keep].to_vec(),
-                    };
-                    if let Ok(bytes) = proto::encode(&frame) {
-                        if (&self.ctl).write_all(&bytes).is_err() {
-                            self.ctl_open = false;
-                        }
-                    }
+                if let Some(frame) = capped(exec.id, s, offset, &self.buf[..n], exec.max_output) {
+                    self.write_frame(&frame);
                 }
             }
             Err(Errno::INTR) | Err(Errno::AGAIN) => {}
@@ -654,24 +638,7 @@ impl Server<'_> {
     /// Writes queued input into a command's stdin without blocking.
     fn feed_stdin(&mut self, i: usize) {
         let exec = &mut self.execs[i];
-        while let Some(fd) = &exec.stdin {
-            let (head, _) = exec.pending.as_slices();
-            if head.is_empty() {
-                break;
-            }
-            match hako_sys::rustix::io::write(fd, head) {
-                Ok(n) => {
-                    exec.pending.drain(..n);
-                }
-                Err(Errno::AGAIN) => break,
-                Err(Errno::INTR) => {}
-                Err(_) => {
-                    // The command closed its stdin; that is not an error.
-                    exec.stdin = None;
-                    exec.pending.clear();
-                }
-            }
-        }
+        feed(&mut exec.stdin, &mut exec.pending);
         if exec.close_stdin && exec.pending.is_empty() {
             exec.stdin = None;
         }
@@ -1087,41 +1054,14 @@ impl SessionRun {
     fn output(&mut self, s: usize, data: &[u8]) -> Option<Frame<FromGuest>> {
         let offset = self.totals[s];
         self.totals[s] += data.len() as u64;
-        let room = self.max_output.saturating_sub(offset);
-        let keep = data.len().min(usize::try_from(room).unwrap_or(usize::MAX));
-        (keep > 0).then(|| Frame::Output {
-            id: self.id,
-            stream: if s == 0 {
-                StreamId::Stdout
-            } else {
-                StreamId::Stderr
-            },
-            offset,
-            data: data[..keep].to_vec(),
-        })
+        capped(self.id, s, offset, data, self.max_output)
     }
 }
 
 impl Session {
     /// Writes queued script text into the shell without blocking.
     fn feed(&mut self) {
-        while let Some(fd) = &self.stdin {
-            let (head, _) = self.pending.as_slices();
-            if head.is_empty() {
-                break;
-            }
-            match hako_sys::rustix::io::write(fd, head) {
-                Ok(n) => {
-                    self.pending.drain(..n);
-                }
-                Err(Errno::AGAIN) => break,
-                Err(Errno::INTR) => {}
-                Err(_) => {
-                    self.stdin = None;
-                    self.pending.clear();
-                }
-            }
-        }
+        feed(&mut self.stdin, &mut self.pending);
     }
 
     /// Ends the session: the supervisor kills the shell and everything
@@ -1169,6 +1109,47 @@ impl Session {
         self.out = [None, None];
         self.status = None;
     }
+}
+
+/// Writes what is queued into `fd` without blocking; a closed reader (the
+/// program stopped reading its input) closes our end and drops the rest,
+/// which is not an error.
+fn feed(fd: &mut Option<OwnedFd>, pending: &mut VecDeque<u8>) {
+    while let Some(out) = fd {
+        let (head, _) = pending.as_slices();
+        if head.is_empty() {
+            break;
+        }
+        match hako_sys::rustix::io::write(&*out, head) {
+            Ok(n) => {
+                pending.drain(..n);
+            }
+            Err(Errno::AGAIN) => break,
+            Err(Errno::INTR) => {}
+            Err(_) => {
+                *fd = None;
+                pending.clear();
+            }
+        }
+    }
+}
+
+/// The frame forwarding the part of `data` (bytes of stream `s` of command
+/// `id`, starting at `offset`) under the cap `max`; `None` when all of it
+/// is over.
+fn capped(id: u64, s: usize, offset: u64, data: &[u8], max: u64) -> Option<Frame<FromGuest>> {
+    let room = max.saturating_sub(offset);
+    let keep = data.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+    (keep > 0).then(|| Frame::Output {
+        id,
+        stream: if s == 0 {
+            StreamId::Stdout
+        } else {
+            StreamId::Stderr
+        },
+        offset,
+        data: data[..keep].to_vec(),
+    })
 }
 
 /// 128 random bits as hex, from the kernel.
