@@ -86,3 +86,15 @@ impl AsFd for SignalFd {
         self.fd.as_fd()
     }
 }
+
+/// Gives `signal` its default action again in this process: undoes an
+/// inherited "ignore" (a program started in the background by a shell
+/// inherits SIGINT and SIGQUIT ignored, and keeps that across exec).
+pub fn restore_default(signal: i32) -> io::Result<()> {
+    // SAFETY: signal() with SIG_DFL installs no handler and touches no
+    // memory of ours.
+    if unsafe { libc::signal(signal, libc::SIG_DFL) } == libc::SIG_ERR {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -259,6 +259,10 @@ fn run_as_child() -> bool {
     let (Ok(marker), Ok(ws)) = (std::env::var(CHILD_MARKER), std::env::var(CHILD_WS)) else {
         return false;
     };
+    // This child stands for a hako process that Ctrl-C kills: when the
+    // tests themselves were started in the background, SIGINT comes in
+    // ignored.
+    hako_sys::signal::restore_default(hako_sys::signal::signum::SIGINT).unwrap();
     let sb = HostSandbox::new(HostConfig::new(ws)).unwrap();
     let _ = sb.exec(&Command::new(["sleep", marker.as_str()]));
     true
