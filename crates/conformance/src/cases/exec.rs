@@ -295,3 +295,35 @@ case! {
         Ok(())
     }
 }
+
+case! {
+    /// Streamed output arrives while the command runs, not when it ends:
+    /// the command waits for a file that only the sink creates on seeing
+    /// its first line. Buffering until the end would leave it waiting for
+    /// its deadline.
+    fn exec_stream_delivers_output_while_the_command_runs(h) {
+        let Some(streaming) = h.sandbox().exec_stream() else {
+            skip!("the backend does not offer exec_stream");
+        };
+        let flag = h.host_path("streamed.flag");
+        let mut seen = Vec::new();
+        let out = streaming
+            .exec_stream(
+                &Command::shell(
+                    "echo waiting; i=0; while [ ! -e streamed.flag ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; \
+                     [ -e streamed.flag ] && echo seen",
+                )
+                .timeout(std::time::Duration::from_secs(60)),
+                &mut |_, bytes| {
+                    seen.extend_from_slice(bytes);
+                    if seen.starts_with(b"waiting\n") && !flag.exists() {
+                        let _ = std::fs::write(&flag, b"");
+                    }
+                },
+            )
+            .ctx("exec_stream")?;
+        ensure!(!out.timed_out, "timed out: the first line never reached the sink while the command ran");
+        bytes_eq(&out.stdout, b"waiting\nseen\n", "stdout")?;
+        Ok(())
+    }
+}
