@@ -8,7 +8,10 @@
 //!    privileges (setuid bits, file capabilities).
 //! 4. Drop every capability (bounding, ambient, effective, permitted,
 //!    inheritable), after the steps above that needed them.
-//! 5. seccomp, last: its filter would refuse some of the calls above.
+//! 5. seccomp, last: its filter would refuse some of the calls above. In a
+//!    `linux` sandbox pid 1 installs the filter on itself once (see
+//!    [`Confinement::seal_pid1`]) and every command inherits it; none of the
+//!    steps above is refused by it.
 
 use std::io;
 use std::sync::Arc;
@@ -77,6 +80,23 @@ impl Confinement {
             landlock,
             seccomp,
         })
+    }
+
+    /// Installs the seccomp filter on pid 1 itself, before it starts any
+    /// process: every supervisor and command inherits it (filters survive
+    /// fork and exec), so it is compiled and loaded once per sandbox instead
+    /// of once per command, and pid 1, which keeps capabilities in the
+    /// sandbox's user namespace, is held to it too. Nothing pid 1 does from
+    /// here on needs a call the filter refuses; neither do the steps each
+    /// command still takes before exec (rlimits, Landlock, no_new_privs,
+    /// dropping capabilities). Pid 1 may install it without no_new_privs: it
+    /// holds CAP_SYS_ADMIN in the namespace.
+    pub(crate) fn seal_pid1(&mut self) -> Result<(), String> {
+        if let Some(program) = self.seccomp.take() {
+            hako_seccomp::apply(&program)
+                .map_err(|e| format!("cannot install the seccomp filter on pid 1: {e}"))?;
+        }
+        Ok(())
     }
 
     /// The step run in one command's process just before exec.

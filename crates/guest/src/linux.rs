@@ -146,7 +146,8 @@ fn pid1(
         Err(_) => return 1,
     };
     let _ = hako_sys::proc::disguise_as("hako-guest");
-    if let Err(message) = set_up(spec) {
+    let mut confinement = confinement;
+    if let Err(message) = set_up(spec).and_then(|()| confinement.seal_pid1()) {
         let _ = crate::proto::write_frame(&ctl, &FromGuest::Refused { message });
         return 1;
     }

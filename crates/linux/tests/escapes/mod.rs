@@ -160,10 +160,7 @@ fn a_secret_host_variable_is_not_visible_in_env_or_proc_1_environ() {
 fn proc_self_status_shows_no_capability_and_no_new_privs_and_seccomp() {
     let (_d, ws) = workspace();
     let sb = sandbox(&ws);
-    let out = sh(
-        &sb,
-        "grep -E '^(Cap|NoNewPrivs|Seccomp:)' /proc/self/status",
-    );
+    let out = sh(&sb, "grep -E '^(Cap|NoNewPrivs|Seccomp)' /proc/self/status");
     let status = text(&out.stdout);
     for cap in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
         assert!(
@@ -173,6 +170,11 @@ fn proc_self_status_shows_no_capability_and_no_new_privs_and_seccomp() {
     }
     assert!(status.contains("NoNewPrivs:\t1"), "{status}");
     assert!(status.contains("Seccomp:\t2"), "{status}");
+    // Pid 1 keeps capabilities in the sandbox's namespace: the filter holds
+    // it too, and exactly one filter is stacked on a command.
+    let pid1 = text(&sh(&sb, "grep -E '^Seccomp' /proc/1/status").stdout);
+    assert!(pid1.contains("Seccomp:\t2"), "pid 1: {pid1}");
+    assert!(status.contains("Seccomp_filters:\t1"), "{status}");
 }
 
 #[test]
