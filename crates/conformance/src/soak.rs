@@ -21,7 +21,8 @@ pub struct SoakReport {
     /// Open descriptors of this process after it was closed.
     pub fds_after: usize,
     /// Zombie processes among this process's descendants after the runs
-    /// (before close), with their command names.
+    /// (before close) that were not reaped within a few seconds, with their
+    /// command names.
     pub zombies: Vec<String>,
     /// Descendants of this process left after close.
     pub left: Vec<String>,
@@ -146,11 +147,22 @@ pub fn soak(
     for result in results {
         result?;
     }
-    let zombies = descendants()
-        .into_iter()
-        .filter(|(_, state, _)| *state == 'Z')
-        .map(|(pid, _, name)| format!("{pid} {name}"))
-        .collect();
+    // A process that has just exited is a zombie until its parent's next
+    // turn reaps it: only one that stays is a leak.
+    let zombies = || -> Vec<String> {
+        descendants()
+            .into_iter()
+            .filter(|(_, state, _)| *state == 'Z')
+            .map(|(pid, _, name)| format!("{pid} {name}"))
+            .collect()
+    };
+    let settle = std::time::Instant::now();
+    let mut zombies_left = zombies();
+    while !zombies_left.is_empty() && settle.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        zombies_left = zombies();
+    }
+    let zombies = zombies_left;
     sandbox.close().map_err(|e| format!("close: {e}"))?;
     drop(sandbox);
     let left = descendants()

@@ -7,8 +7,7 @@
 //! threads can run commands at once; each waits only for its own events.
 
 use std::collections::HashMap;
-use std::io::{IoSlice, Write};
-use std::mem::MaybeUninit;
+use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -26,7 +25,6 @@ use hako_core::{
     Command, Error, Output, OutputSink, OutputSlice, ProcessState, Result, SpawnOptions, Stream,
     TermSize,
 };
-use hako_sys::rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use hako_sys::spawn::{prepare, ChildSetup};
 
 fn backend_err(backend: &str, op: &'static str, message: impl Into<String>) -> Error {
@@ -430,7 +428,7 @@ impl Connection {
             .map_err(|_| backend_err(self.backend, "send to hako-guest", "lock poisoned"))?;
         let sent = match fd {
             None => (&*writer).write_all(&bytes),
-            Some(fd) => send_with_fd(&writer, &bytes, fd),
+            Some(fd) => proto::send_with_fds(&writer, &bytes, &[fd.as_fd()]),
         };
         sent.map_err(|e| backend_err(self.backend, "send to hako-guest", e.to_string()))
     }
@@ -926,24 +924,6 @@ impl Drop for Connection {
     fn drop(&mut self) {
         self.close();
     }
-}
-
-/// Sends `bytes` with `fd` attached to the first of them.
-fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: &OwnedFd) -> std::io::Result<()> {
-    let mut space = [MaybeUninit::<u8>::uninit(); hako_sys::rustix::cmsg_space!(ScmRights(1))];
-    let mut ancillary = SendAncillaryBuffer::new(&mut space);
-    let fds = [fd.as_fd()];
-    if !ancillary.push(SendAncillaryMessage::ScmRights(&fds)) {
-        return Err(std::io::Error::other("no room for the descriptor"));
-    }
-    let sent = sendmsg(
-        stream,
-        &[IoSlice::new(bytes)],
-        &mut ancillary,
-        SendFlags::NOSIGNAL,
-    )?;
-    let mut rest = stream;
-    rest.write_all(&bytes[sent..])
 }
 
 /// The reader thread: hands every frame to the command it belongs to, and

@@ -123,6 +123,9 @@ struct Server<'a> {
     mode: Mode,
     orphans: bool,
     buf: Vec<u8>,
+    /// A supervisor forked ahead of need, waiting for its job: the fork is
+    /// then off the path of the next command.
+    spare: Option<(Pid, UnixStream)>,
 }
 
 /// Serves requests on `ctl` until it closes and every command has ended.
@@ -162,6 +165,7 @@ pub(crate) fn serve(ctl: UnixStream, proof: &SingleThreaded, mode: Mode) -> u8 {
         mode,
         orphans: false,
         buf: vec![0u8; MAX_CHUNK],
+        spare: None,
     };
     server.send(&FromGuest::Ready {
         version: proto::VERSION,
@@ -194,6 +198,10 @@ impl Server<'_> {
                     }
                     break;
                 }
+            }
+            if self.spare.is_none() && self.ctl_open {
+                // Now, between requests, rather than when one comes.
+                self.spare = self.fork_spare().ok();
             }
             let ready = match self.wait(signals, closing_since.is_some()) {
                 Ok(ready) => ready,
@@ -586,32 +594,60 @@ impl Server<'_> {
         Ok(())
     }
 
-    /// Forks a supervisor for `job` with `stdio` as the job's stdin, stdout
-    /// and stderr (and `fd3` as its descriptor 3); returns its pid and our
-    /// end of its socket. The child ends of every descriptor are closed here.
+    /// Hands `job` to a supervisor (the spare one, or one forked now) with
+    /// `stdio` as the job's stdin, stdout and stderr (and `fd3` as its
+    /// descriptor 3); returns its pid and our end of its socket. Our copies
+    /// of the descriptors are closed here.
     fn fork_supervisor(
-        &self,
+        &mut self,
         job: &Job,
         cwd: &Cwd,
         stdio: [OwnedFd; 3],
         cwd_fd: Option<OwnedFd>,
         fd3: Option<OwnedFd>,
     ) -> Result<(Pid, UnixStream), String> {
-        let (sup_mine, sup_theirs) =
+        let (pid, sock) = match self.spare.take() {
+            Some(spare) => spare,
+            None => self.fork_spare()?,
+        };
+        let handoff = Handoff {
+            job: job.clone(),
+            cwd: cwd.clone(),
+            cwd_fd: cwd_fd.is_some(),
+            fd3: fd3.is_some(),
+        };
+        let [a, b, c] = &stdio;
+        let mut fds = vec![a.as_fd(), b.as_fd(), c.as_fd()];
+        fds.extend(cwd_fd.as_ref().map(AsFd::as_fd));
+        fds.extend(fd3.as_ref().map(AsFd::as_fd));
+        let sent = proto::encode(&Frame::Message(&handoff))
+            .and_then(|bytes| proto::send_with_fds(&sock, &bytes, &fds));
+        if let Err(err) = sent {
+            let _ = rproc::kill_process(pid, Signal::KILL);
+            return Err(format!("cannot hand a command to its supervisor: {err}"));
+        }
+        Ok((pid, sock))
+    }
+
+    /// Forks a supervisor that waits for its job on a socket; it holds
+    /// nothing else (stdio on `/dev/null`, the socket at 3).
+    fn fork_spare(&self) -> Result<(Pid, UnixStream), String> {
+        let (mine, theirs) =
             UnixStream::pair().map_err(|e| format!("cannot create a socket pair: {e}"))?;
+        let null = dev_null()?;
         match ns::fork_single_threaded(self.proof) {
             Err(err) => Err(format!("cannot fork a supervisor: {err}")),
             Ok(Forked::Child) => {
-                let [a, b, c] = &stdio;
-                let mut fds = vec![a.as_fd(), b.as_fd(), c.as_fd(), sup_theirs.as_fd()];
-                fds.extend(cwd_fd.as_ref().map(AsFd::as_fd));
-                fds.extend(fd3.as_ref().map(AsFd::as_fd));
-                let code = supervisor(job, cwd, &self.mode, &fds, fd3.is_some());
+                let fds = [null.as_fd(), null.as_fd(), null.as_fd(), theirs.as_fd()];
+                let code = match hako_sys::spawn::install_fds_close_rest(&fds) {
+                    Ok(()) => spare(&self.mode),
+                    Err(_) => 10,
+                };
                 std::process::exit(code)
             }
             Ok(Forked::Parent(pid)) => {
                 let pid = Pid::from_raw(pid).ok_or("fork returned pid 0")?;
-                Ok((pid, sup_mine))
+                Ok((pid, mine))
             }
         }
     }
@@ -648,6 +684,10 @@ impl Server<'_> {
     /// to the guest.
     fn reap(&mut self) {
         while let Ok(Some((pid, _))) = rproc::wait(WaitOptions::NOHANG) {
+            if self.spare.as_ref().is_some_and(|(p, _)| *p == pid) {
+                self.spare = None;
+                continue;
+            }
             if let Some(session) = self.sessions.iter_mut().find(|s| s.supervisor == pid) {
                 session.supervisor_reaped = true;
                 if let Some(sup) = session.sup.take() {
@@ -690,6 +730,7 @@ impl Server<'_> {
             .iter()
             .map(|e| e.supervisor)
             .chain(self.sessions.iter().map(|s| s.supervisor))
+            .chain(self.spare.as_ref().map(|(p, _)| *p))
             .collect();
         let mut found = false;
         if let Ok(children) = hako_sys::proc::children_of(me) {
@@ -1229,6 +1270,41 @@ fn dev_null() -> Result<OwnedFd, String> {
     std::fs::File::open("/dev/null")
         .map(OwnedFd::from)
         .map_err(|e| format!("cannot open /dev/null: {e}"))
+}
+
+/// What a spare supervisor is handed with its descriptors (stdin, stdout,
+/// stderr, then the working directory's and the job's descriptor 3 when
+/// these flags say so).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Handoff {
+    job: Job,
+    cwd: Cwd,
+    cwd_fd: bool,
+    fd3: bool,
+}
+
+/// A spare supervisor: waits on its socket (at 3) for a job, then
+/// supervises it. End of file first means it is not needed.
+fn spare(mode: &Mode) -> i32 {
+    let Ok(sock) = hako_sys::take_inherited_fd(3) else {
+        return 11;
+    };
+    let sock = UnixStream::from(sock);
+    let (payload, fds) = match proto::recv_with_fds(&sock) {
+        Ok(got) => got,
+        Err(_) => return 0,
+    };
+    let Ok(Frame::Message(handoff)) = proto::decode::<Handoff>(&payload) else {
+        return 14;
+    };
+    let expected = 3 + usize::from(handoff.cwd_fd) + usize::from(handoff.fd3);
+    if fds.len() != expected {
+        return 15;
+    }
+    let mut order: Vec<std::os::fd::BorrowedFd<'_>> =
+        vec![fds[0].as_fd(), fds[1].as_fd(), fds[2].as_fd(), sock.as_fd()];
+    order.extend(fds[3..].iter().map(AsFd::as_fd));
+    supervisor(&handoff.job, &handoff.cwd, mode, &order, handoff.fd3)
 }
 
 /// The supervisor process: a fork of the guest that runs one job and writes

@@ -16,6 +16,7 @@ use hako_sys::spawn::{prepare, ChildSetup, ConfineHook};
 use crate::proto::{RunReply, SpawnFailure};
 
 /// One command for a supervisor.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Job {
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
