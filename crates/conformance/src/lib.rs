@@ -159,6 +159,7 @@ macro_rules! __hako_with_case_names {
             a_process_with_live_stdin_answers_each_line,
             killing_a_process_kills_its_tree_and_is_idempotent,
             the_callers_wait_and_the_process_deadline_are_separate_clocks,
+            a_callers_wait_that_expires_returns_a_handle_and_the_output_so_far,
             output_past_the_ring_is_reported_lost,
             a_process_on_a_terminal_sees_a_tty_its_size_and_typed_input,
             ctrl_c_reaches_the_terminal_program_and_deadlines_kill_it,

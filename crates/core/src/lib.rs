@@ -27,7 +27,7 @@ pub use error::{Error, FenceError, Result};
 pub use fs::{DirEntry, DirListing, FileKind, Metadata, ReadOutcome};
 pub use isolation::{Isolation, ParseIsolationError};
 pub use sandbox::{
-    require_isolation, AppendFile, ExecStream, MakeDirAll, OutputSink, OutputSlice, ProcessId,
-    ProcessState, Processes, ReadLimit, Sandbox, SessionId, SessionOptions, Sessions, SpawnOptions,
-    StatPath, Stream, TermSize, Workdir,
+    exec_or_detach, require_isolation, AppendFile, ExecStream, MakeDirAll, OutputSink, OutputSlice,
+    ProcessId, ProcessState, Processes, ReadLimit, Sandbox, SessionId, SessionOptions, Sessions,
+    SpawnOptions, StatPath, Stream, TermSize, Waited, Workdir,
 };

@@ -337,3 +337,65 @@ pub trait Processes {
     /// Every process started and not yet forgotten, oldest first.
     fn list(&self) -> Result<Vec<ProcessState>>;
 }
+
+/// What [`exec_or_detach`] returns.
+#[derive(Debug)]
+pub enum Waited {
+    /// The command ended within the caller's wait.
+    Finished(Output),
+    /// It is still running: its handle, and what it wrote so far.
+    Running {
+        /// The process, for [`Processes`].
+        id: ProcessId,
+        /// stdout so far (`next` is where to read on from).
+        stdout: OutputSlice,
+        /// stderr so far.
+        stderr: OutputSlice,
+    },
+}
+
+/// The caller's clock: starts `command` as a long-lived process and waits
+/// up to `wait` for it. If it ends in time, the result is its [`Output`]
+/// (up to `command.max_output` of each stream, default 1 MiB); otherwise
+/// the caller gets a handle and the output so far, and the process keeps
+/// running (its own deadline, `command.timeout`, still applies).
+pub fn exec_or_detach(
+    processes: &dyn Processes,
+    command: &Command,
+    wait: std::time::Duration,
+) -> Result<Waited> {
+    let start = std::time::Instant::now();
+    let max = command.max_output.unwrap_or(crate::DEFAULT_MAX_OUTPUT);
+    let ring = max.max(64 << 10);
+    let id = processes.spawn(
+        command,
+        &SpawnOptions {
+            ring_bytes: Some(ring),
+            ..SpawnOptions::default()
+        },
+    )?;
+    let state = processes.wait(id, Some(wait))?;
+    let stdout = processes.read_output(id, Stream::Stdout, 0, max, None)?;
+    let stderr = processes.read_output(id, Stream::Stderr, 0, max, None)?;
+    if !state.finished() {
+        return Ok(Waited::Running { id, stdout, stderr });
+    }
+    let Some(status) = state.status else {
+        return Err(Error::Backend {
+            backend: "process".into(),
+            op: "run command",
+            message: state.error.unwrap_or_default(),
+        });
+    };
+    Ok(Waited::Finished(Output {
+        status,
+        stdout_truncated: state.stdout_total > stdout.data.len() as u64,
+        stderr_truncated: state.stderr_total > stderr.data.len() as u64,
+        stdout_total: state.stdout_total,
+        stderr_total: state.stderr_total,
+        stdout: stdout.data,
+        stderr: stderr.data,
+        duration: start.elapsed(),
+        timed_out: state.timed_out,
+    }))
+}

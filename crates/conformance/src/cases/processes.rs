@@ -325,3 +325,37 @@ case! {
         Ok(())
     }
 }
+
+case! {
+    /// The caller's wait: a command that ends in time comes back as its
+    /// output; one that does not comes back as a handle with the output so
+    /// far, and keeps running to its end.
+    fn a_callers_wait_that_expires_returns_a_handle_and_the_output_so_far(h) {
+        let sb = h.sandbox();
+        let p = processes(sb)?;
+        match hako_core::exec_or_detach(p, &Command::shell("echo quick"), Duration::from_secs(60))
+            .ctx("a quick command")?
+        {
+            hako_core::Waited::Finished(out) => {
+                ensure_eq!(show(&out.stdout), show(b"quick\n"), "its output");
+                ensure_eq!(out.status, ExitStatus::Code(0), "its status");
+            }
+            other => fail!("a quick command did not finish within a minute: {other:?}"),
+        }
+        // This one cannot end before the test lets it.
+        let script = "echo early; while [ ! -e go.flag ]; do sleep 0.02; done; echo late";
+        let (id, so_far) = match hako_core::exec_or_detach(p, &Command::shell(script), Duration::from_millis(300))
+            .ctx("a command that outlives the wait")?
+        {
+            hako_core::Waited::Running { id, stdout, .. } => (id, stdout),
+            other => fail!("it ended before it was let: {other:?}"),
+        };
+        ensure!(b"early\n".starts_with(&so_far.data), "the output so far: {}", show(&so_far.data));
+        h.plant_file("go.flag", b"")?;
+        let end = p.wait(id, Some(Duration::from_secs(30))).ctx("wait for the rest")?;
+        ensure_eq!(end.status, Some(ExitStatus::Code(0)), "it ran to its end");
+        let all = read_until(p, id, Stream::Stdout, 0, 11, Duration::from_secs(10))?;
+        ensure_eq!(show(&all), show(b"early\nlate\n"), "everything it wrote");
+        Ok(())
+    }
+}
