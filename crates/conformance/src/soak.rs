@@ -24,7 +24,7 @@ pub struct SoakReport {
     /// (before close) that were not reaped within a few seconds, with their
     /// command names.
     pub zombies: Vec<String>,
-    /// Descendants of this process left after close.
+    /// Descendants of this process still there a few seconds after close.
     pub left: Vec<String>,
 }
 
@@ -165,10 +165,21 @@ pub fn soak(
     let zombies = zombies_left;
     sandbox.close().map_err(|e| format!("close: {e}"))?;
     drop(sandbox);
-    let left = descendants()
-        .into_iter()
-        .map(|(pid, state, name)| format!("{pid} {state} {name}"))
-        .collect();
+    // The guest may still be exiting (close does not wait for the kernel to
+    // tear a sandbox's namespaces down): only what stays is left behind.
+    let left = || -> Vec<String> {
+        descendants()
+            .into_iter()
+            .map(|(pid, state, name)| format!("{pid} {state} {name}"))
+            .collect()
+    };
+    let settle = std::time::Instant::now();
+    let mut still = left();
+    while !still.is_empty() && settle.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        still = left();
+    }
+    let left = still;
     let fds_after = open_fds().map_err(|e| e.to_string())?;
     Ok(SoakReport {
         fds_before,

@@ -41,9 +41,12 @@ pub trait Sandbox: Send + Sync {
     /// Lists a directory from `lstat` data, sorted by name.
     fn list_dir(&self, path: &Path) -> Result<DirListing>;
 
-    /// Tears everything down: afterwards no process, mount or temporary
-    /// directory of this sandbox is left, and every operation returns
-    /// [`Error::Closed`]. Idempotent; dropping a sandbox closes it too.
+    /// Tears everything down: afterwards no process started in the sandbox
+    /// is running, nothing it set up on the host (a temporary directory, a
+    /// cgroup) is left, and every operation returns [`Error::Closed`]. The
+    /// sandbox's own guest may still be exiting when this returns (and the
+    /// kernel freeing its namespaces); it is reaped in the background.
+    /// Idempotent; dropping a sandbox closes it too.
     fn close(&self) -> Result<()>;
 
     /// Bounded reads, if offered.

@@ -162,6 +162,8 @@ struct Table {
     waiting: HashMap<u64, mpsc::Sender<Event>>,
     /// Long-lived processes: their output and end are kept here.
     procs: Procs,
+    /// The guest said [`FromGuest::Bye`].
+    bye: bool,
     /// Why the guest is gone, once it is.
     gone: Option<String>,
 }
@@ -241,6 +243,20 @@ impl GuestProcess {
                     hako_sys::rustix::process::Signal::KILL,
                 );
             }
+        }
+    }
+
+    /// Reaps the process if it has ended; whether it had.
+    fn try_reap(&mut self) -> bool {
+        match self {
+            GuestProcess::Spawned(child) => matches!(child.try_wait(), Ok(Some(_))),
+            GuestProcess::Forked(pid) => matches!(
+                hako_sys::rustix::process::waitpid(
+                    Some(*pid),
+                    hako_sys::rustix::process::WaitOptions::NOHANG,
+                ),
+                Ok(Some(_))
+            ),
         }
     }
 
@@ -915,8 +931,23 @@ impl Connection {
         }
         let child = self.child.lock().ok().and_then(|mut c| c.take());
         if let Some(mut child) = child {
-            child.wait();
+            if self.said_bye() {
+                // Everything of the sandbox is gone but the guest's own
+                // exit (and, for linux, the kernel's teardown of the
+                // namespaces): reap it off the caller's path.
+                if !child.try_reap() {
+                    let _ = std::thread::Builder::new()
+                        .name("hako-reap".into())
+                        .spawn(move || child.wait());
+                }
+            } else {
+                child.wait();
+            }
         }
+    }
+
+    fn said_bye(&self) -> bool {
+        self.shared.table.lock().is_ok_and(|t| t.bye)
     }
 }
 
@@ -940,6 +971,10 @@ fn read_events(ctl: UnixStream, shared: &Shared) {
         let Ok(mut table) = shared.table.lock() else {
             return;
         };
+        if matches!(frame, Frame::Message(FromGuest::Bye)) {
+            table.bye = true;
+            break "the sandbox's guest ended".to_string();
+        }
         match frame {
             Frame::Output {
                 id, stream, data, ..

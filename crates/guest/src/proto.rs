@@ -193,6 +193,9 @@ pub enum FromGuest {
         /// How.
         message: String,
     },
+    /// The last frame: every command and session has ended and every
+    /// process of the sandbox but the guest itself is gone; the guest exits.
+    Bye,
     /// A request failed (bad frame, duplicate id, empty argv, ...); the
     /// guest stays up. `id` names the command when there is one.
     Failed {

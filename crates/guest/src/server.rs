@@ -213,9 +213,14 @@ impl Server<'_> {
             self.finish_execs();
             self.tend_sessions();
         }
-        // Whatever is left (a stuck supervisor, an orphan) goes now.
+        // Whatever is left (a stuck supervisor, the spare, an orphan) goes
+        // now; then hako need not wait for this process's own exit.
+        self.spare = None;
         let mut status = None;
         supervise::kill_tree(None, &mut status);
+        if let Ok(bytes) = proto::encode(&Frame::Message(FromGuest::Bye)) {
+            let _ = (&self.ctl).write_all(&bytes);
+        }
         0
     }
 
