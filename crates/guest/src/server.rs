@@ -43,6 +43,10 @@ const DRAIN_GRACE: Duration = Duration::from_secs(5);
 /// How long the guest waits for its supervisors when it shuts down before
 /// killing them outright.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// How long the guest must have been quiet before it forks a spare
+/// supervisor: back-to-back requests (and a one-command sandbox) never pay
+/// for one they do not use; a command after a pause finds one ready.
+const SPARE_AFTER: Duration = Duration::from_millis(2);
 /// The most stdin a command may have queued in the guest.
 const MAX_PENDING_STDIN: usize = 256 << 20;
 
@@ -126,6 +130,8 @@ struct Server<'a> {
     /// A supervisor forked ahead of need, waiting for its job: the fork is
     /// then off the path of the next command.
     spare: Option<(Pid, UnixStream)>,
+    /// When the last event was handled.
+    last_event: Instant,
 }
 
 /// Serves requests on `ctl` until it closes and every command has ended.
@@ -166,6 +172,7 @@ pub(crate) fn serve(ctl: UnixStream, proof: &SingleThreaded, mode: Mode) -> u8 {
         orphans: false,
         buf: vec![0u8; MAX_CHUNK],
         spare: None,
+        last_event: Instant::now(),
     };
     server.send(&FromGuest::Ready {
         version: proto::VERSION,
@@ -199,14 +206,18 @@ impl Server<'_> {
                     break;
                 }
             }
-            if self.spare.is_none() && self.ctl_open {
-                // Now, between requests, rather than when one comes.
+            if self.spare_due() {
+                // Now, while nothing happens, rather than when a request
+                // comes.
                 self.spare = self.fork_spare().ok();
             }
             let ready = match self.wait(signals, closing_since.is_some()) {
                 Ok(ready) => ready,
                 Err(_) => break,
             };
+            if !ready.is_empty() {
+                self.last_event = Instant::now();
+            }
             for (slot, events) in ready {
                 self.handle(slot, events, signals);
             }
@@ -281,7 +292,17 @@ impl Server<'_> {
             tv_sec: 0,
             tv_nsec: 20_000_000,
         };
-        let timeout = (draining || closing).then_some(&tick);
+        // Wake up to fork a spare supervisor once things are quiet.
+        let spare_in = (self.spare.is_none() && self.ctl_open).then(|| {
+            Timespec::try_from(SPARE_AFTER.saturating_sub(self.last_event.elapsed()))
+                .unwrap_or(tick)
+        });
+        let timeout = match (draining || closing, spare_in) {
+            (true, _) => Some(tick),
+            (false, Some(t)) => Some(t),
+            (false, None) => None,
+        };
+        let timeout = timeout.as_ref();
         match poll(&mut fds, timeout) {
             Ok(_) | Err(Errno::INTR) => {}
             Err(err) => return Err(err.into()),
@@ -597,6 +618,11 @@ impl Server<'_> {
             done_at: None,
         });
         Ok(())
+    }
+
+    /// Whether to fork a spare supervisor now.
+    fn spare_due(&self) -> bool {
+        self.spare.is_none() && self.ctl_open && self.last_event.elapsed() >= SPARE_AFTER
     }
 
     /// Hands `job` to a supervisor (the spare one, or one forked now) with

@@ -1,8 +1,9 @@
 //! `hako bench`: each backend against the reference tool, in the same run.
 //!
 //! Every figure is a median over many runs, and every hako figure is reported
-//! with the reference measured just before it, as a ratio (hako / reference):
-//! the ratio is what carries from one machine to another.
+//! with its reference measured in the same loop, one run of each in turn, as
+//! a ratio (hako / reference): the ratio is what carries from one machine to
+//! another, and alternating keeps the machine's drift out of it.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -44,13 +45,47 @@ fn measure(n: usize, mut f: impl FnMut() -> Result<(), String>) -> Result<Stats,
         f()?;
         samples.push(start.elapsed());
     }
+    Ok(stats(samples))
+}
+
+/// Measures `a` and `b` alternately, so that the machine's drift during the
+/// run (another VM, a frequency change) weighs on both alike; returns the
+/// statistics of each.
+fn measure_pair(
+    n: usize,
+    mut a: impl FnMut() -> Result<(), String>,
+    mut b: impl FnMut() -> Result<(), String>,
+) -> Result<(Stats, Stats), String> {
+    let n = n.max(1);
+    a()?;
+    b()?;
+    let mut sa = Vec::with_capacity(n);
+    let mut sb = Vec::with_capacity(n);
+    for i in 0..n {
+        // Alternate which goes first, too.
+        let order: [usize; 2] = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+        for which in order {
+            let start = Instant::now();
+            if which == 0 {
+                a()?;
+                sa.push(start.elapsed());
+            } else {
+                b()?;
+                sb.push(start.elapsed());
+            }
+        }
+    }
+    Ok((stats(sa), stats(sb)))
+}
+
+fn stats(mut samples: Vec<Duration>) -> Stats {
     samples.sort();
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
     let us = |d: Duration| d.as_secs_f64() * 1e6;
-    Ok(Stats {
+    Stats {
         median_us: us(at(0.5)),
         p90_us: us(at(0.9)),
-    })
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -140,14 +175,6 @@ const BWRAP: [&str; 12] = [
     "",
 ];
 
-fn bwrap_true(n: usize) -> Result<Stats, String> {
-    let path =
-        find_in_path("bwrap").ok_or("bwrap is not installed (apt-get install bubblewrap)")?;
-    measure(n, || {
-        status_ok(std::process::Command::new(&path).args(&BWRAP[1..11]))
-    })
-}
-
 fn references(n: usize) -> Vec<Reference> {
     let mut out = vec![Reference {
         tool: "fork/exec true".into(),
@@ -187,19 +214,31 @@ fn bench_backend(
     out: &mut Vec<Comparison>,
 ) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    // Each backend against the tool it replaces.
-    let (reference_name, reference) = match kind {
-        BackendKind::Linux => (BWRAP[..11].join(" "), bwrap_true(n)?),
-        _ => ("fork/exec true".to_string(), fork_exec_true(n)?),
-    };
-    let cold = measure(n, || {
+    let hako_run = || {
         status_ok(
             std::process::Command::new(&exe)
                 .args(["run", "--backend", kind.name(), "--workspace"])
                 .arg(workspace)
                 .args(["--", "true"]),
         )
-    })?;
+    };
+    let fork_exec = || status_ok(&mut std::process::Command::new("true"));
+    // Each backend against the tool it replaces, measured alternately.
+    let (reference_name, (cold, reference)) = match kind {
+        BackendKind::Linux => {
+            let bwrap = find_in_path("bwrap")
+                .ok_or("bwrap is not installed (apt-get install bubblewrap)")?;
+            let bwrap_true = || status_ok(std::process::Command::new(&bwrap).args(&BWRAP[1..11]));
+            (
+                BWRAP[..11].join(" "),
+                measure_pair(n, hako_run, bwrap_true)?,
+            )
+        }
+        _ => (
+            "fork/exec true".to_string(),
+            measure_pair(n, hako_run, fork_exec)?,
+        ),
+    };
     out.push(compare(
         format!(
             "hako run --backend {} -- true (cold, whole process)",
@@ -213,15 +252,18 @@ fn bench_backend(
     let spec = SandboxSpec::new(workspace.to_path_buf());
     let sandbox = backend::open(kind, &spec).map_err(|e| e.to_string())?;
     let command = Command::new(["true"]);
-    let fork = fork_exec_true(n)?;
-    let warm = measure(n, || {
-        let out = sandbox.exec(&command).map_err(|e| e.to_string())?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!("true exited {:?}", out.status))
-        }
-    })?;
+    let (warm, fork) = measure_pair(
+        n,
+        || {
+            let out = sandbox.exec(&command).map_err(|e| e.to_string())?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!("true exited {:?}", out.status))
+            }
+        },
+        fork_exec,
+    )?;
     out.push(compare(
         format!("exec true in an open {} sandbox (library)", kind.name()),
         Some(kind.name()),
