@@ -36,11 +36,15 @@ fn other(err: impl std::fmt::Display) -> io::Error {
 }
 
 /// The confinement of every command of a sandbox, checked and compiled
-/// once in pid 1 (Landlock's availability, the seccomp program).
+/// once (Landlock's availability and its ruleset, the seccomp program).
 #[derive(Clone)]
 pub(crate) struct Confinement {
     rlimits: Arc<Vec<Rlimit>>,
+    /// The write rules and whether they are required, until pid 1 builds
+    /// the ruleset from them.
     landlock: Option<Arc<(LandlockRules, bool)>>,
+    /// The ruleset, built once by pid 1 inside the view.
+    prepared: Option<Arc<confine::PreparedLandlock>>,
     seccomp: Option<Arc<hako_seccomp::Program>>,
 }
 
@@ -78,8 +82,34 @@ impl Confinement {
         Ok(Confinement {
             rlimits: Arc::new(rlimits),
             landlock,
+            prepared: None,
             seccomp,
         })
+    }
+
+    /// Builds the Landlock ruleset once, in pid 1 after `pivot_root` (its
+    /// paths are the sandbox's): each command then enforces it with one
+    /// system call. A ruleset that cannot be fully enforced fails the
+    /// sandbox here, unless Landlock is not required.
+    pub(crate) fn prepare_landlock(&mut self) -> Result<(), String> {
+        let Some(ll) = self.landlock.take() else {
+            return Ok(());
+        };
+        let (rules, required) = &*ll;
+        match confine::landlock_prepare_writes(rules) {
+            Ok(prepared) => self.prepared = Some(Arc::new(prepared)),
+            Err(err) if *required => {
+                return Err(format!("cannot build the Landlock ruleset: {err}; hint: pass --best-effort to run without it"))
+            }
+            Err(_) => {}
+        }
+        Ok(())
+    }
+
+    /// The ruleset's descriptor, which every supervisor keeps for its
+    /// command.
+    pub(crate) fn landlock_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.prepared.as_ref().map(|p| p.fd())
     }
 
     /// Installs the seccomp filter on pid 1 itself, before it starts any
@@ -100,11 +130,23 @@ impl Confinement {
     }
 
     /// The step run in one command's process just before exec.
-    pub(crate) fn hook(&self) -> ConfineHook {
-        let this = self.clone();
+    /// `landlock` is the prepared ruleset's descriptor as the supervisor
+    /// holds it (see [`Confinement::landlock_fd`]).
+    pub(crate) fn hook(&self, landlock: Option<std::os::fd::OwnedFd>) -> ConfineHook {
+        // Only what the step needs: not the prepared ruleset, whose own
+        // descriptor number means nothing in a supervisor.
+        let this = Confinement {
+            rlimits: Arc::clone(&self.rlimits),
+            landlock: self.landlock.clone(),
+            prepared: None,
+            seccomp: self.seccomp.clone(),
+        };
         Box::new(move || {
             confine::apply_rlimits(&this.rlimits).map_err(other)?;
-            if let Some(ll) = &this.landlock {
+            if let Some(fd) = &landlock {
+                confine::landlock_restrict_self_with(std::os::fd::AsFd::as_fd(fd))
+                    .map_err(other)?;
+            } else if let Some(ll) = &this.landlock {
                 let (rules, required) = &**ll;
                 if let Err(err) = confine::landlock_restrict_writes(rules) {
                     if *required {

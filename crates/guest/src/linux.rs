@@ -147,7 +147,10 @@ fn pid1(
     };
     let _ = hako_sys::proc::disguise_as("hako-guest");
     let mut confinement = confinement;
-    if let Err(message) = set_up(spec).and_then(|()| confinement.seal_pid1()) {
+    let ready = set_up(spec)
+        .and_then(|()| confinement.prepare_landlock())
+        .and_then(|()| confinement.seal_pid1());
+    if let Err(message) = ready {
         let _ = crate::proto::write_frame(&ctl, &FromGuest::Refused { message });
         return 1;
     }

@@ -669,7 +669,14 @@ impl Server<'_> {
         match ns::fork_single_threaded(self.proof) {
             Err(err) => Err(format!("cannot fork a supervisor: {err}")),
             Ok(Forked::Child) => {
-                let fds = [null.as_fd(), null.as_fd(), null.as_fd(), theirs.as_fd()];
+                let mut fds = vec![null.as_fd(), null.as_fd(), null.as_fd(), theirs.as_fd()];
+                // The Landlock ruleset, kept for the command (at 4).
+                fds.extend(
+                    self.mode
+                        .confinement
+                        .as_ref()
+                        .and_then(Confinement::landlock_fd),
+                );
                 let code = match hako_sys::spawn::install_fds_close_rest(&fds) {
                     Ok(()) => spare(&self.mode),
                     Err(_) => 10,
@@ -1321,6 +1328,13 @@ fn spare(mode: &Mode) -> i32 {
         return 11;
     };
     let sock = UnixStream::from(sock);
+    let landlock = match mode.confinement.as_ref().and_then(Confinement::landlock_fd) {
+        Some(_) => match hako_sys::take_inherited_fd(4) {
+            Ok(fd) => Some(fd),
+            Err(_) => return 16,
+        },
+        None => None,
+    };
     let (payload, fds) = match proto::recv_with_fds(&sock) {
         Ok(got) => got,
         Err(_) => return 0,
@@ -1335,6 +1349,7 @@ fn spare(mode: &Mode) -> i32 {
     let mut order: Vec<std::os::fd::BorrowedFd<'_>> =
         vec![fds[0].as_fd(), fds[1].as_fd(), fds[2].as_fd(), sock.as_fd()];
     order.extend(fds[3..].iter().map(AsFd::as_fd));
+    order.extend(landlock.as_ref().map(AsFd::as_fd));
     supervisor(&handoff.job, &handoff.cwd, mode, &order, handoff.fd3)
 }
 
@@ -1370,11 +1385,22 @@ fn supervisor(
     };
     let fd3 = if has_fd3 {
         match hako_sys::take_inherited_fd(next) {
-            Ok(fd) => Some(fd),
+            Ok(fd) => {
+                next += 1;
+                Some(fd)
+            }
             Err(_) => return 13,
         }
     } else {
         None
+    };
+    // The prepared Landlock ruleset comes last, where the sandbox has one.
+    let landlock = match mode.confinement.as_ref().and_then(Confinement::landlock_fd) {
+        Some(_) => match hako_sys::take_inherited_fd(next) {
+            Ok(fd) => Some(fd),
+            Err(_) => return 17,
+        },
+        None => None,
     };
     if mode.confinement.is_some() {
         // Inside a sandbox the supervisor keeps pid 1's capabilities; no
@@ -1386,7 +1412,7 @@ fn supervisor(
         &ctl,
         RunOptions {
             stop_signals: true,
-            confine: mode.confinement.as_ref().map(Confinement::hook),
+            confine: mode.confinement.as_ref().map(|c| c.hook(landlock)),
             cwd,
             fd3,
             controlling_tty: job.tty,

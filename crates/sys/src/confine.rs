@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 
 use landlock::{
     AccessFs, BitFlags, CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetCreatedAttr,
-    RulesetError, RulesetStatus, ABI,
+    RulesetError, ABI,
 };
 use rustix::process as rp;
 use rustix::thread::{self as rt, CapabilitiesSecureBits, CapabilitySet, CapabilitySets};
@@ -108,6 +108,8 @@ pub enum ConfineError {
         /// The error from the `landlock` crate.
         source: RulesetError,
     },
+    /// Enforcing a prepared ruleset (`landlock_restrict_self`) failed.
+    LandlockEnforce(io::Error),
     /// The ruleset was applied only in part, or not at all.
     LandlockNotEnforced {
         /// The kernel's Landlock ABI.
@@ -177,6 +179,10 @@ impl fmt::Display for ConfineError {
                  hint: limits can only be lowered without CAP_SYS_RESOURCE",
                 resource.name()
             ),
+            Self::LandlockEnforce(e) => write!(
+                f,
+                "cannot enforce the Landlock ruleset (landlock_restrict_self): {e}"
+            ),
             Self::LandlockUnsupported(e) => {
                 write!(
                     f,
@@ -224,6 +230,7 @@ impl std::error::Error for ConfineError {
             | Self::ClearAmbient(e)
             | Self::Securebits(e)
             | Self::LandlockUnsupported(e)
+            | Self::LandlockEnforce(e)
             | Self::BoundingSet { source: e, .. }
             | Self::Rlimit { source: e, .. }
             | Self::LandlockPath { source: e, .. } => Some(e),
@@ -243,6 +250,7 @@ impl From<ConfineError> for io::Error {
             | ConfineError::Capset(e)
             | ConfineError::ClearAmbient(e)
             | ConfineError::Securebits(e)
+            | ConfineError::LandlockEnforce(e)
             | ConfineError::BoundingSet { source: e, .. }
             | ConfineError::Rlimit { source: e, .. }
             | ConfineError::LandlockPath { source: e, .. } => e.kind(),
@@ -648,6 +656,26 @@ fn open_rule_path(path: &Path) -> Result<Option<(OwnedFd, bool)>, ConfineError> 
 /// `CAP_SYS_ADMIN`). Paths are opened (following symlinks) now, so give the
 /// paths as they are in the final root, after `pivot_root`.
 pub fn landlock_restrict_writes(rules: &LandlockRules) -> Result<LandlockStatus, ConfineError> {
+    let prepared = landlock_prepare_writes(rules)?;
+    prepared.restrict_self()?;
+    Ok(prepared.status())
+}
+
+/// A Landlock ruleset built once (paths opened, rules added, every handled
+/// right checked against the kernel), to be enforced by many processes:
+/// [`PreparedLandlock::restrict_self`] is one system call. Its descriptor
+/// is close-on-exec.
+#[derive(Debug)]
+pub struct PreparedLandlock {
+    fd: OwnedFd,
+    abi: u32,
+    skipped: Vec<PathBuf>,
+}
+
+/// Builds the ruleset of [`landlock_restrict_writes`] without enforcing it.
+/// Fails closed the same way: no Landlock, or a right the kernel cannot
+/// enforce, is an error.
+pub fn landlock_prepare_writes(rules: &LandlockRules) -> Result<PreparedLandlock, ConfineError> {
     let kernel_abi = probe_landlock_abi().map_err(ConfineError::LandlockUnsupported)?;
     // The crate advises a fixed ABI; the aim here is the best the kernel
     // offers, so the rights follow the kernel's ABI, capped at the last one
@@ -690,23 +718,61 @@ pub fn landlock_restrict_writes(rules: &LandlockRules) -> Result<LandlockStatus,
             .add_rule(landlock::PathBeneath::new(fd, allowed))
             .map_err(landlock_err("add a rule to"))?;
     }
+    let fd: Option<OwnedFd> = ruleset.into();
+    let fd = fd.ok_or(ConfineError::LandlockNotEnforced {
+        abi: kernel_abi,
+        status: "not",
+    })?;
+    Ok(PreparedLandlock {
+        fd,
+        abi: kernel_abi,
+        skipped,
+    })
+}
 
-    let status = ruleset.restrict_self().map_err(landlock_err("enforce"))?;
-    match status.ruleset {
-        RulesetStatus::FullyEnforced => Ok(LandlockStatus {
-            abi: kernel_abi,
-            fully_enforced: true,
-            skipped,
-        }),
-        RulesetStatus::PartiallyEnforced => Err(ConfineError::LandlockNotEnforced {
-            abi: kernel_abi,
-            status: "partially",
-        }),
-        RulesetStatus::NotEnforced => Err(ConfineError::LandlockNotEnforced {
-            abi: kernel_abi,
-            status: "not",
-        }),
+impl PreparedLandlock {
+    /// Enforces the ruleset on the calling thread, its future children and
+    /// whatever they exec. Sets `no_new_privs` first (the kernel requires it,
+    /// or `CAP_SYS_ADMIN`). Makes no allocation: it may run between fork and
+    /// exec.
+    pub fn restrict_self(&self) -> Result<(), ConfineError> {
+        landlock_restrict_self_with(std::os::fd::AsFd::as_fd(&self.fd))
     }
+
+    /// The ruleset's descriptor (to hand to a process that enforces it with
+    /// [`landlock_restrict_self_with`]).
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.fd)
+    }
+
+    /// What enforcing it puts in force.
+    pub fn status(&self) -> LandlockStatus {
+        LandlockStatus {
+            abi: self.abi,
+            fully_enforced: true,
+            skipped: self.skipped.clone(),
+        }
+    }
+}
+
+/// Enforces the Landlock ruleset `fd` (from [`PreparedLandlock::fd`],
+/// possibly inherited under another number) on the calling thread. Sets
+/// `no_new_privs` first. No allocation.
+pub fn landlock_restrict_self_with(fd: std::os::fd::BorrowedFd<'_>) -> Result<(), ConfineError> {
+    use std::os::fd::AsRawFd as _;
+    set_no_new_privs()?;
+    // SAFETY: landlock_restrict_self takes a descriptor number and flags 0;
+    // the kernel checks that it is a Landlock ruleset.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_restrict_self,
+            fd.as_raw_fd(),
+            0 as libc::c_uint,
+        )
+    };
+    crate::check(ret)
+        .map(drop)
+        .map_err(ConfineError::LandlockEnforce)
 }
 
 #[cfg(test)]

@@ -324,3 +324,32 @@ fn every_system_call_the_policy_refuses_gets_eperm_inside_the_sandbox() {
     assert_eq!(report["hostname"], "hako");
     assert_ne!(report["euid"], 0);
 }
+
+/// Landlock, not only the read-only view: procfs is mounted writable (a
+/// process may rewrite its own entries there on the host), and Landlock
+/// allows writes only beneath the workspace, /tmp and a few devices, so
+/// rewriting /proc/self/comm is refused inside. The ruleset is built once by
+/// pid 1 and handed to each command's supervisor by descriptor.
+#[test]
+fn rewriting_the_sandbox_processes_own_proc_entries_is_refused() {
+    let (_d, ws) = workspace();
+    let sb = sandbox(&ws);
+    let script = "for i in 1 2 3; do (echo hacked > /proc/self/comm) 2>/dev/null && echo WROTE; done; cat /proc/self/comm";
+    let out = sh(&sb, script);
+    let shown = text(&out.stdout);
+    assert!(!shown.contains("WROTE"), "{shown}");
+    assert!(!shown.contains("hacked"), "{shown}");
+    // The same through a session's shell.
+    let s = hako_core::Sandbox::sessions(&sb).unwrap();
+    let id = s
+        .open_session(&hako_core::SessionOptions::default())
+        .unwrap();
+    let out = s
+        .session_exec(id, &hako_core::Command::shell(script), None)
+        .unwrap();
+    assert!(
+        !text(&out.stdout).contains("WROTE"),
+        "{}",
+        text(&out.stdout)
+    );
+}
