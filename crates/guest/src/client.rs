@@ -175,6 +175,10 @@ struct Shared {
     changed: Condvar,
 }
 
+/// The id the guest's first reply ([`FromGuest::Ready`] or
+/// [`FromGuest::Refused`]) is delivered under.
+const HELLO_ID: u64 = 0;
+
 /// How long [`Connection::start`] waits for the guest to build the sandbox.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -349,7 +353,7 @@ impl Connection {
         let proof = hako_sys::ns::single_threaded();
         // Whether the guest still needs the handshake to learn what to do.
         let mut hello = true;
-        let mut child = match (explicit, proof) {
+        let child = match (explicit, proof) {
             (None, Ok(proof)) => match &linux {
                 None => fork_guest(backend, &proof, cwd, ctl_guest)?,
                 Some(spec) => {
@@ -382,57 +386,67 @@ impl Connection {
                 )?)
             }
         };
-        let ready: std::io::Result<FromGuest> = (|| {
-            if hello {
-                let hello = ToGuest::Hello(Hello {
-                    version: proto::VERSION,
-                    linux,
-                });
-                proto::write_frame(&ctl, &hello)?;
-            }
-            // Building a sandbox takes milliseconds; a guest that says
-            // nothing for this long is stuck, and the caller must not hang
-            // with it.
-            ctl.set_read_timeout(Some(START_TIMEOUT))?;
-            let reply = proto::read_frame(&ctl);
-            ctl.set_read_timeout(None)?;
-            reply
-        })();
-        let mut failed = |message: String| {
+        let failed = |mut child: GuestProcess, message: String| {
             let _ = ctl.shutdown(std::net::Shutdown::Both);
             child.kill();
             child.wait();
             Err(backend_err(backend, "start the sandbox", message))
         };
-        match ready {
-            Ok(FromGuest::Ready { .. }) => {}
-            Ok(FromGuest::Refused { message }) => return failed(message),
-            Ok(other) => return failed(format!("unexpected first reply {other:?}")),
-            Err(e) => return failed(format!("hako-guest ended without a reply: {e}")),
+        if hello {
+            let hello = ToGuest::Hello(Hello {
+                version: proto::VERSION,
+                linux,
+            });
+            if let Err(e) = proto::write_frame(&ctl, &hello) {
+                return failed(child, format!("hako-guest ended without a reply: {e}"));
+            }
         }
-        let reader_end = ctl.try_clone().map_err(|source| Error::Io {
-            op: "clone control socket",
-            source,
-        })?;
+        // The reader starts now, while the guest builds the sandbox; the
+        // guest's first reply comes to this waiter.
         let shared = Arc::new(Shared::default());
-        let reader = {
+        let (tx, rx) = mpsc::channel();
+        if let Ok(mut table) = shared.table.lock() {
+            table.waiting.insert(HELLO_ID, tx);
+        }
+        let reader = ctl.try_clone().and_then(|reader_end| {
             let shared = Arc::clone(&shared);
             std::thread::Builder::new()
                 .name(format!("hako-{backend}-guest"))
                 .spawn(move || read_events(reader_end, &shared))
-                .map_err(|source| Error::Io {
-                    op: "start the guest reader thread",
-                    source,
-                })?
+        });
+        let reader = match reader {
+            Ok(reader) => reader,
+            Err(e) => return failed(child, format!("cannot start the guest reader: {e}")),
         };
-        Ok(Connection {
+        let connection = Connection {
             backend,
             writer: Mutex::new(ctl),
             shared,
             reader: Mutex::new(Some(reader)),
             child: Mutex::new(Some(child)),
-            next_id: AtomicU64::new(1),
-        })
+            next_id: AtomicU64::new(HELLO_ID + 1),
+        };
+        // Building a sandbox takes milliseconds; a guest that says nothing
+        // for this long is stuck, and the caller must not hang with it.
+        let why = match rx.recv_timeout(START_TIMEOUT) {
+            Ok(Event::Done(FromGuest::Ready { .. })) => return Ok(connection),
+            Ok(Event::Done(FromGuest::Refused { message })) => message,
+            Ok(Event::Done(other)) => format!("unexpected first reply {other:?}"),
+            Ok(Event::Gone(why)) => format!("hako-guest ended without a reply: {why}"),
+            Ok(Event::Output { .. }) => "unexpected output before the sandbox was ready".into(),
+            Err(_) => format!("hako-guest said nothing for {START_TIMEOUT:?}"),
+        };
+        if let Some(child) = connection
+            .child
+            .lock()
+            .ok()
+            .as_mut()
+            .and_then(|c| c.as_mut())
+        {
+            child.kill();
+        }
+        drop(connection);
+        Err(backend_err(backend, "start the sandbox", why))
     }
 
     fn send(&self, frame: &Frame<ToGuest>, fd: Option<&OwnedFd>) -> Result<()> {
@@ -993,7 +1007,8 @@ fn read_events(ctl: UnixStream, shared: &Shared) {
                     | FromGuest::SessionOpened { id }
                     | FromGuest::SessionEnded { id, .. } => Some(*id),
                     FromGuest::Failed { id, .. } => *id,
-                    _ => None,
+                    FromGuest::Ready { .. } | FromGuest::Refused { .. } => Some(HELLO_ID),
+                    FromGuest::Bye => None,
                 };
                 if let Some(tx) = id.and_then(|id| table.waiting.remove(&id)) {
                     let _ = tx.send(Event::Done(msg));

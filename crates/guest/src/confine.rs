@@ -37,6 +37,7 @@ fn other(err: impl std::fmt::Display) -> io::Error {
 
 /// The confinement of every command of a sandbox, checked and compiled
 /// once (Landlock's availability and its ruleset, the seccomp program).
+/// Checked in the process that creates pid 1; compiled and built in pid 1.
 #[derive(Clone)]
 pub(crate) struct Confinement {
     rlimits: Arc<Vec<Rlimit>>,
@@ -45,6 +46,9 @@ pub(crate) struct Confinement {
     landlock: Option<Arc<(LandlockRules, bool)>>,
     /// The ruleset, built once by pid 1 inside the view.
     prepared: Option<Arc<confine::PreparedLandlock>>,
+    /// The sandbox has a seccomp filter (compiled by
+    /// [`Confinement::compile_seccomp`]).
+    wants_seccomp: bool,
     seccomp: Option<Arc<hako_seccomp::Program>>,
 }
 
@@ -71,20 +75,24 @@ impl Confinement {
             ))),
             None => None,
         };
-        let seccomp = if spec.seccomp {
-            Some(Arc::new(
-                hako_seccomp::compile(&hako_seccomp::default_policy())
-                    .map_err(|e| format!("cannot compile the seccomp policy: {e}"))?,
-            ))
-        } else {
-            None
-        };
         Ok(Confinement {
             rlimits: Arc::new(rlimits),
             landlock,
             prepared: None,
-            seccomp,
+            wants_seccomp: spec.seccomp,
+            seccomp: None,
         })
+    }
+
+    /// Compiles the seccomp program, if the sandbox has one.
+    pub(crate) fn compile_seccomp(&mut self) -> Result<(), String> {
+        if self.wants_seccomp && self.seccomp.is_none() {
+            self.seccomp = Some(Arc::new(
+                hako_seccomp::compile(&hako_seccomp::default_policy())
+                    .map_err(|e| format!("cannot compile the seccomp policy: {e}"))?,
+            ));
+        }
+        Ok(())
     }
 
     /// Builds the Landlock ruleset once, in pid 1 after `pivot_root` (its
@@ -122,7 +130,9 @@ impl Confinement {
     /// dropping capabilities). Pid 1 may install it without no_new_privs: it
     /// holds CAP_SYS_ADMIN in the namespace.
     pub(crate) fn seal_pid1(&mut self) -> Result<(), String> {
+        self.compile_seccomp()?;
         if let Some(program) = self.seccomp.take() {
+            self.wants_seccomp = false;
             hako_seccomp::apply(&program)
                 .map_err(|e| format!("cannot install the seccomp filter on pid 1: {e}"))?;
         }
@@ -139,6 +149,7 @@ impl Confinement {
             rlimits: Arc::clone(&self.rlimits),
             landlock: self.landlock.clone(),
             prepared: None,
+            wants_seccomp: false,
             seccomp: self.seccomp.clone(),
         };
         Box::new(move || {

@@ -133,21 +133,27 @@ fn pid1(
     confinement: Confinement,
     proof: &SingleThreaded,
 ) -> u8 {
+    // While the parent maps our ids: keep only the connection (at fd 3)
+    // and the go pipe, stop showing the parent's command line and
+    // environment, and compile the seccomp program.
+    let kept = hako_sys::spawn::become_forked_helper_keeping(None, ctl.as_fd(), Some(go.as_fd()));
+    // Its number was closed with every other one; it now lives at 4.
+    std::mem::forget(go);
+    let (ctl, go) = match kept {
+        Ok((ctl, Some(go))) => (UnixStream::from(ctl), go),
+        _ => return 1,
+    };
+    let _ = hako_sys::proc::disguise_as("hako-guest");
+    let mut confinement = confinement;
+    let compiled = confinement.compile_seccomp();
     let mut byte = [0u8; 1];
     if !matches!(hako_sys::rustix::io::read(&go, &mut byte), Ok(1)) {
         // The parent failed (and says why) or died.
         return 1;
     }
     drop(go);
-    // Keep only the connection (at fd 3), and do not show the parent's
-    // command line or environment inside.
-    let ctl = match hako_sys::spawn::become_forked_helper(None, ctl.as_fd()) {
-        Ok(fd) => UnixStream::from(fd),
-        Err(_) => return 1,
-    };
-    let _ = hako_sys::proc::disguise_as("hako-guest");
-    let mut confinement = confinement;
-    let ready = set_up(spec)
+    let ready = compiled
+        .and_then(|()| set_up(spec))
         .and_then(|()| confinement.prepare_landlock())
         .and_then(|()| confinement.seal_pid1());
     if let Err(message) = ready {

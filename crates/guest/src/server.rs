@@ -177,6 +177,9 @@ pub(crate) fn serve(ctl: UnixStream, proof: &SingleThreaded, mode: Mode) -> u8 {
     server.send(&FromGuest::Ready {
         version: proto::VERSION,
     });
+    // The first command comes right after Ready: have its supervisor
+    // forked while hako reads Ready and sends it.
+    server.spare = server.fork_spare().ok();
     server.run(&signals)
 }
 

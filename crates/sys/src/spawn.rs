@@ -231,6 +231,15 @@ pub fn become_forked_helper(
     cwd: Option<std::os::fd::BorrowedFd<'_>>,
     fd3: std::os::fd::BorrowedFd<'_>,
 ) -> io::Result<OwnedFd> {
+    become_forked_helper_keeping(cwd, fd3, None).map(|(fd3, _)| fd3)
+}
+
+/// [`become_forked_helper`], keeping `fd4` too (at descriptor 4).
+pub fn become_forked_helper_keeping(
+    cwd: Option<std::os::fd::BorrowedFd<'_>>,
+    fd3: std::os::fd::BorrowedFd<'_>,
+    fd4: Option<std::os::fd::BorrowedFd<'_>>,
+) -> io::Result<(OwnedFd, Option<OwnedFd>)> {
     use std::os::fd::AsFd as _;
     // SAFETY: plain system calls on integers and on a local sigset_t.
     unsafe {
@@ -251,10 +260,17 @@ pub fn become_forked_helper(
         rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
         rustix::fs::Mode::empty(),
     )?;
-    install_fds_close_rest(&[null.as_fd(), null.as_fd(), null.as_fd(), fd3])?;
+    let mut fds = vec![null.as_fd(), null.as_fd(), null.as_fd(), fd3];
+    fds.extend(fd4);
+    install_fds_close_rest(&fds)?;
     // It was closed by the step above (or replaced, if it was below 4).
     std::mem::forget(null);
-    crate::take_inherited_fd(3)
+    let fd3 = crate::take_inherited_fd(3)?;
+    let fd4 = match fd4 {
+        Some(_) => Some(crate::take_inherited_fd(4)?),
+        None => None,
+    };
+    Ok((fd3, fd4))
 }
 
 /// Ends the calling process at once: no exit handlers run and no buffer
