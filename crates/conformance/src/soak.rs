@@ -75,6 +75,18 @@ fn descendants() -> Vec<(i32, char, String)> {
     out
 }
 
+/// What `scan` still finds after giving it up to five seconds to come up
+/// empty.
+fn settled(scan: impl Fn() -> Vec<String>) -> Vec<String> {
+    let start = std::time::Instant::now();
+    let mut found = scan();
+    while !found.is_empty() && start.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        found = scan();
+    }
+    found
+}
+
 /// Opens a sandbox on `workspace`, runs `sequential` commands one after
 /// another, then `threads` threads running `per_thread` commands each at
 /// once (each thread in a session of its own where the sandbox offers
@@ -149,37 +161,23 @@ pub fn soak(
     }
     // A process that has just exited is a zombie until its parent's next
     // turn reaps it: only one that stays is a leak.
-    let zombies = || -> Vec<String> {
+    let zombies = settled(|| {
         descendants()
             .into_iter()
             .filter(|(_, state, _)| *state == 'Z')
             .map(|(pid, _, name)| format!("{pid} {name}"))
             .collect()
-    };
-    let settle = std::time::Instant::now();
-    let mut zombies_left = zombies();
-    while !zombies_left.is_empty() && settle.elapsed() < std::time::Duration::from_secs(5) {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        zombies_left = zombies();
-    }
-    let zombies = zombies_left;
+    });
     sandbox.close().map_err(|e| format!("close: {e}"))?;
     drop(sandbox);
     // The guest may still be exiting (close does not wait for the kernel to
     // tear a sandbox's namespaces down): only what stays is left behind.
-    let left = || -> Vec<String> {
+    let left = settled(|| {
         descendants()
             .into_iter()
             .map(|(pid, state, name)| format!("{pid} {state} {name}"))
             .collect()
-    };
-    let settle = std::time::Instant::now();
-    let mut still = left();
-    while !still.is_empty() && settle.elapsed() < std::time::Duration::from_secs(5) {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        still = left();
-    }
-    let left = still;
+    });
     let fds_after = open_fds().map_err(|e| e.to_string())?;
     Ok(SoakReport {
         fds_before,
