@@ -1,7 +1,8 @@
 //! A sandbox whose commands run under `hako-guest`: the part every backend
 //! shares. A backend opens the fence, says what it enforces, and supplies a
-//! [`Launcher`]; everything else (exec, output caps, cancellation on close,
-//! file operations through the fence) is here, written once.
+//! [`Launcher`]; everything else (exec, sessions, long-lived processes,
+//! terminals, output caps, the idle lease, closing, file operations through
+//! the fence) is here, written once.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

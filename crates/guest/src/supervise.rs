@@ -1,4 +1,6 @@
-//! Running one command and cleaning up after it.
+//! A supervisor's work: running one command as the child subreaper of its
+//! tree, enforcing its deadline, and killing and reaping everything it left
+//! before reporting how it ended.
 
 use std::io;
 use std::os::fd::OwnedFd;

@@ -1,12 +1,13 @@
 //! The `linux` backend: Isolation `Process`, rootless and daemonless.
 //!
-//! Each command runs under `hako-guest`, which unshares user, mount, pid,
-//! network, IPC, UTS and cgroup namespaces, builds a read-only view of the
-//! system on a fresh tmpfs root with the workspace bound read-write at its own
-//! path, `pivot_root`s into it, and runs the command as pid 1's child with
-//! rlimits, Landlock, `no_new_privs`, no capabilities and a seccomp filter.
-//! The network namespace has only loopback. See README.md beside this file
-//! for the order in which each protection is applied.
+//! Opening a sandbox clones its pid 1 into new user, mount, pid, network,
+//! IPC, UTS and cgroup namespaces; pid 1 builds a read-only view of the
+//! system on a fresh tmpfs root with the workspace bound read-write at its
+//! own path, `pivot_root`s into it, loads the seccomp filter on itself, and
+//! then serves every command of the sandbox (`hako-guest`'s protocol): each
+//! runs under a supervisor with rlimits, Landlock, `no_new_privs` and no
+//! capabilities. The network namespace has only loopback. See README.md
+//! beside this file for the order in which each protection is applied.
 
 mod cgroup;
 pub mod plan;
