@@ -614,3 +614,39 @@ fn hako_shell_works_on_a_real_terminal_and_restores_it() {
     assert!(screen.contains("code-7"), "{screen}");
     assert!(screen.contains("icanon echo END-4"), "{screen}");
 }
+
+#[test]
+fn hako_alone_needs_no_guest_binary_beside_it() {
+    // The CLI runs the guest's code in a fork of itself: a lone copy of
+    // `hako` runs commands, and opens one sandbox after another (the guest
+    // of a closed one is reaped first, so the process can fork again).
+    let dir = tempfile::tempdir().unwrap();
+    let lone = dir.path().join("hako");
+    std::fs::copy(env!("CARGO_BIN_EXE_hako"), &lone).unwrap();
+    let d = dirs();
+    let out = Command::new(&lone)
+        .args(["run", "--backend", "linux", "--workspace"])
+        .arg(&d.ws)
+        .args(["--", "echo", "alone"])
+        .env_remove("HAKO_GUEST")
+        .output()
+        .unwrap();
+    assert_eq!(text(&out.stdout), "alone\n", "{}", text(&out.stderr));
+    let out = Command::new(&lone)
+        .args([
+            "bench",
+            "--json",
+            "--iterations",
+            "2",
+            "--backend",
+            "host",
+            "--backend",
+            "linux",
+        ])
+        .env_remove("HAKO_GUEST")
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["errors"], serde_json::json!([]), "{v}");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}

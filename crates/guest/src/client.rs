@@ -227,6 +227,34 @@ pub struct Connection {
     next_id: AtomicU64,
 }
 
+/// Threads reaping the guests of closed sandboxes.
+static REAPERS: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
+
+/// Reaps `child` on a thread of its own, off the caller's path.
+fn reap_later(child: GuestProcess) {
+    let spawned = std::thread::Builder::new()
+        .name("hako-reap".into())
+        .spawn(move || {
+            let mut child = child;
+            child.wait();
+        });
+    if let (Ok(handle), Ok(mut reapers)) = (spawned, REAPERS.lock()) {
+        reapers.push(handle);
+    }
+}
+
+/// Waits for every reaping thread (each waits only for a guest that is
+/// already exiting).
+fn join_reapers() {
+    let handles: Vec<_> = REAPERS
+        .lock()
+        .map(|mut r| std::mem::take(&mut *r))
+        .unwrap_or_default();
+    for handle in handles {
+        let _ = handle.join();
+    }
+}
+
 /// The guest's process (for `linux`, the launcher outside the namespaces).
 enum GuestProcess {
     /// `hako-guest`, executed.
@@ -347,6 +375,9 @@ impl Connection {
             op: "create control socket",
             source,
         })?;
+        // A closed sandbox's guest still being reaped is a thread of ours:
+        // let it finish, so that a single-threaded caller can fork again.
+        join_reapers();
         let explicit = guest
             .map(Path::to_path_buf)
             .or_else(|| std::env::var_os("HAKO_GUEST").map(PathBuf::from));
@@ -950,9 +981,7 @@ impl Connection {
                 // exit (and, for linux, the kernel's teardown of the
                 // namespaces): reap it off the caller's path.
                 if !child.try_reap() {
-                    let _ = std::thread::Builder::new()
-                        .name("hako-reap".into())
-                        .spawn(move || child.wait());
+                    reap_later(child);
                 }
             } else {
                 child.wait();
