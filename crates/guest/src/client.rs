@@ -1014,7 +1014,7 @@ fn read_events(ctl: UnixStream, shared: &Shared) {
         let Ok(mut table) = shared.table.lock() else {
             return;
         };
-        if matches!(frame, Frame::Message(FromGuest::Bye)) {
+        if matches!(frame, Frame::Message(FromGuest::Bye {})) {
             table.bye = true;
             break "the sandbox's guest ended".to_string();
         }
@@ -1037,7 +1037,7 @@ fn read_events(ctl: UnixStream, shared: &Shared) {
                     | FromGuest::SessionEnded { id, .. } => Some(*id),
                     FromGuest::Failed { id, .. } => *id,
                     FromGuest::Ready { .. } | FromGuest::Refused { .. } => Some(HELLO_ID),
-                    FromGuest::Bye => None,
+                    FromGuest::Bye {} => None,
                 };
                 if let Some(tx) = id.and_then(|id| table.waiting.remove(&id)) {
                     let _ = tx.send(Event::Done(msg));

@@ -23,38 +23,79 @@ mod supervise;
 /// (from pid 1 of a new `linux` sandbox when the handshake asks for one).
 /// Returns the process's exit code.
 pub fn main(ctl: std::os::fd::OwnedFd) -> u8 {
+    let stream = std::os::unix::net::UnixStream::from(ctl);
+    match server::Link::socket(stream) {
+        Ok(link) => serve_link(link),
+        Err(_) => 2,
+    }
+}
+
+/// The guest's entry point over its own stdin and stdout (for a guest
+/// started where hako's socket cannot reach, such as a container's
+/// entrypoint): frames are read from stdin and written to stdout. A guest
+/// reached this way does not share hako's view, so it accepts no
+/// descriptor and builds no `linux` sandbox.
+pub fn main_stdio() -> u8 {
+    use std::os::fd::AsFd;
+    let (Ok(input), Ok(output)) = (
+        std::io::stdin().as_fd().try_clone_to_owned(),
+        std::io::stdout().as_fd().try_clone_to_owned(),
+    ) else {
+        return 2;
+    };
+    // From here the link has its own descriptors; the process's stdio goes
+    // to /dev/null so that nothing it starts can write into the link.
+    if hako_sys::stdio_to_null().is_err() {
+        return 2;
+    }
+    serve_link(server::Link::pipes(input, output))
+}
+
+fn serve_link(ctl: server::Link) -> u8 {
     use proto::{FromGuest, ToGuest};
-    let ctl = std::os::unix::net::UnixStream::from(ctl);
-    let refuse = |message: String| {
-        let _ = proto::write_frame(&ctl, &FromGuest::Refused { message });
+    let refuse = |ctl: &server::Link, message: String| {
+        let _ = ctl.write_frame(&FromGuest::Refused { message });
         2
     };
     let proof = match hako_sys::ns::single_threaded() {
         Ok(proof) => proof,
-        Err(err) => return refuse(err.to_string()),
+        Err(err) => return refuse(&ctl, err.to_string()),
     };
-    let hello = match proto::read_frame::<ToGuest>(&ctl) {
+    let hello = match ctl.read_frame::<ToGuest>() {
         Ok(ToGuest::Hello(hello)) => hello,
-        Ok(other) => return refuse(format!("expected the handshake, got {other:?}")),
-        Err(err) => return refuse(format!("bad handshake frame: {err}")),
+        Ok(other) => return refuse(&ctl, format!("expected the handshake, got {other:?}")),
+        Err(err) => return refuse(&ctl, format!("bad handshake frame: {err}")),
     };
     if hello.version != proto::VERSION {
-        return refuse(format!(
-            "protocol version {} is not supported; this guest speaks {}",
-            hello.version,
-            proto::VERSION
-        ));
+        return refuse(
+            &ctl,
+            format!(
+                "protocol version {} is not supported; this guest speaks {}",
+                hello.version,
+                proto::VERSION
+            ),
+        );
+    }
+    if hello.linux.is_some() && !ctl.is_socket() {
+        return refuse(
+            &ctl,
+            "a linux sandbox is built only by a guest reached over a socket".into(),
+        );
     }
     let _ = hako_sys::stdio_to_null();
+    let accept_fds = ctl.is_socket();
     match &hello.linux {
-        Some(spec) => linux::start(spec, ctl, &proof),
+        Some(spec) => match ctl.into_socket() {
+            Some(stream) => linux::start(spec, stream, &proof),
+            None => 2,
+        },
         None => server::serve(
             ctl,
             &proof,
             server::Mode {
                 confinement: None,
                 stop_signals: true,
-                accept_fds: true,
+                accept_fds,
             },
         ),
     }

@@ -160,6 +160,10 @@ fn pid1(
         let _ = crate::proto::write_frame(&ctl, &FromGuest::Refused { message });
         return 1;
     }
+    let ctl = match crate::server::Link::socket(ctl) {
+        Ok(link) => link,
+        Err(_) => return 1,
+    };
     crate::server::serve(
         ctl,
         proof,

@@ -195,7 +195,8 @@ pub enum FromGuest {
     },
     /// The last frame: every command and session has ended and every
     /// process of the sandbox but the guest itself is gone; the guest exits.
-    Bye,
+    /// (A struct variant: every control message is a JSON object.)
+    Bye {},
     /// A request failed (bad frame, duplicate id, empty argv, ...); the
     /// guest stays up. `id` names the command when there is one.
     Failed {
@@ -720,6 +721,86 @@ mod tests {
         };
         let bytes = encode(&stdin).unwrap();
         assert_eq!(read_any::<ToGuest>(&bytes[..]).unwrap(), stdin);
+    }
+
+    /// A control frame is told from a binary one by its first byte `{`:
+    /// every message must serialise as a JSON object (a unit variant would
+    /// be a bare string, which the decoder takes for an unknown tag).
+    #[test]
+    fn every_control_message_is_a_json_object_and_round_trips() {
+        let from = [
+            FromGuest::Ready { version: VERSION },
+            FromGuest::Refused {
+                message: "m".into(),
+            },
+            FromGuest::Exited {
+                id: 1,
+                status: ExitStatus::Code(0),
+                timed_out: false,
+                stdout_total: 0,
+                stderr_total: 0,
+            },
+            FromGuest::SpawnFailed {
+                id: 1,
+                kind: SpawnFailure::NotFound,
+                errno: None,
+                message: "m".into(),
+            },
+            FromGuest::SessionOpened { id: 1 },
+            FromGuest::SessionEnded {
+                id: 1,
+                message: "m".into(),
+            },
+            FromGuest::Bye {},
+            FromGuest::Failed {
+                id: None,
+                message: "m".into(),
+            },
+        ];
+        for msg in from {
+            let bytes = encode(&Frame::Message(&msg)).unwrap();
+            assert_eq!(bytes[4], b'{', "{msg:?}");
+            assert_eq!(
+                read_any::<FromGuest>(&bytes[..]).unwrap(),
+                Frame::Message(msg)
+            );
+        }
+        let to = [
+            ToGuest::Hello(Hello {
+                version: VERSION,
+                linux: None,
+            }),
+            exec(),
+            ToGuest::CloseStdin { id: 1 },
+            ToGuest::Kill { id: 1 },
+            ToGuest::Resize {
+                id: 1,
+                rows: 2,
+                cols: 3,
+            },
+            ToGuest::OpenSession(SessionRequest {
+                id: 1,
+                shell: None,
+                env: vec![],
+                cwd: Cwd::Fd,
+            }),
+            ToGuest::SessionExec(SessionExecRequest {
+                id: 2,
+                session: 1,
+                script: "x".into(),
+                timeout_ms: None,
+                max_output: 1,
+            }),
+            ToGuest::CloseSession { id: 1 },
+        ];
+        for msg in to {
+            let bytes = encode(&Frame::Message(&msg)).unwrap();
+            assert_eq!(bytes[4], b'{', "{msg:?}");
+            assert_eq!(
+                read_any::<ToGuest>(&bytes[..]).unwrap(),
+                Frame::Message(msg)
+            );
+        }
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //! [`ToGuest::Kill`] stops one, reports each, and ends the guest.
 
 use std::collections::VecDeque;
-use std::io::{self, IoSliceMut, Write};
+use std::io::{self, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -102,6 +102,69 @@ impl Exec {
     }
 }
 
+/// The connection to hako: a socket (descriptors may travel with frames),
+/// or a pair of pipes, the stdin and stdout of a guest started where no
+/// socket reaches (a container's entrypoint, a VM's console).
+pub struct Link {
+    input: OwnedFd,
+    output: OwnedFd,
+    socket: bool,
+}
+
+impl Link {
+    /// Over a connected socket.
+    pub fn socket(stream: UnixStream) -> io::Result<Link> {
+        let output = OwnedFd::from(stream.try_clone()?);
+        Ok(Link {
+            input: OwnedFd::from(stream),
+            output,
+            socket: true,
+        })
+    }
+
+    /// Over two pipes (frames are read from `input`, written to `output`).
+    pub fn pipes(input: OwnedFd, output: OwnedFd) -> Link {
+        Link {
+            input,
+            output,
+            socket: false,
+        }
+    }
+
+    /// Writes all of `bytes`, blocking.
+    pub fn write_all(&self, mut bytes: &[u8]) -> io::Result<()> {
+        while !bytes.is_empty() {
+            match hako_sys::rustix::io::write(&self.output, bytes) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => bytes = &bytes[n..],
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads one whole control message, blocking (the handshake).
+    pub fn read_frame<T: serde::de::DeserializeOwned>(&self) -> io::Result<T> {
+        proto::read_frame(std::fs::File::from(self.input.try_clone()?))
+    }
+
+    /// Writes one control message.
+    pub fn write_frame<T: serde::Serialize>(&self, msg: &T) -> io::Result<()> {
+        self.write_all(&proto::encode(&Frame::Message(msg))?)
+    }
+
+    /// Whether this is a socket (descriptors can travel on it).
+    pub fn is_socket(&self) -> bool {
+        self.socket
+    }
+
+    /// The socket, for a guest that hands it to a sandbox's pid 1.
+    pub fn into_socket(self) -> Option<UnixStream> {
+        self.socket.then(|| UnixStream::from(self.input))
+    }
+}
+
 /// What one poll slot watches.
 #[derive(Clone, Copy)]
 enum Slot {
@@ -117,7 +180,7 @@ enum Slot {
 }
 
 struct Server<'a> {
-    ctl: UnixStream,
+    ctl: Link,
     ctl_open: bool,
     decoder: Decoder,
     fds: VecDeque<OwnedFd>,
@@ -136,7 +199,7 @@ struct Server<'a> {
 
 /// Serves requests on `ctl` until it closes and every command has ended.
 /// Returns the guest's exit code.
-pub(crate) fn serve(ctl: UnixStream, proof: &SingleThreaded, mode: Mode) -> u8 {
+pub(crate) fn serve(ctl: Link, proof: &SingleThreaded, mode: Mode) -> u8 {
     let _ = hako_sys::set_child_subreaper();
     let watched: &[i32] = if mode.stop_signals {
         &[
@@ -151,12 +214,9 @@ pub(crate) fn serve(ctl: UnixStream, proof: &SingleThreaded, mode: Mode) -> u8 {
     let signals = match SignalFd::new(watched) {
         Ok(s) => s,
         Err(err) => {
-            let _ = proto::write_frame(
-                &ctl,
-                &FromGuest::Refused {
-                    message: format!("cannot open signalfd: {err}"),
-                },
-            );
+            let _ = ctl.write_frame(&FromGuest::Refused {
+                message: format!("cannot open signalfd: {err}"),
+            });
             return 1;
         }
     };
@@ -232,8 +292,8 @@ impl Server<'_> {
         self.spare = None;
         let mut status = None;
         supervise::kill_tree(None, &mut status);
-        if let Ok(bytes) = proto::encode(&Frame::Message(FromGuest::Bye)) {
-            let _ = (&self.ctl).write_all(&bytes);
+        if let Ok(bytes) = proto::encode(&Frame::Message(FromGuest::Bye {})) {
+            let _ = self.ctl.write_all(&bytes);
         }
         0
     }
@@ -244,7 +304,7 @@ impl Server<'_> {
         let mut fds: Vec<PollFd<'_>> = Vec::new();
         if self.ctl_open {
             slots.push(Slot::Ctl);
-            fds.push(PollFd::new(&self.ctl, PollFlags::IN));
+            fds.push(PollFd::new(&self.ctl.input, PollFlags::IN));
         }
         slots.push(Slot::Signals);
         fds.push(PollFd::new(signals, PollFlags::IN));
@@ -371,7 +431,7 @@ impl Server<'_> {
     fn send(&mut self, msg: &FromGuest) {
         if self.ctl_open || matches!(msg, FromGuest::Exited { .. } | FromGuest::Failed { .. }) {
             if let Ok(frame) = proto::encode(&Frame::Message(msg)) {
-                if (&self.ctl).write_all(&frame).is_err() {
+                if self.ctl.write_all(&frame).is_err() {
                     self.ctl_open = false;
                 }
             }
@@ -381,29 +441,35 @@ impl Server<'_> {
     /// Reads what hako sent (and any descriptors with it) and acts on every
     /// whole frame.
     fn receive(&mut self) {
-        let mut space = [MaybeUninit::<u8>::uninit(); hako_sys::rustix::cmsg_space!(ScmRights(4))];
-        let mut ancillary = RecvAncillaryBuffer::new(&mut space);
-        let received = recvmsg(
-            &self.ctl,
-            &mut [IoSliceMut::new(&mut self.buf)],
-            &mut ancillary,
-            RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
-        );
-        for message in ancillary.drain() {
-            if let RecvAncillaryMessage::ScmRights(rights) = message {
-                if self.mode.accept_fds {
-                    self.fds.extend(rights);
+        let received = if self.ctl.socket {
+            let mut space =
+                [MaybeUninit::<u8>::uninit(); hako_sys::rustix::cmsg_space!(ScmRights(4))];
+            let mut ancillary = RecvAncillaryBuffer::new(&mut space);
+            let received = recvmsg(
+                &self.ctl.input,
+                &mut [IoSliceMut::new(&mut self.buf)],
+                &mut ancillary,
+                RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
+            );
+            for message in ancillary.drain() {
+                if let RecvAncillaryMessage::ScmRights(rights) = message {
+                    if self.mode.accept_fds {
+                        self.fds.extend(rights);
+                    }
                 }
             }
-        }
-        // Descriptors nobody claimed are not kept for long.
-        while self.fds.len() > 8 {
-            self.fds.pop_front();
-        }
+            // Descriptors nobody claimed are not kept for long.
+            while self.fds.len() > 8 {
+                self.fds.pop_front();
+            }
+            received.map(|msg| msg.bytes)
+        } else {
+            // After poll said so: this read does not block.
+            hako_sys::rustix::io::read(&self.ctl.input, &mut self.buf[..])
+        };
         match received {
-            Ok(msg) if msg.bytes == 0 => self.ctl_open = false,
-            Ok(msg) => {
-                let n = msg.bytes;
+            Ok(0) => self.ctl_open = false,
+            Ok(n) => {
                 let bytes = self.buf[..n].to_vec();
                 self.decoder.push(&bytes);
             }
@@ -1083,7 +1149,7 @@ impl Server<'_> {
 
     fn write_frame(&mut self, frame: &Frame<FromGuest>) {
         if let Ok(bytes) = proto::encode(frame) {
-            if (&self.ctl).write_all(&bytes).is_err() {
+            if self.ctl.write_all(&bytes).is_err() {
                 self.ctl_open = false;
             }
         }

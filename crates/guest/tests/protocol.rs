@@ -238,3 +238,111 @@ fn many_commands_run_at_once_on_one_connection() {
     drop(ctl);
     child.wait().unwrap();
 }
+
+/// Starts the guest with `--stdio`: frames on its stdin and stdout.
+fn start_stdio() -> (Child, std::process::ChildStdin, std::process::ChildStdout) {
+    let guest =
+        std::env::var_os("HAKO_GUEST").unwrap_or_else(|| env!("CARGO_BIN_EXE_hako-guest").into());
+    let mut child = Command::new(guest)
+        .arg("--stdio")
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    (child, stdin, stdout)
+}
+
+#[test]
+fn the_guest_serves_over_its_stdin_and_stdout_too() {
+    let (mut child, mut to, mut from) = start_stdio();
+    proto::write_frame(
+        &mut to,
+        &ToGuest::Hello(Hello {
+            version: proto::VERSION,
+            linux: None,
+        }),
+    )
+    .unwrap();
+    assert!(matches!(
+        proto::read_frame::<FromGuest>(&mut from).unwrap(),
+        FromGuest::Ready { .. }
+    ));
+    // A command, its output and end, as over the socket.
+    to.write_all(&proto::encode(&exec(1, "echo over-pipes; echo err >&2")).unwrap())
+        .unwrap();
+    let mut out = Vec::new();
+    loop {
+        match proto::read_any::<FromGuest>(&mut from).unwrap() {
+            Frame::Output {
+                id: 1,
+                stream: StreamId::Stdout,
+                data,
+                ..
+            } => out.extend(data),
+            Frame::Message(FromGuest::Exited { id: 1, status, .. }) => {
+                assert_eq!(status, hako_core::ExitStatus::Code(0));
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(out, b"over-pipes\n");
+    // No descriptor can come this way: a request that says one did is
+    // refused, and the guest goes on.
+    let mut request = exec(2, "true");
+    if let Frame::Message(ToGuest::Exec(r)) = &mut request {
+        r.cwd = Cwd::Fd;
+    }
+    to.write_all(&proto::encode(&request).unwrap()).unwrap();
+    match proto::read_frame::<FromGuest>(&mut from).unwrap() {
+        FromGuest::Failed {
+            id: Some(2),
+            message,
+        } => {
+            assert!(message.contains("not accepted"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    drop(to);
+    // End of its input ends it, and it says so last.
+    loop {
+        match proto::read_any::<FromGuest>(&mut from) {
+            Ok(Frame::Message(FromGuest::Bye {})) => break,
+            Ok(_) => {}
+            Err(e) => panic!("no Bye before the end: {e}"),
+        }
+    }
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn a_guest_over_pipes_refuses_to_build_a_linux_sandbox() {
+    let (mut child, mut to, mut from) = start_stdio();
+    let spec = hako_guest::proto::LinuxSpec {
+        uid: (1000, 1000),
+        gid: (1000, 1000),
+        hostname: "x".into(),
+        mounts: vec![],
+        rlimits: vec![],
+        landlock: None,
+        seccomp: false,
+        cgroup_procs: vec![],
+    };
+    proto::write_frame(
+        &mut to,
+        &ToGuest::Hello(Hello {
+            version: proto::VERSION,
+            linux: Some(spec),
+        }),
+    )
+    .unwrap();
+    match proto::read_frame::<FromGuest>(&mut from).unwrap() {
+        FromGuest::Refused { message } => assert!(message.contains("socket"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(!child.wait().unwrap().success());
+}
