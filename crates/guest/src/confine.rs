@@ -1,17 +1,16 @@
 //! The confinement applied to a `linux` sandbox's command just before exec.
 //!
 //! Order, and why:
+//! 0. seccomp, before anything: pid 1 loads the filter on itself once (see
+//!    [`Confinement::seal_pid1`]) and every supervisor and command inherits
+//!    it; none of the steps below is refused by it.
 //! 1. rlimits: plain `setrlimit`, needs nothing.
-//! 2. Landlock: restricting itself needs `no_new_privs` or `CAP_SYS_ADMIN`
-//!    in the namespace; the command's process still has the latter here.
+//! 2. Landlock: the ruleset pid 1 built, enforced with one call (it sets
+//!    `no_new_privs` first, as the kernel requires).
 //! 3. `no_new_privs`: from here on nothing the command execs can gain
 //!    privileges (setuid bits, file capabilities).
 //! 4. Drop every capability (bounding, ambient, effective, permitted,
-//!    inheritable), after the steps above that needed them.
-//! 5. seccomp, last: its filter would refuse some of the calls above. In a
-//!    `linux` sandbox pid 1 installs the filter on itself once (see
-//!    [`Confinement::seal_pid1`]) and every command inherits it; none of the
-//!    steps above is refused by it.
+//!    inheritable), last.
 
 use std::io;
 use std::sync::Arc;
@@ -36,20 +35,21 @@ fn other(err: impl std::fmt::Display) -> io::Error {
 }
 
 /// The confinement of every command of a sandbox, checked and compiled
-/// once (Landlock's availability and its ruleset, the seccomp program).
-/// Checked in the process that creates pid 1; compiled and built in pid 1.
-#[derive(Clone)]
+/// once: checked in the process that creates pid 1 (Landlock's
+/// availability), then compiled and built in pid 1 (the seccomp program,
+/// loaded on pid 1 itself; the Landlock ruleset, whose descriptor each
+/// supervisor keeps for its command).
 pub(crate) struct Confinement {
     rlimits: Arc<Vec<Rlimit>>,
     /// The write rules and whether they are required, until pid 1 builds
     /// the ruleset from them.
-    landlock: Option<Arc<(LandlockRules, bool)>>,
+    landlock: Option<(LandlockRules, bool)>,
     /// The ruleset, built once by pid 1 inside the view.
-    prepared: Option<Arc<confine::PreparedLandlock>>,
-    /// The sandbox has a seccomp filter (compiled by
-    /// [`Confinement::compile_seccomp`]).
+    prepared: Option<confine::PreparedLandlock>,
+    /// The sandbox has a seccomp filter that pid 1 has not loaded yet.
     wants_seccomp: bool,
-    seccomp: Option<Arc<hako_seccomp::Program>>,
+    /// Its program, once compiled.
+    seccomp: Option<hako_seccomp::Program>,
 }
 
 impl Confinement {
@@ -66,13 +66,13 @@ impl Confinement {
                 }
                 None
             }
-            Some(ll) => Some(Arc::new((
+            Some(ll) => Some((
                 LandlockRules {
                     write_paths: ll.write_dirs.clone(),
                     write_files: ll.write_files.clone(),
                 },
                 ll.required,
-            ))),
+            )),
             None => None,
         };
         Ok(Confinement {
@@ -87,10 +87,10 @@ impl Confinement {
     /// Compiles the seccomp program, if the sandbox has one.
     pub(crate) fn compile_seccomp(&mut self) -> Result<(), String> {
         if self.wants_seccomp && self.seccomp.is_none() {
-            self.seccomp = Some(Arc::new(
+            self.seccomp = Some(
                 hako_seccomp::compile(&hako_seccomp::default_policy())
                     .map_err(|e| format!("cannot compile the seccomp policy: {e}"))?,
-            ));
+            );
         }
         Ok(())
     }
@@ -100,13 +100,12 @@ impl Confinement {
     /// system call. A ruleset that cannot be fully enforced fails the
     /// sandbox here, unless Landlock is not required.
     pub(crate) fn prepare_landlock(&mut self) -> Result<(), String> {
-        let Some(ll) = self.landlock.take() else {
+        let Some((rules, required)) = self.landlock.take() else {
             return Ok(());
         };
-        let (rules, required) = &*ll;
-        match confine::landlock_prepare_writes(rules) {
-            Ok(prepared) => self.prepared = Some(Arc::new(prepared)),
-            Err(err) if *required => {
+        match confine::landlock_prepare_writes(&rules) {
+            Ok(prepared) => self.prepared = Some(prepared),
+            Err(err) if required => {
                 return Err(format!("cannot build the Landlock ruleset: {err}; hint: pass --best-effort to run without it"))
             }
             Err(_) => {}
@@ -117,7 +116,7 @@ impl Confinement {
     /// The ruleset's descriptor, which every supervisor keeps for its
     /// command.
     pub(crate) fn landlock_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        self.prepared.as_ref().map(|p| p.fd())
+        self.prepared.as_ref().map(confine::PreparedLandlock::fd)
     }
 
     /// Installs the seccomp filter on pid 1 itself, before it starts any
@@ -139,37 +138,21 @@ impl Confinement {
         Ok(())
     }
 
-    /// The step run in one command's process just before exec.
-    /// `landlock` is the prepared ruleset's descriptor as the supervisor
-    /// holds it (see [`Confinement::landlock_fd`]).
+    /// The step run in one command's process just before exec: rlimits,
+    /// the prepared Landlock ruleset (`landlock`, its descriptor as the
+    /// supervisor holds it, see [`Confinement::landlock_fd`]),
+    /// `no_new_privs`, no capabilities. The seccomp filter is inherited from
+    /// pid 1 ([`Confinement::seal_pid1`]).
     pub(crate) fn hook(&self, landlock: Option<std::os::fd::OwnedFd>) -> ConfineHook {
-        // Only what the step needs: not the prepared ruleset, whose own
-        // descriptor number means nothing in a supervisor.
-        let this = Confinement {
-            rlimits: Arc::clone(&self.rlimits),
-            landlock: self.landlock.clone(),
-            prepared: None,
-            wants_seccomp: false,
-            seccomp: self.seccomp.clone(),
-        };
+        let rlimits = Arc::clone(&self.rlimits);
         Box::new(move || {
-            confine::apply_rlimits(&this.rlimits).map_err(other)?;
+            confine::apply_rlimits(&rlimits).map_err(other)?;
             if let Some(fd) = &landlock {
                 confine::landlock_restrict_self_with(std::os::fd::AsFd::as_fd(fd))
                     .map_err(other)?;
-            } else if let Some(ll) = &this.landlock {
-                let (rules, required) = &**ll;
-                if let Err(err) = confine::landlock_restrict_writes(rules) {
-                    if *required {
-                        return Err(other(err));
-                    }
-                }
             }
             confine::set_no_new_privs().map_err(other)?;
             confine::drop_all_capabilities().map_err(other)?;
-            if let Some(program) = &this.seccomp {
-                hako_seccomp::apply(program).map_err(other)?;
-            }
             Ok(())
         })
     }

@@ -53,6 +53,9 @@ pub fn main_stdio() -> u8 {
 
 fn serve_link(ctl: server::Link) -> u8 {
     use proto::{FromGuest, ToGuest};
+    // Once for every command below: an "ignore" inherited from whoever
+    // started hako would survive into them (Ctrl-C could not stop one).
+    let _ = hako_sys::signal::restore_ignored_signals();
     let refuse = |ctl: &server::Link, message: String| {
         let _ = ctl.write_frame(&FromGuest::Refused { message });
         2

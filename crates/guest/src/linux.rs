@@ -144,6 +144,8 @@ fn pid1(
         _ => return 1,
     };
     let _ = hako_sys::proc::disguise_as("hako-guest");
+    // A pid 1 cloned by hako itself did not pass through the guest's entry.
+    let _ = hako_sys::signal::restore_ignored_signals();
     let mut confinement = confinement;
     let compiled = confinement.compile_seccomp();
     let mut byte = [0u8; 1];

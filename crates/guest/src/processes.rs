@@ -62,7 +62,6 @@ pub(crate) struct Proc {
     pub status: Option<ExitStatus>,
     pub error: Option<String>,
     pub timed_out: bool,
-    pub totals: [u64; 2],
     pub stdin_open: bool,
     /// It runs on a terminal.
     pub tty: bool,
@@ -84,7 +83,6 @@ impl Proc {
             status: None,
             error: None,
             timed_out: false,
-            totals: [0, 0],
             stdin_open,
             tty,
         }
@@ -96,7 +94,6 @@ impl Proc {
 
     pub(crate) fn output(&mut self, s: usize, data: &[u8]) {
         self.rings[s].push(data);
-        self.totals[s] = self.rings[s].end();
     }
 
     pub(crate) fn state(&self, id: u64) -> ProcessState {
@@ -107,8 +104,9 @@ impl Proc {
             status: self.status,
             error: self.error.clone(),
             timed_out: self.timed_out,
-            stdout_total: self.totals[0],
-            stderr_total: self.totals[1],
+            // A ring numbers every byte its stream ever had.
+            stdout_total: self.rings[0].end(),
+            stderr_total: self.rings[1].end(),
         }
     }
 

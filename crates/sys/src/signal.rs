@@ -98,3 +98,32 @@ pub fn restore_default(signal: i32) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Gives every signal this process ignores its default action back, except
+/// SIGPIPE (a writer to a closed pipe or socket gets EPIPE instead of
+/// dying; programs started with `std::process::Command` get SIGPIPE's
+/// default back anyway).
+///
+/// An ignored disposition survives fork and exec: called once where a
+/// process tree starts (a sandbox's guest), it spares every command started
+/// below an "ignore" inherited from whoever started hako (a shell's
+/// background job ignores SIGINT and SIGQUIT). Handlers are left alone:
+/// exec resets them by itself.
+pub fn restore_ignored_signals() -> io::Result<()> {
+    for sig in 1..libc::SIGRTMIN() {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP || sig == libc::SIGPIPE {
+            continue;
+        }
+        // SAFETY: `old` is a zeroed sigaction (plain data) that sigaction
+        // fills; a null new action only reads the current one.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; `sig` is a valid signal number.
+        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0 {
+            continue;
+        }
+        if old.sa_sigaction == libc::SIG_IGN {
+            restore_default(sig)?;
+        }
+    }
+    Ok(())
+}

@@ -92,9 +92,9 @@ impl std::fmt::Debug for ChildSetup {
 }
 
 /// Installs `setup` as the `pre_exec` hook of `command`. In the child the
-/// signal mask is emptied, every signal gets its default action back, and
-/// every descriptor above stdio (above fd 3 when `fd3` is given) is closed
-/// at exec.
+/// signal mask is emptied, and every descriptor above stdio (above fd 3 when
+/// `fd3` is given) is closed at exec. (Ignored signals are the caller's to
+/// restore, once: see `signal::restore_ignored_signals`.)
 ///
 /// The descriptors in `setup` are owned by the hook, which lives as long as
 /// `command`: drop the command after spawning it to close the parent's copies.
@@ -124,15 +124,6 @@ pub fn prepare(command: &mut Command, setup: ChildSetup) {
             libc::sigemptyset(&mut empty);
             if libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) != 0 {
                 return Err(io::Error::last_os_error());
-            }
-            // And every signal's default action: an "ignore" inherited from
-            // whoever started hako (a shell's background job ignores SIGINT
-            // and SIGQUIT) would survive exec and make Ctrl-C or a kill do
-            // nothing to the command. Handlers reset at exec by themselves.
-            for sig in 1..libc::SIGRTMIN() {
-                if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-                    libc::signal(sig, libc::SIG_DFL);
-                }
             }
             if parent_death_kill && libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(io::Error::last_os_error());
