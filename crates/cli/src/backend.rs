@@ -16,6 +16,10 @@ pub enum BackendArg {
     Host,
     /// Linux namespaces, Landlock, seccomp; rootless.
     Linux,
+    /// A locked-down Docker or Podman container (`--runtime runsc` for gVisor).
+    Docker,
+    /// gVisor's runsc, driven directly; no daemon.
+    Gvisor,
 }
 
 /// The backends hako knows, whether or not this build or host can run them.
@@ -84,9 +88,21 @@ pub fn probe(kind: BackendKind) -> Result<(), Unavailable> {
                 hint: "enable unprivileged user namespaces, or use --backend docker".into(),
             })
         }
-        other => Err(Unavailable {
-            reason: format!("the {} backend is not part of this build yet", other.name()),
-            hint: "use --backend host for trusted code; stronger backends are on the roadmap (see README)".into(),
+        BackendKind::Docker => hako_container::docker::ready(
+            &format!("{}:latest", hako_container::image::DEFAULT_NAME),
+            None,
+        )
+        .map_err(|reason| Unavailable {
+            reason,
+            hint: "install docker.io (and start dockerd) or podman, run `hako image build`, and set HAKO_GUEST_STATIC to a static hako-guest (scripts/build-static-guest)".into(),
+        }),
+        BackendKind::Gvisor => hako_container::gvisor::ready().map_err(|reason| Unavailable {
+            reason,
+            hint: "install runsc (Debian: apt-get install runsc) and set HAKO_GUEST_STATIC to a static hako-guest (scripts/build-static-guest)".into(),
+        }),
+        BackendKind::Vm => Err(Unavailable {
+            reason: "the vm backend is not part of this build yet".into(),
+            hint: "use --backend gvisor or linux; the microVM backend is on the roadmap (see README)".into(),
         }),
     }
 }
@@ -101,6 +117,10 @@ pub struct SandboxSpec {
     pub ro: Vec<PathBuf>,
     pub rw: Vec<PathBuf>,
     pub best_effort: bool,
+    /// The image: a name for `docker`, a root directory for `gvisor`.
+    pub image: Option<String>,
+    /// The OCI runtime of `docker` (`runsc` for gVisor).
+    pub runtime: Option<String>,
 }
 
 impl SandboxSpec {
@@ -114,6 +134,8 @@ impl SandboxSpec {
             ro: Vec::new(),
             rw: Vec::new(),
             best_effort: false,
+            image: None,
+            runtime: None,
         }
     }
 }
@@ -123,6 +145,8 @@ pub fn resolve(arg: BackendArg) -> Result<BackendKind, Error> {
     match arg {
         BackendArg::Host => Ok(BackendKind::Host),
         BackendArg::Linux => Ok(BackendKind::Linux),
+        BackendArg::Docker => Ok(BackendKind::Docker),
+        BackendArg::Gvisor => Ok(BackendKind::Gvisor),
         BackendArg::Auto => BackendKind::ALL
             .into_iter()
             .find(|&kind| probe(kind).is_ok())
@@ -136,6 +160,20 @@ pub fn resolve(arg: BackendArg) -> Result<BackendKind, Error> {
 
 /// Opens a sandbox of `kind`.
 pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, Error> {
+    let refuse = |what: &str, which: &str| Error::Backend {
+        backend: kind.name().into(),
+        op: "open",
+        message: format!(
+            "{what} applies only to {which}; the {} backend has none",
+            kind.name()
+        ),
+    };
+    if spec.runtime.is_some() && kind != BackendKind::Docker {
+        return Err(refuse("--runtime", "--backend docker"));
+    }
+    if spec.image.is_some() && !matches!(kind, BackendKind::Docker | BackendKind::Gvisor) {
+        return Err(refuse("--image", "--backend docker and gvisor"));
+    }
     match kind {
         BackendKind::Host => {
             // The host backend enforces no resource limit and has no view
@@ -163,10 +201,34 @@ pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, E
             config.best_effort = spec.best_effort;
             Ok(Box::new(hako_linux::LinuxSandbox::new(config)?))
         }
-        other => Err(Error::Backend {
-            backend: other.name().into(),
+        BackendKind::Docker => {
+            let mut config = hako_container::DockerConfig::new(&spec.workspace);
+            if let Some(image) = &spec.image {
+                config.image = image.clone();
+            }
+            config.runtime = spec.runtime.clone();
+            config.env = spec.env.clone();
+            config.max_output = spec.max_output;
+            config.limits = spec.limits;
+            config.ro = spec.ro.clone();
+            config.rw = spec.rw.clone();
+            Ok(Box::new(hako_container::DockerSandbox::new(config)?))
+        }
+        BackendKind::Gvisor => {
+            let mut config = hako_container::GvisorConfig::new(&spec.workspace);
+            config.rootfs = spec.image.as_ref().map(PathBuf::from);
+            config.env = spec.env.clone();
+            config.max_output = spec.max_output;
+            config.limits = spec.limits;
+            config.ro = spec.ro.clone();
+            config.rw = spec.rw.clone();
+            config.best_effort = spec.best_effort;
+            Ok(Box::new(hako_container::GvisorSandbox::new(config)?))
+        }
+        BackendKind::Vm => Err(Error::Backend {
+            backend: "vm".into(),
             op: "open",
-            message: probe(other)
+            message: probe(kind)
                 .err()
                 .map(|u| format!("{}; hint: {}", u.reason, u.hint))
                 .unwrap_or_default(),

@@ -206,11 +206,14 @@ impl Harness {
         setup().map_err(|e| failed("set up the workspace", &e))?;
         let expected = snapshot(&root, Some(Path::new("ws")))
             .map_err(|e| failed("snapshot the outside", &e))?;
-        let sandbox = factory(&workspace).map_err(|e| {
-            Outcome::Failed(format!(
+        let sandbox = factory(&workspace).map_err(|e| match e {
+            // A backend that cannot run on this host at all: a skip (a
+            // failure under HAKO_MUST_WORK=1).
+            Error::Unsupported { .. } => Outcome::Skipped(e.to_string()),
+            e => Outcome::Failed(format!(
                 "the backend's factory failed on {}: {e}",
                 workspace.display()
-            ))
+            )),
         })?;
         Ok(Harness {
             case,

@@ -90,6 +90,8 @@ pub enum LimitMechanism {
     CgroupV1,
     /// `setrlimit`.
     Rlimit,
+    /// The container runtime (Docker, Podman, runsc), with its own cgroups.
+    Runtime,
 }
 
 /// One limit in force.
@@ -127,4 +129,19 @@ pub struct Optional {
     /// Long-lived processes with handles.
     #[serde(default)]
     pub processes: bool,
+}
+
+/// Resource limits a caller asks for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Memory, bytes.
+    pub memory: Option<u64>,
+    /// Processes.
+    pub pids: Option<u64>,
+    /// CPUs (a share; e.g. 0.5 is half a CPU), in thousandths.
+    pub cpus_milli: Option<u64>,
+    /// Largest file a command may write, bytes.
+    pub file_size: Option<u64>,
+    /// Open descriptors per process.
+    pub open_files: Option<u64>,
 }

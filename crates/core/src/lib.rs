@@ -20,7 +20,8 @@ mod sandbox;
 pub mod units;
 
 pub use capabilities::{
-    Capabilities, FenceResolver, LimitKind, LimitMechanism, LimitReport, NetworkAccess, Optional,
+    Capabilities, FenceResolver, LimitKind, LimitMechanism, LimitReport, Limits, NetworkAccess,
+    Optional,
 };
 pub use command::{Command, ExitStatus, Output, Program, DEFAULT_MAX_OUTPUT};
 pub use error::{Error, FenceError, Result};

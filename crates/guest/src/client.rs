@@ -220,11 +220,48 @@ impl ExecCwd {
 /// dies, the guest sees its connection close and kills everything.
 pub struct Connection {
     backend: &'static str,
-    writer: Mutex<UnixStream>,
+    writer: Mutex<Wire>,
     shared: Arc<Shared>,
     reader: Mutex<Option<std::thread::JoinHandle<()>>>,
     child: Mutex<Option<GuestProcess>>,
     next_id: AtomicU64,
+}
+
+/// hako's sending end of the link to the guest.
+enum Wire {
+    /// A socket shared with the guest (it can carry descriptors).
+    Socket(UnixStream),
+    /// The write end of a pipe into the guest's stdin (a guest in a
+    /// container); `None` once closed.
+    Pipe(Option<std::fs::File>),
+}
+
+impl Wire {
+    fn send(&self, bytes: &[u8], fd: Option<&OwnedFd>) -> std::io::Result<()> {
+        match (self, fd) {
+            (Wire::Socket(s), None) => (&*s).write_all(bytes),
+            (Wire::Socket(s), Some(fd)) => proto::send_with_fds(s, bytes, &[fd.as_fd()]),
+            (Wire::Pipe(Some(p)), None) => (&*p).write_all(bytes),
+            (Wire::Pipe(Some(_)), Some(_)) => Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "a guest reached through a pipe cannot receive descriptors",
+            )),
+            (Wire::Pipe(None), _) => Err(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "the connection is closed",
+            )),
+        }
+    }
+
+    /// Tells the guest no more commands come: it ends the sandbox.
+    fn close_write(&mut self) {
+        match self {
+            Wire::Socket(s) => {
+                let _ = s.shutdown(std::net::Shutdown::Write);
+            }
+            Wire::Pipe(p) => drop(p.take()),
+        }
+    }
 }
 
 /// Threads reaping the guests of closed sandboxes.
@@ -261,12 +298,15 @@ enum GuestProcess {
     Spawned(std::process::Child),
     /// A fork of this process running the guest's code.
     Forked(hako_sys::rustix::process::Pid),
+    /// A container runtime's client attached to the guest's stdio: it
+    /// exits once the container is gone, so closing waits for it.
+    Piped(std::process::Child),
 }
 
 impl GuestProcess {
     fn kill(&mut self) {
         match self {
-            GuestProcess::Spawned(child) => {
+            GuestProcess::Spawned(child) | GuestProcess::Piped(child) => {
                 let _ = child.kill();
             }
             GuestProcess::Forked(pid) => {
@@ -281,7 +321,9 @@ impl GuestProcess {
     /// Reaps the process if it has ended; whether it had.
     fn try_reap(&mut self) -> bool {
         match self {
-            GuestProcess::Spawned(child) => matches!(child.try_wait(), Ok(Some(_))),
+            GuestProcess::Spawned(child) | GuestProcess::Piped(child) => {
+                matches!(child.try_wait(), Ok(Some(_)))
+            }
             GuestProcess::Forked(pid) => matches!(
                 hako_sys::rustix::process::waitpid(
                     Some(*pid),
@@ -294,7 +336,7 @@ impl GuestProcess {
 
     fn wait(&mut self) {
         match self {
-            GuestProcess::Spawned(child) => {
+            GuestProcess::Spawned(child) | GuestProcess::Piped(child) => {
                 let _ = child.wait();
             }
             GuestProcess::Forked(pid) => {
@@ -417,19 +459,86 @@ impl Connection {
                 )?)
             }
         };
-        let failed = |mut child: GuestProcess, message: String| {
-            let _ = ctl.shutdown(std::net::Shutdown::Both);
+        let hello = hello.then_some(Hello {
+            version: proto::VERSION,
+            linux,
+        });
+        let reader = match ctl.try_clone() {
+            Ok(reader) => reader,
+            Err(e) => {
+                let _ = ctl.shutdown(std::net::Shutdown::Both);
+                let mut child = child;
+                child.kill();
+                child.wait();
+                return Err(backend_err(
+                    backend,
+                    "start the sandbox",
+                    format!("cannot clone the control socket: {e}"),
+                ));
+            }
+        };
+        Connection::establish(backend, Wire::Socket(ctl), reader, child, hello, None)
+    }
+
+    /// Speaks to a guest already started by `child` (for example `docker
+    /// run -i` of a container whose entrypoint is `hako-guest --stdio`):
+    /// frames go to the child's stdin and come from its stdout. Returns once
+    /// the guest is ready. Killing `child` must end the guest's link (a
+    /// container runtime's client closes the container's stdin).
+    pub fn over_pipes(
+        backend: &'static str,
+        mut child: std::process::Child,
+        describe: Box<dyn Fn() -> String + Send + Sync>,
+    ) -> Result<Connection> {
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(backend_err(
+                backend,
+                "start the sandbox",
+                "the guest's process was started without piped stdin and stdout",
+            ));
+        };
+        let wire = Wire::Pipe(Some(std::fs::File::from(OwnedFd::from(stdin))));
+        let hello = Hello {
+            version: proto::VERSION,
+            linux: None,
+        };
+        Connection::establish(
+            backend,
+            wire,
+            stdout,
+            GuestProcess::Piped(child),
+            Some(hello),
+            Some(describe),
+        )
+    }
+
+    /// The handshake (when the guest still needs it) and the wait for its
+    /// first reply, with the reader thread running from the start.
+    fn establish(
+        backend: &'static str,
+        wire: Wire,
+        reader_end: impl std::io::Read + Send + 'static,
+        child: GuestProcess,
+        hello: Option<Hello>,
+        describe: Option<Box<dyn Fn() -> String + Send + Sync>>,
+    ) -> Result<Connection> {
+        let failed = |mut wire: Wire, mut child: GuestProcess, message: String| {
+            wire.close_write();
             child.kill();
             child.wait();
             Err(backend_err(backend, "start the sandbox", message))
         };
-        if hello {
-            let hello = ToGuest::Hello(Hello {
-                version: proto::VERSION,
-                linux,
-            });
-            if let Err(e) = proto::write_frame(&ctl, &hello) {
-                return failed(child, format!("hako-guest ended without a reply: {e}"));
+        if let Some(hello) = hello {
+            let sent = proto::encode(&Frame::Message(ToGuest::Hello(hello)))
+                .and_then(|bytes| wire.send(&bytes, None));
+            if let Err(e) = sent {
+                return failed(
+                    wire,
+                    child,
+                    format!("hako-guest ended without a reply: {e}"),
+                );
             }
         }
         // The reader starts now, while the guest builds the sandbox; the
@@ -439,26 +548,27 @@ impl Connection {
         if let Ok(mut table) = shared.table.lock() {
             table.waiting.insert(HELLO_ID, tx);
         }
-        let reader = ctl.try_clone().and_then(|reader_end| {
+        let reader = {
             let shared = Arc::clone(&shared);
             std::thread::Builder::new()
                 .name(format!("hako-{backend}-guest"))
-                .spawn(move || read_events(reader_end, &shared))
-        });
+                .spawn(move || read_events(reader_end, &shared, describe.as_deref()))
+        };
         let reader = match reader {
             Ok(reader) => reader,
-            Err(e) => return failed(child, format!("cannot start the guest reader: {e}")),
+            Err(e) => return failed(wire, child, format!("cannot start the guest reader: {e}")),
         };
         let connection = Connection {
             backend,
-            writer: Mutex::new(ctl),
+            writer: Mutex::new(wire),
             shared,
             reader: Mutex::new(Some(reader)),
             child: Mutex::new(Some(child)),
             next_id: AtomicU64::new(HELLO_ID + 1),
         };
-        // Building a sandbox takes milliseconds; a guest that says nothing
-        // for this long is stuck, and the caller must not hang with it.
+        // Building a sandbox takes milliseconds (a container, under a
+        // second); a guest that says nothing for this long is stuck, and
+        // the caller must not hang with it.
         let why = match rx.recv_timeout(START_TIMEOUT) {
             Ok(Event::Done(FromGuest::Ready { .. })) => return Ok(connection),
             Ok(Event::Done(FromGuest::Refused { message })) => message,
@@ -487,11 +597,9 @@ impl Connection {
             .writer
             .lock()
             .map_err(|_| backend_err(self.backend, "send to hako-guest", "lock poisoned"))?;
-        let sent = match fd {
-            None => (&*writer).write_all(&bytes),
-            Some(fd) => proto::send_with_fds(&writer, &bytes, &[fd.as_fd()]),
-        };
-        sent.map_err(|e| backend_err(self.backend, "send to hako-guest", e.to_string()))
+        writer
+            .send(&bytes, fd)
+            .map_err(|e| backend_err(self.backend, "send to hako-guest", e.to_string()))
     }
 
     /// Takes a new id and registers a waiter for what the guest says about
@@ -967,8 +1075,8 @@ impl Connection {
     /// result, killed), then exits; with it, a `linux` sandbox's pid 1 and
     /// so everything in its namespaces. Idempotent.
     pub fn close(&self) {
-        if let Ok(writer) = self.writer.lock() {
-            let _ = writer.shutdown(std::net::Shutdown::Write);
+        if let Ok(mut writer) = self.writer.lock() {
+            writer.close_write();
         }
         let reader = self.reader.lock().ok().and_then(|mut r| r.take());
         if let Some(reader) = reader {
@@ -976,7 +1084,7 @@ impl Connection {
         }
         let child = self.child.lock().ok().and_then(|mut c| c.take());
         if let Some(mut child) = child {
-            if self.said_bye() {
+            if self.said_bye() && !matches!(child, GuestProcess::Piped(_)) {
                 // Everything of the sandbox is gone but the guest's own
                 // exit (and, for linux, the kernel's teardown of the
                 // namespaces): reap it off the caller's path.
@@ -1002,9 +1110,14 @@ impl Drop for Connection {
 
 /// The reader thread: hands every frame to the command it belongs to, and
 /// tells every waiting command when the guest is gone.
-fn read_events(ctl: UnixStream, shared: &Shared) {
+fn read_events(
+    ctl: impl std::io::Read,
+    shared: &Shared,
+    describe: Option<&(dyn Fn() -> String + Send + Sync)>,
+) {
+    let mut ctl = std::io::BufReader::with_capacity(64 * 1024, ctl);
     let why = loop {
-        let frame = match proto::read_any::<FromGuest>(&ctl) {
+        let frame = match proto::read_any::<FromGuest>(&mut ctl) {
             Ok(frame) => frame,
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 break "the sandbox's guest ended".to_string()
@@ -1065,6 +1178,12 @@ fn read_events(ctl: UnixStream, shared: &Shared) {
             }
             Frame::Stdin { .. } => tracing::warn!("hako-guest sent a stdin frame"),
         }
+    };
+    // A guest that ended without saying goodbye: say what became of it.
+    let bye = shared.table.lock().is_ok_and(|t| t.bye);
+    let why = match describe {
+        Some(describe) if !bye => format!("{why}: {}", describe()),
+        _ => why,
     };
     if let Ok(mut table) = shared.table.lock() {
         for (_, tx) in table.waiting.drain() {

@@ -415,6 +415,11 @@ pub enum RunReply {
         status: ExitStatus,
         /// Whether the deadline killed it.
         timed_out: bool,
+        /// The supervisor could not become the tree's subreaper (gVisor
+        /// before 2023 refuses it for all but pid 1): processes that left
+        /// the command's group went to the guest, pid 1, to be killed.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        orphans_to_guest: bool,
     },
     /// The command never started.
     SpawnFailed {

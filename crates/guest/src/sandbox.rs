@@ -21,13 +21,28 @@ use hako_fence::Fence;
 use crate::client as driver;
 use crate::proto::LinuxSpec;
 
+/// How a backend's guest comes to life.
+pub enum GuestStart {
+    /// hako starts the guest itself, sharing its view of the system; with
+    /// a spec, the guest first builds that `linux` sandbox around itself.
+    Local(Option<LinuxSpec>),
+    /// A process already started (a container runtime's client) whose
+    /// stdin and stdout reach the guest; `describe` says what became of
+    /// it once the link is lost (for the error every waiting call gets).
+    Piped {
+        /// The process.
+        child: std::process::Child,
+        /// What became of the sandbox, asked once its guest is gone.
+        describe: Box<dyn Fn() -> String + Send + Sync>,
+    },
+}
+
 /// What distinguishes one backend from another once the guest does the
-/// work: what the guest builds before it serves commands, and where a
-/// command's working directory is inside.
+/// work: how the guest starts (and what it builds before it serves
+/// commands), and where a command's working directory is inside.
 pub trait Launcher: Send + Sync + std::fmt::Debug {
-    /// The sandbox the guest builds (once, when the sandbox opens); `None`
-    /// serves commands where the guest is.
-    fn linux_spec(&self) -> Result<Option<LinuxSpec>>;
+    /// Starts the guest (once, when the sandbox opens).
+    fn start(&self) -> Result<GuestStart>;
 
     /// The absolute path inside the sandbox of the workspace directory
     /// `rel` (checked by the fence); `None` passes the directory itself to
@@ -195,8 +210,14 @@ impl GuestSandbox {
     /// for): a host that cannot build it fails here, with the reason.
     pub fn new(config: GuestConfig) -> Result<Self> {
         let root = config.fence.open_dir(Path::new("."))?;
-        let spec = config.launcher.linux_spec()?;
-        let guest = driver::Connection::start(config.backend, config.guest.as_deref(), root, spec);
+        let guest = config.launcher.start().and_then(|start| match start {
+            GuestStart::Local(spec) => {
+                driver::Connection::start(config.backend, config.guest.as_deref(), root, spec)
+            }
+            GuestStart::Piped { child, describe } => {
+                driver::Connection::over_pipes(config.backend, child, describe)
+            }
+        });
         let guest = match guest {
             Ok(guest) => guest,
             Err(err) => {

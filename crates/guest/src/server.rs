@@ -195,6 +195,12 @@ struct Server<'a> {
     spare: Option<(Pid, UnixStream)>,
     /// When the last event was handled.
     last_event: Instant,
+    /// Supervisors here cannot be subreapers (old gVisor): a command's
+    /// orphans come to this process, pid 1, instead.
+    orphans_come_here: bool,
+    /// Whether the kernel signals a terminal's foreground group when
+    /// Ctrl-C is typed (asked once, at the first input to a terminal).
+    kernel_tty_signals: Option<bool>,
 }
 
 /// Serves requests on `ctl` until it closes and every command has ended.
@@ -233,6 +239,8 @@ pub(crate) fn serve(ctl: Link, proof: &SingleThreaded, mode: Mode) -> u8 {
         buf: vec![0u8; MAX_CHUNK],
         spare: None,
         last_event: Instant::now(),
+        orphans_come_here: false,
+        kernel_tty_signals: None,
     };
     server.send(&FromGuest::Ready {
         version: proto::VERSION,
@@ -586,8 +594,9 @@ impl Server<'_> {
                     });
                     return;
                 }
-                exec.pending.extend(data);
+                exec.pending.extend(&data);
                 self.feed_stdin(i);
+                self.tty_signals(i, &data);
             }
             Frame::Output { .. } => self.send(&FromGuest::Failed {
                 id: None,
@@ -779,6 +788,25 @@ impl Server<'_> {
     }
 
     /// Writes queued input into a command's stdin without blocking.
+    /// Where the kernel does not (gVisor before 2023), signals a terminal's
+    /// foreground group for the Ctrl-C (and Ctrl-\\, Ctrl-Z) typed at it.
+    fn tty_signals(&mut self, i: usize, typed: &[u8]) {
+        if self.execs[i].pty.is_none() || !typed.iter().any(|&b| b < 0x20) {
+            return;
+        }
+        let proof = self.proof;
+        let by_kernel = *self
+            .kernel_tty_signals
+            .get_or_insert_with(|| hako_sys::tty::kernel_sends_tty_signals(proof).unwrap_or(true));
+        if let (false, Some(master)) = (by_kernel, self.execs[i].pty.as_ref()) {
+            // The command is the supervisor's child and leads its session.
+            let leader = hako_sys::proc::children_of(self.execs[i].supervisor)
+                .ok()
+                .and_then(|c| c.first().map(|p| p.as_raw_nonzero().get()));
+            let _ = hako_sys::tty::send_tty_signals(master.as_fd(), typed, leader);
+        }
+    }
+
     fn feed_stdin(&mut self, i: usize) {
         let exec = &mut self.execs[i];
         feed(&mut exec.stdin, &mut exec.pending);
@@ -802,6 +830,13 @@ impl Server<'_> {
                     let reply = proto::read_frame::<RunReply>(&sup).ok();
                     if reply.is_none() {
                         self.orphans = true;
+                    }
+                    if let Some(RunReply::Finished {
+                        orphans_to_guest: true,
+                        ..
+                    }) = reply
+                    {
+                        self.orphans_come_here = true;
                     }
                     session.shell_ended(reply);
                 }
@@ -849,6 +884,29 @@ impl Server<'_> {
         self.orphans = found;
     }
 
+    /// Where orphans come here (no subreapers): once nothing runs, every
+    /// child that is not a supervisor is an orphan of a command that has
+    /// ended; kill them (each one's children come here in turn) before
+    /// that command is reported, as a subreaper would have. At most a
+    /// second.
+    fn kill_orphans_if_idle(&mut self) {
+        let sessions_done = self
+            .sessions
+            .iter()
+            .all(|s| s.ended.is_some() && s.sup.is_none());
+        if !self.orphans_come_here || !self.execs.is_empty() || !sessions_done {
+            return;
+        }
+        for _ in 0..1000 {
+            self.kill_orphans();
+            if !self.orphans {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            self.reap();
+        }
+    }
+
     /// Reports every command whose tree is gone and whose output is drained.
     fn finish_execs(&mut self) {
         let mut i = 0;
@@ -865,8 +923,18 @@ impl Server<'_> {
                 continue;
             }
             let exec = self.execs.swap_remove(i);
+            if let Some(RunReply::Finished {
+                orphans_to_guest: true,
+                ..
+            }) = exec.reply
+            {
+                self.orphans_come_here = true;
+            }
+            self.kill_orphans_if_idle();
             let msg = match exec.reply {
-                Some(RunReply::Finished { status, timed_out }) => FromGuest::Exited {
+                Some(RunReply::Finished {
+                    status, timed_out, ..
+                }) => FromGuest::Exited {
                     id: exec.id,
                     status,
                     timed_out,
@@ -989,8 +1057,12 @@ impl Server<'_> {
         // without the status descriptor; then the shell reports the status
         // with this command's nonce on descriptor 3.
         let quoted = request.script.replace('\'', "'\\''");
-        let line =
-            format!("eval '{quoted}' </dev/null 3>&-; printf '%s %d\\n' {nonce} \"$?\" >&3\n");
+        // `command eval`: a syntax error in the script fails the command,
+        // not the shell (POSIX lets a non-interactive shell exit on a
+        // syntax error in the special builtin `eval`; busybox ash does).
+        let line = format!(
+            "command eval '{quoted}' </dev/null 3>&-; printf '%s %d\\n' {nonce} \"$?\" >&3\n"
+        );
         session.pending.extend(line.as_bytes());
         session.current = Some(SessionRun {
             id: request.id,
@@ -1136,6 +1208,7 @@ impl Server<'_> {
                 let message = session.ended.clone().unwrap_or_default();
                 let id = session.id;
                 session.close_fds();
+                self.kill_orphans_if_idle();
                 self.send(&FromGuest::SessionEnded { id, message });
             }
             let session = &self.sessions[i];

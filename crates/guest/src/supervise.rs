@@ -63,9 +63,20 @@ pub(crate) fn run(request: &Job, ctl: &UnixStream, options: RunOptions) -> RunRe
     let Some((program, args)) = request.argv.split_first() else {
         return refuse("empty argv");
     };
-    if let Err(err) = hako_sys::set_child_subreaper() {
-        return refuse(format!("cannot become child subreaper: {err}"));
-    }
+    let orphans_to_guest = match hako_sys::set_child_subreaper() {
+        Ok(()) => false,
+        // A kernel that allows no subreaper but init (gVisor before 2023
+        // answers EINVAL): orphans go to the guest, pid 1 of the sandbox,
+        // which kills them (told so by the reply). Under any other parent
+        // they could escape: refuse.
+        Err(err)
+            if err.raw_os_error() == Some(Errno::INVAL.raw_os_error())
+                && rproc::getppid().is_some_and(|p| p.as_raw_nonzero().get() == 1) =>
+        {
+            true
+        }
+        Err(err) => return refuse(format!("cannot become child subreaper: {err}")),
+    };
     // Block these before the first fork so no exit is missed, and so that a
     // signal meant to stop the guest makes it clean up instead of dying and
     // leaving the command's tree behind.
@@ -177,6 +188,7 @@ pub(crate) fn run(request: &Job, ctl: &UnixStream, options: RunOptions) -> RunRe
             return RunReply::Finished {
                 status: status.unwrap_or(ExitStatus::Signal(9)),
                 timed_out: false,
+                orphans_to_guest,
             };
         }
     }
@@ -184,6 +196,7 @@ pub(crate) fn run(request: &Job, ctl: &UnixStream, options: RunOptions) -> RunRe
     RunReply::Finished {
         status: status.unwrap_or(ExitStatus::Signal(9)),
         timed_out,
+        orphans_to_guest,
     }
 }
 

@@ -16,9 +16,8 @@ use std::path::{Path, PathBuf};
 use hako_core::env::EnvPolicy;
 use hako_core::{Capabilities, Isolation, NetworkAccess, Result, DEFAULT_MAX_OUTPUT};
 use hako_fence::FenceOptions;
-use hako_guest::proto::LinuxSpec;
 use hako_guest::sandbox::{
-    common_limits, open_workspace, GuestConfig, GuestSandbox, Launcher, OPTIONAL,
+    common_limits, open_workspace, GuestConfig, GuestSandbox, GuestStart, Launcher, OPTIONAL,
 };
 
 pub use hako_guest::client::locate_guest;
@@ -65,8 +64,8 @@ impl HostConfig {
 struct InPlace;
 
 impl Launcher for InPlace {
-    fn linux_spec(&self) -> Result<Option<LinuxSpec>> {
-        Ok(None)
+    fn start(&self) -> Result<GuestStart> {
+        Ok(GuestStart::Local(None))
     }
 
     fn cwd_inside(&self, _rel: &Path) -> Option<PathBuf> {

@@ -23,31 +23,17 @@ use hako_core::{
 use hako_fence::FenceOptions;
 use hako_guest::proto::LinuxSpec;
 use hako_guest::sandbox::{
-    common_limits, open_workspace, GuestConfig, GuestSandbox, Launcher, OPTIONAL,
+    common_limits, open_workspace, GuestConfig, GuestSandbox, GuestStart, Launcher, OPTIONAL,
 };
 
 use crate::cgroup::Cgroups;
 use crate::plan::{PlanInput, Rlimits};
 
+pub use hako_core::Limits;
 pub use hako_guest::client::locate_guest;
 
 /// The backend's name.
 pub const NAME: &str = "linux";
-
-/// Resource limits a caller asks for.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Limits {
-    /// Memory, bytes.
-    pub memory: Option<u64>,
-    /// Processes.
-    pub pids: Option<u64>,
-    /// CPUs (a share; e.g. 0.5 is half a CPU), in thousandths.
-    pub cpus_milli: Option<u64>,
-    /// Largest file a command may write, bytes.
-    pub file_size: Option<u64>,
-    /// Open descriptors per process.
-    pub open_files: Option<u64>,
-}
 
 /// How a linux sandbox is set up.
 #[derive(Debug, Clone)]
@@ -108,8 +94,8 @@ struct Namespaces {
 }
 
 impl Launcher for Namespaces {
-    fn linux_spec(&self) -> Result<Option<LinuxSpec>> {
-        Ok(Some(self.spec.clone()))
+    fn start(&self) -> Result<GuestStart> {
+        Ok(GuestStart::Local(Some(self.spec.clone())))
     }
 
     fn cwd_inside(&self, rel: &Path) -> Option<PathBuf> {

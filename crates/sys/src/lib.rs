@@ -17,6 +17,7 @@ pub mod proc;
 pub mod raw;
 pub mod signal;
 pub mod spawn;
+pub mod tty;
 
 use std::io;
 
@@ -33,7 +34,9 @@ fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
 /// double-forked, or called `setsid` and was left behind) are re-parented to
 /// it instead of to init, so it can find, kill and reap them.
 pub fn set_child_subreaper() -> io::Result<()> {
-    rustix::process::set_child_subreaper(Some(rustix::process::getpid())).map_err(Into::into)
+    // Any nonzero value sets the flag; gVisor accepts only 1 (not, say,
+    // the caller's pid).
+    rustix::process::set_child_subreaper(rustix::process::Pid::from_raw(1)).map_err(Into::into)
 }
 
 /// Whether the kernel has `openat2` (Linux 5.6 and later).

@@ -28,8 +28,16 @@ pub fn cloexec_fds_from(first: RawFd) -> io::Result<()> {
     if ret == 0 {
         return Ok(());
     }
-    // Kernels before 5.11 lack the flag: mark one by one up to the soft
-    // limit. Only async-signal-safe calls are used.
+    // Kernels before 5.11 (and gVisor) lack the flag: mark the open ones,
+    // as /proc lists them, or else one by one up to the soft limit. Only
+    // async-signal-safe calls are used.
+    let listed = each_open_fd_from(first, |fd| {
+        // SAFETY: fcntl on an integer that was just listed as open.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    });
+    if listed.is_ok() {
+        return Ok(());
+    }
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -45,6 +53,67 @@ pub fn cloexec_fds_from(first: RawFd) -> io::Result<()> {
         unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     }
     Ok(())
+}
+
+/// Calls `f` on every descriptor from `first` up that `/proc/self/fd`
+/// lists (its own directory descriptor excepted), reading the directory
+/// into a stack buffer: no allocation, async-signal-safe. `f` may close
+/// the descriptor it is given.
+fn each_open_fd_from(first: RawFd, mut f: impl FnMut(RawFd)) -> io::Result<()> {
+    // SAFETY: open of a NUL-terminated path.
+    let dir = unsafe {
+        libc::open(
+            c"/proc/self/fd".as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if dir < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut buf = [0u8; 4096];
+    let result = loop {
+        // SAFETY: getdents64 writes at most `buf.len()` bytes into `buf`.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_getdents64,
+                dir,
+                buf.as_mut_ptr(),
+                buf.len() as libc::c_ulong,
+            )
+        };
+        if n < 0 {
+            break Err(io::Error::last_os_error());
+        }
+        if n == 0 {
+            break Ok(());
+        }
+        let filled = &buf[..n as usize];
+        let mut at = 0;
+        // linux_dirent64: d_ino u64, d_off i64, d_reclen u16, d_type u8,
+        // then the NUL-terminated name.
+        while at + 19 <= filled.len() {
+            let reclen = usize::from(u16::from_ne_bytes([filled[at + 16], filled[at + 17]]));
+            if reclen == 0 || at + reclen > filled.len() {
+                break;
+            }
+            let mut fd: RawFd = 0;
+            let mut digits = 0;
+            for &b in &filled[at + 19..at + reclen] {
+                if !b.is_ascii_digit() {
+                    break;
+                }
+                fd = fd.saturating_mul(10).saturating_add(RawFd::from(b - b'0'));
+                digits += 1;
+            }
+            if digits > 0 && fd >= first && fd != dir {
+                f(fd);
+            }
+            at += reclen;
+        }
+    };
+    // SAFETY: closing the directory descriptor opened above.
+    unsafe { libc::close(dir) };
+    result
 }
 
 /// A last step run in the child just before exec (e.g. applying Landlock,
@@ -134,8 +203,16 @@ pub fn prepare(command: &mut Command, setup: ChildSetup) {
             if new_process_group && !new_session && libc::setpgid(0, 0) != 0 {
                 return Err(io::Error::last_os_error());
             }
-            if controlling_tty && libc::ioctl(0, libc::TIOCSCTTY, 0) != 0 {
-                return Err(io::Error::last_os_error());
+            if controlling_tty {
+                if libc::ioctl(0, libc::TIOCSCTTY, 0) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // Linux makes the new session's group the terminal's
+                // foreground group with TIOCSCTTY; gVisor does not, and
+                // Ctrl-C would then signal no one. Say it explicitly.
+                if libc::tcsetpgrp(0, libc::getpgrp()) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
             }
             if let Some(fd) = cwd_raw {
                 if libc::fchdir(fd) != 0 {
@@ -204,10 +281,18 @@ pub fn install_fds_close_rest(fds: &[std::os::fd::BorrowedFd<'_>]) -> io::Result
             0 as libc::c_uint,
         )
     };
-    if ret != 0 {
-        return Err(io::Error::last_os_error());
+    if ret == 0 {
+        return Ok(());
     }
-    Ok(())
+    // gVisor refuses a range past its own descriptor limit: close the
+    // open ones as /proc lists them.
+    let err = io::Error::last_os_error();
+    each_open_fd_from(count, |fd| {
+        // SAFETY: as above, every descriptor from `count` up is ours alone
+        // and unused from here on.
+        unsafe { libc::close(fd) };
+    })
+    .map_err(|_| err)
 }
 
 /// In a child forked (without exec) from a single-threaded process to run

@@ -3,6 +3,8 @@
 mod bench;
 mod doctor;
 mod fs;
+mod gc;
+mod image;
 mod run;
 mod shell;
 
@@ -29,6 +31,10 @@ pub enum Command {
     Doctor(doctor::DoctorArgs),
     /// Measure backends against the reference tools on this host.
     Bench(bench::BenchArgs),
+    /// Build local images for the container backends (no registry needed).
+    Image(image::ImageArgs),
+    /// Remove containers and bundles left by hako processes that are gone.
+    Gc(gc::GcArgs),
 }
 
 /// Runs a subcommand and returns the process exit code.
@@ -39,6 +45,8 @@ pub fn dispatch(command: Command) -> ExitCode {
         Command::Fs(args) => fs::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Image(args) => image::run(args),
+        Command::Gc(args) => gc::run(args),
     };
     ExitCode::from(code)
 }
@@ -76,15 +84,23 @@ pub struct SandboxArgs {
     /// Most open files per process.
     #[arg(long, value_name = "N")]
     pub max_open_files: Option<u64>,
-    /// Extra read-only bind, same path inside (linux; repeatable).
+    /// Extra read-only bind, same path inside (linux, docker, gvisor; repeatable).
     #[arg(long = "ro", value_name = "DIR")]
     pub ro: Vec<PathBuf>,
-    /// Extra read-write bind, same path inside (linux; repeatable).
+    /// Extra read-write bind, same path inside (linux, docker, gvisor; repeatable).
     #[arg(long = "rw", value_name = "DIR")]
     pub rw: Vec<PathBuf>,
     /// Run even when a requested protection or limit cannot be enforced here.
     #[arg(long)]
     pub best_effort: bool,
+    /// Image: a name for --backend docker [default: hako-busybox:latest], a
+    /// root directory for --backend gvisor [default: a read-only view of
+    /// the host's system directories].
+    #[arg(long, value_name = "IMAGE")]
+    pub image: Option<String>,
+    /// OCI runtime for --backend docker (e.g. runsc for gVisor, runc, crun).
+    #[arg(long, value_name = "NAME")]
+    pub runtime: Option<String>,
 }
 
 impl SandboxArgs {
@@ -111,6 +127,8 @@ impl SandboxArgs {
             rw: self.rw.clone(),
             best_effort: self.best_effort,
             max_output: self.max_output,
+            image: self.image.clone(),
+            runtime: self.runtime.clone(),
         })
     }
 }

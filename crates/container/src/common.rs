@@ -1,0 +1,369 @@
+//! What the container backends share: the static guest they mount, the
+//! names and labels that tie a container to the hako process that owns it,
+//! the environment, the limit reports, and the stderr kept of a runtime's
+//! client.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use hako_core::env::EnvPolicy;
+use hako_core::{Error, LimitKind, LimitMechanism, LimitReport, Limits, Result};
+use hako_guest::sandbox::{GuestStart, Launcher};
+
+use crate::runner::Runner;
+
+/// Where the guest binary appears inside every container.
+pub const GUEST_INSIDE: &str = "/.hako-guest";
+
+/// The variable naming a statically linked `hako-guest`.
+pub const STATIC_GUEST_VAR: &str = "HAKO_GUEST_STATIC";
+
+/// The label every container hako starts carries: the owner's pid.
+pub const LABEL_PID: &str = "hako.owner.pid";
+/// The owner's start time (clock ticks since boot), so that a reused pid
+/// is not taken for the owner.
+pub const LABEL_START: &str = "hako.owner.start";
+
+/// Whether the ELF file at `path` asks for no program interpreter (it
+/// then needs no libc from the image). `None` when it is not a 64-bit
+/// little-endian ELF file or cannot be read.
+pub fn is_static_elf(path: &Path) -> Option<bool> {
+    let mut file = std::fs::File::open(path).ok()?;
+    let mut header = [0u8; 64];
+    file.read_exact(&mut header).ok()?;
+    if &header[..4] != b"\x7fELF" || header[4] != 2 || header[5] != 1 {
+        return None;
+    }
+    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+    let phoff = u64::from_le_bytes(header[0x20..0x28].try_into().ok()?);
+    let phentsize = usize::from(u16_at(&header, 0x36));
+    let phnum = usize::from(u16_at(&header, 0x38));
+    if phentsize < 4 || phnum > 4096 {
+        return None;
+    }
+    let mut table = vec![0u8; phentsize * phnum];
+    use std::io::{Seek, SeekFrom};
+    file.seek(SeekFrom::Start(phoff)).ok()?;
+    file.read_exact(&mut table).ok()?;
+    const PT_INTERP: u32 = 3;
+    let has_interp = table
+        .chunks_exact(phentsize)
+        .any(|ph| u32::from_le_bytes([ph[0], ph[1], ph[2], ph[3]]) == PT_INTERP);
+    Some(!has_interp)
+}
+
+/// The statically linked guest to mount into a container: `explicit`, else
+/// `$HAKO_GUEST_STATIC`, else the `hako-guest` hako would run on the host
+/// if it happens to be static. An image brings no libc hako can rely on.
+pub fn locate_static_guest(backend: &str, explicit: Option<&Path>) -> Result<PathBuf> {
+    let err = |message: String| Error::Backend {
+        backend: backend.into(),
+        op: "find the static hako-guest",
+        message,
+    };
+    let hint = format!(
+        "build one with scripts/build-static-guest and set {STATIC_GUEST_VAR} to the path it prints"
+    );
+    let chosen = explicit
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os(STATIC_GUEST_VAR).map(PathBuf::from));
+    if let Some(path) = chosen {
+        return match is_static_elf(&path) {
+            Some(true) => Ok(path.canonicalize().unwrap_or(path)),
+            Some(false) => Err(err(format!(
+                "{} is dynamically linked; the guest runs inside the image, which has no libc hako can rely on: {hint}",
+                path.display()
+            ))),
+            None => Err(err(format!(
+                "{} is not a readable 64-bit ELF executable: {hint}",
+                path.display()
+            ))),
+        };
+    }
+    match hako_guest::client::locate_guest() {
+        Ok(path) if is_static_elf(&path) == Some(true) => Ok(path.canonicalize().unwrap_or(path)),
+        Ok(path) => Err(err(format!(
+            "the only hako-guest found ({}) is dynamically linked; the guest runs inside the image: {hint}",
+            path.display()
+        ))),
+        Err(_) => Err(err(format!("no hako-guest found: {hint}"))),
+    }
+}
+
+/// This process's identity as the labels record it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    /// The pid.
+    pub pid: u32,
+    /// Its start time in clock ticks since boot (0 when unknown).
+    pub start: u64,
+}
+
+impl Owner {
+    /// This process.
+    pub fn current() -> Owner {
+        let pid = std::process::id();
+        Owner {
+            pid,
+            start: start_time(pid).unwrap_or(0),
+        }
+    }
+
+    /// Whether the process the labels name still runs.
+    pub fn alive(&self) -> bool {
+        match start_time(self.pid) {
+            Some(start) => self.start == 0 || start == self.start,
+            None => false,
+        }
+    }
+}
+
+/// Field 22 of `/proc/PID/stat`.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count
+    // from the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// A name no other sandbox of any process has: owner pid, a counter and
+/// the time.
+pub fn unique_name(prefix: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{prefix}-{}-{n}-{nanos:08x}", std::process::id())
+}
+
+/// The environment commands start from: the policy's, with HOME and TMPDIR
+/// at the container's private /tmp unless set explicitly.
+pub fn base_env(policy: &EnvPolicy) -> Vec<(String, String)> {
+    let mut env = policy.clone();
+    for (k, v) in [("HOME", "/tmp"), ("TMPDIR", "/tmp")] {
+        if !env.set.iter().any(|(name, _)| name == k) {
+            env.set.push((k.into(), v.into()));
+        }
+    }
+    hako_guest::sandbox::base_env(&env)
+}
+
+/// Reports for the limits a container enforces: memory, pids and CPUs by
+/// the runtime's cgroups, file size and open files by rlimits.
+pub fn limit_reports(limits: &Limits) -> Vec<LimitReport> {
+    [
+        (LimitKind::Memory, limits.memory, LimitMechanism::Runtime),
+        (LimitKind::Pids, limits.pids, LimitMechanism::Runtime),
+        (LimitKind::Cpus, limits.cpus_milli, LimitMechanism::Runtime),
+        (
+            LimitKind::FileSize,
+            limits.file_size,
+            LimitMechanism::Rlimit,
+        ),
+        (
+            LimitKind::OpenFiles,
+            limits.open_files,
+            LimitMechanism::Rlimit,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(kind, value, mechanism)| {
+        value.map(|v| LimitReport {
+            kind,
+            value: Some(v),
+            mechanism,
+        })
+    })
+    .collect()
+}
+
+/// `cpus_milli` as the decimal the runtimes take (`1500` is `1.5`).
+pub fn cpus_decimal(milli: u64) -> String {
+    format!("{}.{:03}", milli / 1000, milli % 1000)
+}
+
+/// The last bytes a runtime's client wrote to stderr, kept as they come.
+#[derive(Debug, Clone, Default)]
+pub struct StderrTail {
+    inner: Arc<(Mutex<Kept>, Condvar)>,
+}
+
+/// The bytes kept, and whether the stream has closed.
+type Kept = (Vec<u8>, bool);
+
+/// How much of a client's stderr is kept.
+const TAIL_BYTES: usize = 4096;
+
+impl StderrTail {
+    /// Drains `stderr` on a thread of its own until it closes.
+    pub fn follow(stderr: impl Read + Send + 'static) -> StderrTail {
+        let tail = StderrTail::default();
+        let inner = Arc::clone(&tail.inner);
+        let spawned = std::thread::Builder::new()
+            .name("hako-runtime-stderr".into())
+            .spawn(move || {
+                let mut stderr = stderr;
+                let mut buf = [0u8; 4096];
+                loop {
+                    let n = match stderr.read(&mut buf) {
+                        Ok(0) | Err(_) => 0,
+                        Ok(n) => n,
+                    };
+                    let Ok(mut kept) = inner.0.lock() else { return };
+                    if n == 0 {
+                        kept.1 = true;
+                        inner.1.notify_all();
+                        return;
+                    }
+                    kept.0.extend_from_slice(&buf[..n]);
+                    let excess = kept.0.len().saturating_sub(TAIL_BYTES);
+                    kept.0.drain(..excess);
+                }
+            });
+        if spawned.is_err() {
+            if let Ok(mut kept) = tail.inner.0.lock() {
+                kept.1 = true;
+            }
+        }
+        tail
+    }
+
+    /// The tail, once the stream has closed or `wait` has passed.
+    pub fn text(&self, wait: Duration) -> String {
+        let Ok(kept) = self.inner.0.lock() else {
+            return String::new();
+        };
+        let kept = match self.inner.1.wait_timeout_while(kept, wait, |k| !k.1) {
+            Ok((kept, _)) => kept,
+            Err(_) => return String::new(),
+        };
+        String::from_utf8_lossy(&kept.0).trim().to_string()
+    }
+}
+
+/// A container whose entrypoint is the guest, reached through its
+/// runtime client's stdio (`docker run -i`, `runsc run`).
+#[derive(Debug)]
+pub(crate) struct ContainerLauncher {
+    pub(crate) backend: &'static str,
+    /// The runtime's name, for messages.
+    pub(crate) program: &'static str,
+    pub(crate) runner: Arc<dyn Runner>,
+    pub(crate) name: String,
+    /// The client's argv.
+    pub(crate) argv: Vec<String>,
+    pub(crate) workspace: PathBuf,
+    /// Commands run at close, in order, to make sure the container is
+    /// gone (their failures are only logged).
+    pub(crate) cleanup: Vec<Vec<String>>,
+    /// Files the runtime reads while the container lives; dropped (and so
+    /// removed) at close.
+    pub(crate) keep: Mutex<Vec<Box<dyn std::fmt::Debug + Send>>>,
+}
+
+fn spawn_error(backend: &str, argv: &[String], e: &std::io::Error) -> Error {
+    let program = argv.first().map(String::as_str).unwrap_or("");
+    let message = if e.kind() == std::io::ErrorKind::NotFound {
+        format!("{program} is not installed")
+    } else {
+        format!("cannot run {program}: {e}")
+    };
+    Error::Backend {
+        backend: backend.into(),
+        op: "start the container",
+        message,
+    }
+}
+
+impl Launcher for ContainerLauncher {
+    fn start(&self) -> Result<GuestStart> {
+        let mut child = self
+            .runner
+            .spawn(&self.argv)
+            .map_err(|e| spawn_error(self.backend, &self.argv, &e))?;
+        let tail = match child.stderr.take() {
+            Some(stderr) => StderrTail::follow(stderr),
+            None => StderrTail::default(),
+        };
+        let name = self.name.clone();
+        let program = self.program;
+        let describe = Box::new(move || {
+            // The client exits (and closes stderr) right after the
+            // container: give it a moment to say why.
+            let said = tail.text(Duration::from_secs(3));
+            if said.is_empty() {
+                format!("container {name} ended ({program} said nothing)")
+            } else {
+                format!("container {name} ended; {program} said: {said}")
+            }
+        });
+        Ok(GuestStart::Piped { child, describe })
+    }
+
+    fn cwd_inside(&self, rel: &Path) -> Option<PathBuf> {
+        Some(self.workspace.join(rel))
+    }
+
+    fn close(&self) {
+        // The guest has ended and the client waited for the container;
+        // this makes sure of it when either went wrong.
+        for argv in &self.cleanup {
+            if let Ok(out) = self.runner.output(argv) {
+                let message = out.message();
+                let gone = message.to_ascii_lowercase().contains("no such container")
+                    || message.contains("does not exist")
+                    || message.contains("not found");
+                if !out.success && !gone {
+                    tracing::warn!("{}: cleaning up {}: {message}", self.backend, self.name);
+                }
+            }
+        }
+        if let Ok(mut keep) = self.keep.lock() {
+            keep.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dynamic_executable_is_told_from_a_static_one() {
+        // This test binary is linked like the normal build: dynamically.
+        let me = std::env::current_exe().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(is_static_elf(&me), Some(false));
+        assert_eq!(is_static_elf(Path::new("/etc/hostname")), None);
+        if let Some(path) = std::env::var_os(STATIC_GUEST_VAR) {
+            assert_eq!(is_static_elf(Path::new(&path)), Some(true));
+        }
+    }
+
+    #[test]
+    fn owner_of_this_process_is_alive_and_a_dead_pid_is_not() {
+        let me = Owner::current();
+        assert!(me.start > 0);
+        assert!(me.alive());
+        let reused = Owner {
+            pid: me.pid,
+            start: me.start + 1,
+        };
+        assert!(!reused.alive(), "a reused pid is not the owner");
+        let gone = Owner {
+            pid: u32::MAX - 1,
+            start: 1,
+        };
+        assert!(!gone.alive());
+    }
+
+    #[test]
+    fn cpus_render_as_decimals() {
+        assert_eq!(cpus_decimal(1500), "1.500");
+        assert_eq!(cpus_decimal(250), "0.250");
+    }
+}

@@ -1,0 +1,520 @@
+//! The `docker` backend: one locked-down container per sandbox, started
+//! once through the Docker or Podman CLI with the static guest as its
+//! entrypoint; every command is a protocol round trip to that guest.
+//!
+//! What it enforces: the runtime's namespaces (no network but loopback),
+//! a read-only root with a size-limited private `/tmp`, no capabilities,
+//! `no-new-privileges`, hako's seccomp policy rendered to the runtime's
+//! profile, the invoking user's uid and gid, cgroup limits through the
+//! runtime, and the workspace as the only writable host directory. With
+//! `--runtime runsc` the container runs on gVisor's kernel (Isolation
+//! Kernel). What it does not: with runc or crun the container shares the
+//! host kernel, and a kernel bug is an escape; the daemon (dockerd) runs
+//! as root, so access to its socket is root on the host.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Once};
+use std::time::Duration;
+
+use hako_core::env::EnvPolicy;
+use hako_core::{
+    Capabilities, Error, Isolation, Limits, NetworkAccess, Result, DEFAULT_MAX_OUTPUT,
+};
+use hako_fence::FenceOptions;
+use hako_guest::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
+
+use crate::common::{
+    self, base_env, cpus_decimal, limit_reports, locate_static_guest, ContainerLauncher, Owner,
+    GUEST_INSIDE, LABEL_PID, LABEL_START,
+};
+use crate::engine::{Engine, EngineKind};
+use crate::runner::{CliRunner, Runner};
+
+/// The backend's name.
+pub const NAME: &str = "docker";
+
+/// The image used when none is named: what `hako image build` makes.
+pub const DEFAULT_IMAGE: &str = "hako-busybox:latest";
+
+/// Size of the private `/tmp` when none is given.
+pub const DEFAULT_TMP_SIZE: u64 = 512 << 20;
+
+/// How a docker sandbox is set up.
+#[derive(Debug, Clone)]
+pub struct DockerConfig {
+    /// The workspace on the host; bound read-write at the same path.
+    pub workspace: PathBuf,
+    /// The image.
+    pub image: String,
+    /// The OCI runtime (`runsc` for gVisor); `None` is the daemon's default.
+    pub runtime: Option<String>,
+    /// Which host variables pass, and what is set.
+    pub env: EnvPolicy,
+    /// Cap on each of stdout and stderr kept per command.
+    pub max_output: usize,
+    /// Fence settings.
+    pub fence: FenceOptions,
+    /// The statically linked `hako-guest`; `None` chooses (see
+    /// [`locate_static_guest`]).
+    pub guest: Option<PathBuf>,
+    /// Extra read-only binds (same path inside).
+    pub ro: Vec<PathBuf>,
+    /// Extra read-write binds (same path inside).
+    pub rw: Vec<PathBuf>,
+    /// Resource limits.
+    pub limits: Limits,
+    /// Size of the private `/tmp`, bytes.
+    pub tmp_size: u64,
+    /// Close the sandbox after this long idle.
+    pub idle_timeout: Option<Duration>,
+    /// The runtime CLI; `None` chooses (see [`Engine::choose`]).
+    pub engine: Option<Engine>,
+    /// Runs the CLI (tests record instead).
+    pub runner: Arc<dyn Runner>,
+}
+
+impl DockerConfig {
+    /// Defaults for a workspace.
+    pub fn new(workspace: impl Into<PathBuf>) -> Self {
+        DockerConfig {
+            workspace: workspace.into(),
+            image: DEFAULT_IMAGE.into(),
+            runtime: None,
+            env: EnvPolicy::default(),
+            max_output: DEFAULT_MAX_OUTPUT,
+            fence: FenceOptions::default(),
+            guest: None,
+            ro: Vec::new(),
+            rw: Vec::new(),
+            limits: Limits::default(),
+            tmp_size: DEFAULT_TMP_SIZE,
+            idle_timeout: None,
+            engine: None,
+            runner: Arc::new(CliRunner),
+        }
+    }
+}
+
+/// Whether `runtime` names gVisor.
+pub fn is_gvisor_runtime(runtime: Option<&str>) -> bool {
+    runtime.is_some_and(|r| {
+        Path::new(r)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n == "runsc" || n.starts_with("runsc-") || n == "gvisor")
+    })
+}
+
+/// Everything `docker run` is told about one sandbox's container.
+#[derive(Debug, Clone)]
+pub struct RunPlan {
+    /// The container's name.
+    pub name: String,
+    /// The hako process that owns it.
+    pub owner: Owner,
+    /// The workspace (host path = path inside).
+    pub workspace: PathBuf,
+    /// The static guest on the host.
+    pub guest: PathBuf,
+    /// The seccomp profile file.
+    pub seccomp_profile: PathBuf,
+    /// The image.
+    pub image: String,
+    /// The OCI runtime.
+    pub runtime: Option<String>,
+    /// Limits.
+    pub limits: Limits,
+    /// Size of `/tmp`, bytes.
+    pub tmp_size: u64,
+    /// uid and gid commands run as.
+    pub user: (u32, u32),
+    /// Extra read-only binds.
+    pub ro: Vec<PathBuf>,
+    /// Extra read-write binds.
+    pub rw: Vec<PathBuf>,
+}
+
+fn bind(src: &Path, dst: &Path, read_only: bool) -> String {
+    let mut spec = format!("type=bind,src={},dst={}", src.display(), dst.display());
+    if read_only {
+        spec.push_str(",readonly");
+    }
+    spec
+}
+
+/// The `docker run` (or `podman run`) argv that starts a sandbox's
+/// container: attached on stdin and stdout (the guest's link), removed
+/// when it ends, and locked down.
+pub fn run_argv(engine: &Engine, plan: &RunPlan) -> Vec<String> {
+    let mut a: Vec<String> = vec![
+        "run".into(),
+        "--interactive".into(),
+        "--rm".into(),
+        "--pull".into(),
+        "never".into(),
+        "--name".into(),
+        plan.name.clone(),
+        "--label".into(),
+        format!("{LABEL_PID}={}", plan.owner.pid),
+        "--label".into(),
+        format!("{LABEL_START}={}", plan.owner.start),
+        // The guest's frames are not a log: keep them out of the daemon's.
+        "--log-driver".into(),
+        "none".into(),
+        "--network".into(),
+        "none".into(),
+        "--hostname".into(),
+        "hako".into(),
+        "--read-only".into(),
+        "--tmpfs".into(),
+        format!("/tmp:rw,nosuid,nodev,size={}", plan.tmp_size),
+        "--cap-drop".into(),
+        "ALL".into(),
+        "--security-opt".into(),
+        "no-new-privileges".into(),
+        "--security-opt".into(),
+        format!("seccomp={}", plan.seccomp_profile.display()),
+        "--user".into(),
+        format!("{}:{}", plan.user.0, plan.user.1),
+        "--workdir".into(),
+        plan.workspace.display().to_string(),
+        "--mount".into(),
+        bind(&plan.workspace, &plan.workspace, false),
+        "--mount".into(),
+        bind(&plan.guest, Path::new(GUEST_INSIDE), true),
+    ];
+    for dir in &plan.ro {
+        a.extend(["--mount".into(), bind(dir, dir, true)]);
+    }
+    for dir in &plan.rw {
+        a.extend(["--mount".into(), bind(dir, dir, false)]);
+    }
+    let limits = &plan.limits;
+    if let Some(memory) = limits.memory {
+        // No swap beyond the memory limit.
+        a.extend([
+            "--memory".into(),
+            memory.to_string(),
+            "--memory-swap".into(),
+            memory.to_string(),
+        ]);
+    }
+    if let Some(pids) = limits.pids {
+        a.extend(["--pids-limit".into(), pids.to_string()]);
+    }
+    if let Some(milli) = limits.cpus_milli {
+        a.extend(["--cpus".into(), cpus_decimal(milli)]);
+    }
+    if let Some(size) = limits.file_size {
+        a.extend(["--ulimit".into(), format!("fsize={size}:{size}")]);
+    }
+    match (limits.open_files, engine.kind) {
+        (Some(n), _) => a.extend(["--ulimit".into(), format!("nofile={n}:{n}")]),
+        // runc under Podman fails to raise these to Podman's defaults on
+        // hosts with hybrid cgroups: give them explicitly.
+        (None, EngineKind::Podman) => a.extend(["--ulimit".into(), "nofile=1024:1024".into()]),
+        (None, EngineKind::Docker) => {}
+    }
+    if engine.kind == EngineKind::Podman {
+        a.extend(["--ulimit".into(), "nproc=4096:4096".into()]);
+    }
+    if let Some(runtime) = &plan.runtime {
+        a.extend(["--runtime".into(), runtime.clone()]);
+    }
+    a.extend([
+        "--entrypoint".into(),
+        GUEST_INSIDE.into(),
+        plan.image.clone(),
+        "--stdio".into(),
+    ]);
+    engine.command(a)
+}
+
+/// hako's seccomp policy as a profile file the runtime's CLI reads.
+pub fn write_seccomp_profile() -> Result<tempfile::NamedTempFile> {
+    let policy = hako_seccomp::default_policy();
+    let profile = hako_seccomp::to_oci(&policy);
+    let io = |source| Error::Io {
+        op: "write the seccomp profile",
+        source,
+    };
+    let mut file = tempfile::Builder::new()
+        .prefix("hako-seccomp-")
+        .suffix(".json")
+        .tempfile()
+        .map_err(io)?;
+    serde_json::to_writer(&mut file, &profile).map_err(|e| io(e.into()))?;
+    file.flush().map_err(io)?;
+    Ok(file)
+}
+
+/// A sandbox whose commands run in a container of its own.
+#[derive(Debug)]
+pub struct DockerSandbox {
+    inner: GuestSandbox,
+    name: String,
+}
+
+hako_guest::delegate_sandbox!(DockerSandbox, inner);
+
+impl DockerSandbox {
+    /// Starts the sandbox's container and waits for its guest; a runtime
+    /// that is missing, a daemon that is down or an image that is not
+    /// there fails here, with the runtime's own words.
+    pub fn new(config: DockerConfig) -> Result<Self> {
+        let fence = open_workspace(&config.workspace, &config.fence)?;
+        let runner = Arc::clone(&config.runner);
+        let engine = match &config.engine {
+            Some(engine) => Arc::new(engine.clone()),
+            None => crate::engine::shared(runner.as_ref())?,
+        };
+        collect_once(&engine, runner.as_ref());
+        let guest = locate_static_guest(NAME, config.guest.as_deref())?;
+        let profile = write_seccomp_profile()?;
+        let workspace = fence.workdir().to_path_buf();
+        let plan = RunPlan {
+            name: common::unique_name("hako"),
+            owner: Owner::current(),
+            workspace: workspace.clone(),
+            guest,
+            seccomp_profile: profile.path().to_path_buf(),
+            image: config.image.clone(),
+            runtime: config.runtime.clone(),
+            limits: config.limits,
+            tmp_size: config.tmp_size,
+            user: (
+                hako_sys::rustix::process::geteuid().as_raw(),
+                hako_sys::rustix::process::getegid().as_raw(),
+            ),
+            ro: config.ro.clone(),
+            rw: config.rw.clone(),
+        };
+        let argv = run_argv(&engine, &plan);
+        let isolation = if is_gvisor_runtime(config.runtime.as_deref()) {
+            Isolation::Kernel
+        } else {
+            Isolation::Process
+        };
+        let mut limits = common_limits(config.max_output, &fence);
+        limits.extend(limit_reports(&config.limits));
+        let caps = Capabilities {
+            backend: NAME.into(),
+            isolation,
+            network: NetworkAccess::None,
+            fence: fence.resolver(),
+            limits,
+            env_sanitised: true,
+            fds_closed: true,
+            landlock_abi: None,
+            seccomp: true,
+            optional: OPTIONAL,
+        };
+        let launcher = ContainerLauncher {
+            backend: NAME,
+            program: engine.name(),
+            runner,
+            name: plan.name.clone(),
+            argv,
+            workspace,
+            cleanup: vec![engine.command(["rm", "--force", plan.name.as_str()])],
+            keep: Mutex::new(vec![Box::new(profile)]),
+        };
+        Ok(DockerSandbox {
+            inner: GuestSandbox::new(GuestConfig {
+                backend: NAME,
+                fence,
+                caps,
+                base_env: base_env(&config.env),
+                guest: None,
+                max_output: config.max_output,
+                idle_timeout: config.idle_timeout,
+                launcher: Box::new(launcher),
+            })?,
+            name: plan.name,
+        })
+    }
+
+    /// The container's name.
+    pub fn container(&self) -> &str {
+        &self.name
+    }
+}
+
+/// Whether a docker sandbox of `image` can start here: a runtime that
+/// answers, the image present locally, and a static guest. The reason when
+/// not (for `hako doctor` and for tests that skip without one).
+pub fn ready(image: &str, runtime: Option<&str>) -> std::result::Result<(), String> {
+    let engine = crate::engine::shared(&CliRunner).map_err(|e| e.to_string())?;
+    let out = CliRunner
+        .output(&engine.command(["image", "inspect", "--format", "{{.Id}}", image]))
+        .map_err(|e| e.to_string())?;
+    if !out.success {
+        return Err(format!(
+            "image {image} is not present ({}); build it with `hako image build`",
+            out.message()
+        ));
+    }
+    if let Some(runtime) = runtime {
+        let out = CliRunner
+            .output(&engine.command(["info", "--format", "{{json .Runtimes}}"]))
+            .map_err(|e| e.to_string())?;
+        if engine.kind == EngineKind::Docker
+            && !String::from_utf8_lossy(&out.stdout).contains(&format!("\"{runtime}\""))
+        {
+            return Err(format!(
+                "the daemon has no runtime named {runtime}; register it in /etc/docker/daemon.json"
+            ));
+        }
+    }
+    locate_static_guest(NAME, None)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// Removes, once per process, the containers of hako processes that are
+/// gone (a `kill -9` leaves its container behind only until then).
+fn collect_once(engine: &Engine, runner: &dyn Runner) {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        if let Err(e) = crate::gc::collect(engine, runner) {
+            tracing::warn!("docker: collecting stale containers: {e}");
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan() -> RunPlan {
+        RunPlan {
+            name: "hako-1-0-0".into(),
+            owner: Owner { pid: 42, start: 7 },
+            workspace: "/w".into(),
+            guest: "/g/hako-guest".into(),
+            seccomp_profile: "/p.json".into(),
+            image: "img:1".into(),
+            runtime: None,
+            limits: Limits::default(),
+            tmp_size: 1 << 20,
+            user: (1000, 100),
+            ro: Vec::new(),
+            rw: Vec::new(),
+        }
+    }
+
+    fn docker() -> Engine {
+        Engine {
+            argv: vec!["docker".into()],
+            kind: EngineKind::Docker,
+        }
+    }
+
+    #[test]
+    fn docker_run_argv_is_locked_down_by_default() {
+        let argv = run_argv(&docker(), &plan());
+        let expected: Vec<&str> = vec![
+            "docker",
+            "run",
+            "--interactive",
+            "--rm",
+            "--pull",
+            "never",
+            "--name",
+            "hako-1-0-0",
+            "--label",
+            "hako.owner.pid=42",
+            "--label",
+            "hako.owner.start=7",
+            "--log-driver",
+            "none",
+            "--network",
+            "none",
+            "--hostname",
+            "hako",
+            "--read-only",
+            "--tmpfs",
+            "/tmp:rw,nosuid,nodev,size=1048576",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
+            "--security-opt",
+            "seccomp=/p.json",
+            "--user",
+            "1000:100",
+            "--workdir",
+            "/w",
+            "--mount",
+            "type=bind,src=/w,dst=/w",
+            "--mount",
+            "type=bind,src=/g/hako-guest,dst=/.hako-guest,readonly",
+            "--entrypoint",
+            "/.hako-guest",
+            "img:1",
+            "--stdio",
+        ];
+        assert_eq!(argv, expected);
+    }
+
+    #[test]
+    fn limits_runtime_and_binds_reach_the_argv() {
+        let mut p = plan();
+        p.limits = Limits {
+            memory: Some(256 << 20),
+            pids: Some(128),
+            cpus_milli: Some(1500),
+            file_size: Some(10_000_000),
+            open_files: Some(64),
+        };
+        p.runtime = Some("runsc".into());
+        p.ro = vec!["/data".into()];
+        p.rw = vec!["/cache".into()];
+        let argv = run_argv(&docker(), &p).join(" ");
+        for part in [
+            "--mount type=bind,src=/data,dst=/data,readonly",
+            "--mount type=bind,src=/cache,dst=/cache ",
+            "--memory 268435456 --memory-swap 268435456",
+            "--pids-limit 128",
+            "--cpus 1.500",
+            "--ulimit fsize=10000000:10000000",
+            "--ulimit nofile=64:64",
+            "--runtime runsc --entrypoint /.hako-guest img:1 --stdio",
+        ] {
+            assert!(argv.contains(part), "{part:?} missing from {argv}");
+        }
+    }
+
+    #[test]
+    fn podman_gets_explicit_ulimits_and_its_leading_words() {
+        let engine = Engine::from_words("sudo podman").unwrap_or_else(|| panic!("parsed"));
+        let argv = run_argv(&engine, &plan());
+        assert_eq!(&argv[..3], ["sudo", "podman", "run"]);
+        let joined = argv.join(" ");
+        assert!(joined.contains("--ulimit nofile=1024:1024"));
+        assert!(joined.contains("--ulimit nproc=4096:4096"));
+    }
+
+    #[test]
+    fn gvisor_is_recognised_by_runtime_name() {
+        assert!(is_gvisor_runtime(Some("runsc")));
+        assert!(is_gvisor_runtime(Some("/usr/bin/runsc")));
+        assert!(!is_gvisor_runtime(Some("runc")));
+        assert!(!is_gvisor_runtime(Some("crun")));
+        assert!(!is_gvisor_runtime(None));
+    }
+
+    #[test]
+    fn the_seccomp_profile_is_the_linux_policy_rendered() {
+        let file = write_seccomp_profile().unwrap_or_else(|e| panic!("{e}"));
+        let text = std::fs::read_to_string(file.path()).unwrap_or_else(|e| panic!("{e}"));
+        let profile: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            profile,
+            hako_seccomp::to_oci(&hako_seccomp::default_policy())
+        );
+        assert!(text.contains("\"ptrace\""));
+    }
+}

@@ -1,0 +1,651 @@
+//! The `gvisor` backend: gVisor's `runsc` driven directly, no daemon.
+//!
+//! hako writes an OCI bundle (its `config.json` generated from the same
+//! policy as the other backends: no capabilities, `noNewPrivileges`, the
+//! seccomp policy, limits, the workspace as the only writable host
+//! directory) and runs `runsc run` with the static guest as the
+//! container's process, reached over the client's stdio. The root is a
+//! read-only view of the host's system directories (with `/etc` secrets
+//! masked) or an image directory.
+//!
+//! What it enforces: every system call of the sandbox is served by gVisor's
+//! own kernel (the Sentry), itself confined by seccomp on the host
+//! (Isolation Kernel); network none. What it does not: a bug in the Sentry
+//! or the host kernel calls it makes is still an escape, and file access
+//! goes through a gofer that runs on the host.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Once};
+use std::time::Duration;
+
+use hako_core::env::EnvPolicy;
+use hako_core::{
+    Capabilities, Error, Isolation, Limits, NetworkAccess, Result, DEFAULT_MAX_OUTPUT,
+};
+use hako_fence::FenceOptions;
+use hako_guest::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
+use serde_json::{json, Value};
+
+use crate::common::{
+    self, base_env, limit_reports, locate_static_guest, ContainerLauncher, Owner, GUEST_INSIDE,
+};
+use crate::runner::{CliRunner, Runner};
+
+/// The backend's name.
+pub const NAME: &str = "gvisor";
+
+/// The variable naming the `runsc` binary.
+pub const RUNSC_VAR: &str = "HAKO_RUNSC";
+
+/// How a gvisor sandbox is set up.
+#[derive(Debug, Clone)]
+pub struct GvisorConfig {
+    /// The workspace on the host; bound read-write at the same path.
+    pub workspace: PathBuf,
+    /// A root file system directory (an image); `None` is a read-only view
+    /// of the host's system directories.
+    pub rootfs: Option<PathBuf>,
+    /// Which host variables pass, and what is set.
+    pub env: EnvPolicy,
+    /// Cap on each of stdout and stderr kept per command.
+    pub max_output: usize,
+    /// Fence settings.
+    pub fence: FenceOptions,
+    /// The statically linked `hako-guest`; `None` chooses.
+    pub guest: Option<PathBuf>,
+    /// Extra read-only binds (same path inside).
+    pub ro: Vec<PathBuf>,
+    /// Extra read-write binds (same path inside).
+    pub rw: Vec<PathBuf>,
+    /// Resource limits.
+    pub limits: Limits,
+    /// Run even when a limit cannot be enforced (without it).
+    pub best_effort: bool,
+    /// Size of the private `/tmp`, bytes.
+    pub tmp_size: u64,
+    /// Close the sandbox after this long idle.
+    pub idle_timeout: Option<Duration>,
+    /// The `runsc` binary; `None` is `$HAKO_RUNSC`, else `runsc`.
+    pub runsc: Option<PathBuf>,
+    /// Runs `runsc` (tests record instead).
+    pub runner: Arc<dyn Runner>,
+}
+
+impl GvisorConfig {
+    /// Defaults for a workspace.
+    pub fn new(workspace: impl Into<PathBuf>) -> Self {
+        GvisorConfig {
+            workspace: workspace.into(),
+            rootfs: None,
+            env: EnvPolicy::default(),
+            max_output: DEFAULT_MAX_OUTPUT,
+            fence: FenceOptions::default(),
+            guest: None,
+            ro: Vec::new(),
+            rw: Vec::new(),
+            limits: Limits::default(),
+            best_effort: false,
+            tmp_size: crate::docker::DEFAULT_TMP_SIZE,
+            idle_timeout: None,
+            runsc: None,
+            runner: Arc::new(CliRunner),
+        }
+    }
+}
+
+fn backend_err(op: &'static str, message: impl Into<String>) -> Error {
+    Error::Backend {
+        backend: NAME.into(),
+        op,
+        message: message.into(),
+    }
+}
+
+/// The `runsc` to run.
+pub fn runsc_path(configured: Option<&Path>) -> PathBuf {
+    configured
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os(RUNSC_VAR).map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("runsc"))
+}
+
+/// Everything the bundle says about one sandbox.
+#[derive(Debug, Clone)]
+pub struct BundlePlan {
+    /// The workspace (host path = path inside).
+    pub workspace: PathBuf,
+    /// The static guest on the host.
+    pub guest: PathBuf,
+    /// The root directory.
+    pub root: PathBuf,
+    /// Whether `root` is a view hako built (host directories are bound
+    /// into it) rather than an image.
+    pub host_view: bool,
+    /// uid and gid commands run as.
+    pub user: (u32, u32),
+    /// Limits (memory, pids and CPUs only when they can be enforced).
+    pub limits: Limits,
+    /// Size of `/tmp`, bytes.
+    pub tmp_size: u64,
+    /// Extra read-only binds.
+    pub ro: Vec<PathBuf>,
+    /// Extra read-write binds.
+    pub rw: Vec<PathBuf>,
+    /// An empty file and an empty directory to mask secrets with.
+    pub empty_file: PathBuf,
+    /// See `empty_file`.
+    pub empty_dir: PathBuf,
+    /// Host paths under `/etc` that exist and are masked.
+    pub masked_files: Vec<PathBuf>,
+    /// See `masked_files`.
+    pub masked_dirs: Vec<PathBuf>,
+    /// The host's system directories that are real directories (bound).
+    pub system_dirs: Vec<PathBuf>,
+}
+
+fn bind(src: &Path, dst: &Path, read_only: bool) -> Value {
+    json!({
+        "destination": dst,
+        "type": "bind",
+        "source": src,
+        "options": ["rbind", "rprivate", if read_only { "ro" } else { "rw" }],
+    })
+}
+
+/// The bundle's `config.json`.
+pub fn config_json(plan: &BundlePlan) -> Value {
+    let mut mounts = vec![
+        json!({"destination": "/proc", "type": "proc", "source": "proc"}),
+        json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+               "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
+        json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+               "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]}),
+        json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+               "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}),
+        json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+               "options": ["nosuid", "nodev", "mode=1777", format!("size={}", plan.tmp_size)]}),
+    ];
+    if plan.host_view {
+        for dir in &plan.system_dirs {
+            mounts.push(bind(dir, dir, true));
+        }
+        for file in &plan.masked_files {
+            mounts.push(bind(&plan.empty_file, file, true));
+        }
+        for dir in &plan.masked_dirs {
+            mounts.push(bind(&plan.empty_dir, dir, true));
+        }
+    }
+    for dir in &plan.ro {
+        mounts.push(bind(dir, dir, true));
+    }
+    for dir in &plan.rw {
+        mounts.push(bind(dir, dir, false));
+    }
+    mounts.push(bind(&plan.workspace, &plan.workspace, false));
+    mounts.push(bind(&plan.guest, Path::new(GUEST_INSIDE), true));
+    let mut rlimits = Vec::new();
+    if let Some(n) = plan.limits.open_files {
+        rlimits.push(json!({"type": "RLIMIT_NOFILE", "hard": n, "soft": n}));
+    } else {
+        rlimits.push(json!({"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}));
+    }
+    if let Some(n) = plan.limits.file_size {
+        rlimits.push(json!({"type": "RLIMIT_FSIZE", "hard": n, "soft": n}));
+    }
+    let mut resources = serde_json::Map::new();
+    if let Some(memory) = plan.limits.memory {
+        resources.insert("memory".into(), json!({"limit": memory, "swap": memory}));
+    }
+    if let Some(pids) = plan.limits.pids {
+        resources.insert("pids".into(), json!({"limit": pids}));
+    }
+    if let Some(milli) = plan.limits.cpus_milli {
+        resources.insert(
+            "cpu".into(),
+            json!({"quota": milli * 100, "period": 100_000}),
+        );
+    }
+    let policy = hako_seccomp::default_policy();
+    json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": {"uid": plan.user.0, "gid": plan.user.1},
+            "args": [GUEST_INSIDE, "--stdio"],
+            "env": [format!("PATH={}", hako_core::env::DEFAULT_PATH)],
+            "cwd": plan.workspace,
+            "capabilities": {
+                "bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []
+            },
+            "rlimits": rlimits,
+            "noNewPrivileges": true,
+        },
+        "root": {"path": plan.root, "readonly": true},
+        "hostname": "hako",
+        "mounts": mounts,
+        "linux": {
+            "namespaces": [
+                {"type": "pid"}, {"type": "network"}, {"type": "ipc"},
+                {"type": "uts"}, {"type": "mount"},
+            ],
+            "resources": resources,
+            "seccomp": hako_seccomp::to_oci(&policy),
+            "maskedPaths": hako_linux::plan::MASKED_PROC_FILES
+                .iter()
+                .chain(hako_linux::plan::MASKED_PROC_DIRS)
+                .collect::<Vec<_>>(),
+            "readonlyPaths": hako_linux::plan::READ_ONLY_PROC_DIRS,
+        },
+    })
+}
+
+/// The `runsc` argv that runs the bundle, attached.
+pub fn run_argv(
+    runsc: &Path,
+    state: &Path,
+    bundle: &Path,
+    id: &str,
+    rootless: bool,
+) -> Vec<String> {
+    let mut argv = vec![
+        runsc.display().to_string(),
+        "--root".into(),
+        state.display().to_string(),
+        "--network=none".into(),
+        // Apply the bundle's seccomp filter inside the sandbox too.
+        "--oci-seccomp".into(),
+    ];
+    if rootless {
+        argv.extend(["--rootless".into(), "--ignore-cgroups".into()]);
+    }
+    argv.extend([
+        "run".into(),
+        "--bundle".into(),
+        bundle.display().to_string(),
+        id.to_string(),
+    ]);
+    argv
+}
+
+/// Prefix of every bundle directory (followed by the owner's pid).
+const BUNDLE_PREFIX: &str = "hako-gvisor-";
+
+/// Creates `path` (and parents) inside the root view, for a mount point.
+fn mount_point(root: &Path, path: &Path, file: bool) -> std::io::Result<()> {
+    let inside = root.join(path.strip_prefix("/").unwrap_or(path));
+    if file {
+        if let Some(parent) = inside.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(inside, b"")
+    } else {
+        std::fs::create_dir_all(inside)
+    }
+}
+
+/// A sandbox whose commands run on gVisor's kernel.
+#[derive(Debug)]
+pub struct GvisorSandbox {
+    inner: GuestSandbox,
+    name: String,
+}
+
+hako_guest::delegate_sandbox!(GvisorSandbox, inner);
+
+impl GvisorSandbox {
+    /// Writes the bundle, starts `runsc run` and waits for the guest.
+    pub fn new(config: GvisorConfig) -> Result<Self> {
+        let fence = open_workspace(&config.workspace, &config.fence)?;
+        let runner = Arc::clone(&config.runner);
+        collect_once();
+        let guest = locate_static_guest(NAME, config.guest.as_deref())?;
+        let rootless = !hako_sys::rustix::process::geteuid().is_root();
+        let mut limits = config.limits;
+        if rootless
+            && (limits.memory.is_some() || limits.pids.is_some() || limits.cpus_milli.is_some())
+        {
+            if !config.best_effort {
+                return Err(backend_err(
+                    "apply limits",
+                    "--memory, --pids and --cpus need runsc's cgroups, which only root gets; run as root or pass --best-effort",
+                ));
+            }
+            (limits.memory, limits.pids, limits.cpus_milli) = (None, None, None);
+        }
+        let io = |op: &'static str| move |e: std::io::Error| backend_err(op, e.to_string());
+        let owner = Owner::current();
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{BUNDLE_PREFIX}{}-", owner.pid))
+            .tempdir()
+            .map_err(io("create the bundle"))?;
+        std::fs::write(
+            dir.path().join("owner"),
+            format!("{} {}", owner.pid, owner.start),
+        )
+        .map_err(io("create the bundle"))?;
+        let workspace = fence.workdir().to_path_buf();
+        let facts = hako_linux::plan::host_facts();
+        let (root, host_view) = match &config.rootfs {
+            Some(rootfs) => (rootfs.clone(), false),
+            None => (dir.path().join("rootfs"), true),
+        };
+        let plan = BundlePlan {
+            workspace: workspace.clone(),
+            guest,
+            root: root.clone(),
+            host_view,
+            user: (facts.uid, facts.gid),
+            limits,
+            tmp_size: config.tmp_size,
+            ro: config.ro.clone(),
+            rw: config.rw.clone(),
+            empty_file: dir.path().join("empty"),
+            empty_dir: dir.path().join("empty.d"),
+            masked_files: hako_linux::plan::MASKED_ETC_FILES
+                .iter()
+                .map(PathBuf::from)
+                .chain(facts.ssh_host_keys.iter().cloned())
+                .filter(|p| p.is_file())
+                .collect(),
+            masked_dirs: hako_linux::plan::MASKED_ETC_DIRS
+                .iter()
+                .map(PathBuf::from)
+                .filter(|p| p.is_dir())
+                .collect(),
+            system_dirs: facts
+                .system
+                .iter()
+                .filter(|(_, kind)| matches!(kind, hako_linux::plan::HostPath::Dir))
+                .map(|(p, _)| p.clone())
+                .collect(),
+        };
+        if host_view {
+            build_view(&plan, &facts).map_err(io("build the root view"))?;
+        }
+        let config_path = dir.path().join("config.json");
+        let text = serde_json::to_vec_pretty(&config_json(&plan))
+            .map_err(|e| backend_err("write the bundle", e.to_string()))?;
+        std::fs::write(&config_path, text).map_err(io("write the bundle"))?;
+        let state = dir.path().join("state");
+        std::fs::create_dir(&state).map_err(io("create the bundle"))?;
+        let name = common::unique_name("hako");
+        let runsc = runsc_path(config.runsc.as_deref());
+        let argv = run_argv(&runsc, &state, dir.path(), &name, rootless);
+        let mut cleanup_argv = vec![
+            runsc.display().to_string(),
+            "--root".into(),
+            state.display().to_string(),
+        ];
+        if rootless {
+            cleanup_argv.push("--rootless".into());
+        }
+        cleanup_argv.extend(["delete".into(), "--force".into(), name.clone()]);
+        let mut reports = common_limits(config.max_output, &fence);
+        reports.extend(limit_reports(&limits));
+        let caps = Capabilities {
+            backend: NAME.into(),
+            isolation: Isolation::Kernel,
+            network: NetworkAccess::None,
+            fence: fence.resolver(),
+            limits: reports,
+            env_sanitised: true,
+            fds_closed: true,
+            landlock_abi: None,
+            seccomp: true,
+            optional: OPTIONAL,
+        };
+        let launcher = ContainerLauncher {
+            backend: NAME,
+            program: "runsc",
+            runner,
+            name: name.clone(),
+            argv,
+            workspace,
+            cleanup: vec![cleanup_argv],
+            keep: Mutex::new(vec![Box::new(dir)]),
+        };
+        Ok(GvisorSandbox {
+            inner: GuestSandbox::new(GuestConfig {
+                backend: NAME,
+                fence,
+                caps,
+                base_env: base_env(&config.env),
+                guest: None,
+                max_output: config.max_output,
+                idle_timeout: config.idle_timeout,
+                launcher: Box::new(launcher),
+            })?,
+            name,
+        })
+    }
+
+    /// The container's id (as `runsc list` shows it).
+    pub fn container(&self) -> &str {
+        &self.name
+    }
+}
+
+/// The root of a host view: mount points for every bind, the host's
+/// usr-merge symlinks, and the empty file and directory secrets are masked
+/// with.
+fn build_view(plan: &BundlePlan, facts: &hako_linux::plan::HostFacts) -> std::io::Result<()> {
+    let root = &plan.root;
+    std::fs::create_dir_all(root)?;
+    std::fs::write(&plan.empty_file, b"")?;
+    std::fs::create_dir_all(&plan.empty_dir)?;
+    for (path, kind) in &facts.system {
+        match kind {
+            hako_linux::plan::HostPath::Dir => mount_point(root, path, false)?,
+            hako_linux::plan::HostPath::Symlink(target) => {
+                let inside = root.join(path.strip_prefix("/").unwrap_or(path));
+                std::os::unix::fs::symlink(target, inside)?;
+            }
+            hako_linux::plan::HostPath::Absent => {}
+        }
+    }
+    for dir in ["/proc", "/dev", "/tmp", "/sys"] {
+        mount_point(root, Path::new(dir), false)?;
+    }
+    for dir in plan.ro.iter().chain(&plan.rw).chain([&plan.workspace]) {
+        mount_point(root, dir, false)?;
+    }
+    mount_point(root, Path::new(GUEST_INSIDE), true)
+}
+
+/// Removes, once per process, the bundles (and any container state in
+/// them) of hako processes that are gone.
+fn collect_once() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        for path in stale_bundles() {
+            if let Err(e) = remove_bundle(&path) {
+                tracing::warn!("gvisor: removing stale bundle {}: {e}", path.display());
+            }
+        }
+    });
+}
+
+/// Bundle directories whose owner no longer runs.
+pub fn stale_bundles() -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(BUNDLE_PREFIX))
+        .map(|e| e.path())
+        .filter(|p| {
+            let owner = std::fs::read_to_string(p.join("owner")).ok();
+            let owner = owner.as_deref().and_then(|text| {
+                let mut words = text.split_whitespace();
+                Some(Owner {
+                    pid: words.next()?.parse().ok()?,
+                    start: words.next()?.parse().ok()?,
+                })
+            });
+            // Only our own user's bundles, and only with a dead owner.
+            owner.is_some_and(|o| !o.alive())
+        })
+        .collect()
+}
+
+/// Deletes any container left in a bundle's state, then the bundle.
+pub fn remove_bundle(path: &Path) -> std::io::Result<()> {
+    let state = path.join("state");
+    let runsc = runsc_path(None);
+    if let Ok(out) = CliRunner.output(&[
+        runsc.display().to_string(),
+        "--root".into(),
+        state.display().to_string(),
+        "list".into(),
+        "-q".into(),
+    ]) {
+        for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            let _ = CliRunner.output(&[
+                runsc.display().to_string(),
+                "--root".into(),
+                state.display().to_string(),
+                "delete".into(),
+                "--force".into(),
+                id.to_string(),
+            ]);
+        }
+    }
+    std::fs::remove_dir_all(path)
+}
+
+/// Whether `runsc` runs here (for `hako doctor` and tests that skip
+/// without it); the reason when not.
+pub fn ready() -> std::result::Result<(), String> {
+    let runsc = runsc_path(None);
+    match CliRunner.output(&[runsc.display().to_string(), "--version".into()]) {
+        Ok(out) if out.success => {}
+        Ok(out) => return Err(format!("{} --version failed: {}", runsc.display(), out.message())),
+        Err(e) => {
+            return Err(format!(
+                "{} cannot run ({e}); install gVisor's runsc (Debian: apt-get install runsc) or set {RUNSC_VAR}",
+                runsc.display()
+            ))
+        }
+    }
+    locate_static_guest(NAME, None)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan() -> BundlePlan {
+        BundlePlan {
+            workspace: "/w".into(),
+            guest: "/g".into(),
+            root: "/b/rootfs".into(),
+            host_view: true,
+            user: (1000, 1000),
+            limits: Limits {
+                memory: Some(1 << 28),
+                pids: Some(64),
+                cpus_milli: Some(500),
+                file_size: Some(1 << 20),
+                open_files: Some(100),
+            },
+            tmp_size: 1 << 20,
+            ro: vec![],
+            rw: vec![],
+            empty_file: "/b/empty".into(),
+            empty_dir: "/b/empty.d".into(),
+            masked_files: vec!["/etc/shadow".into()],
+            masked_dirs: vec!["/etc/sudoers.d".into()],
+            system_dirs: vec!["/usr".into(), "/etc".into()],
+        }
+    }
+
+    #[test]
+    fn the_bundle_is_locked_down() {
+        let config = config_json(&plan());
+        let process = &config["process"];
+        assert_eq!(process["args"], json!([GUEST_INSIDE, "--stdio"]));
+        assert_eq!(process["noNewPrivileges"], json!(true));
+        assert_eq!(process["user"], json!({"uid": 1000, "gid": 1000}));
+        for set in [
+            "bounding",
+            "effective",
+            "inheritable",
+            "permitted",
+            "ambient",
+        ] {
+            assert_eq!(process["capabilities"][set], json!([]), "{set}");
+        }
+        assert_eq!(config["root"]["readonly"], json!(true));
+        let namespaces = config["linux"]["namespaces"].to_string();
+        for ns in ["pid", "network", "ipc", "uts", "mount"] {
+            assert!(namespaces.contains(ns), "{ns}");
+        }
+        assert_eq!(
+            config["linux"]["seccomp"],
+            hako_seccomp::to_oci(&hako_seccomp::default_policy())
+        );
+        let r = &config["linux"]["resources"];
+        assert_eq!(r["memory"]["limit"], json!(1u64 << 28));
+        assert_eq!(r["pids"]["limit"], json!(64));
+        assert_eq!(r["cpu"]["quota"], json!(50_000));
+        let mounts = config["mounts"].as_array().cloned().unwrap_or_default();
+        let find = |dst: &str| {
+            mounts
+                .iter()
+                .find(|m| m["destination"] == json!(dst))
+                .cloned()
+        };
+        let ws = find("/w").unwrap_or_else(|| panic!("workspace mount"));
+        assert!(ws["options"].to_string().contains("\"rw\""));
+        for ro in ["/usr", "/etc", GUEST_INSIDE] {
+            let m = find(ro).unwrap_or_else(|| panic!("{ro} mount"));
+            assert!(
+                m["options"].to_string().contains("\"ro\""),
+                "{ro} is read-only"
+            );
+        }
+        assert_eq!(
+            find("/etc/shadow").map(|m| m["source"].clone()),
+            Some(json!("/b/empty")),
+            "/etc/shadow is masked"
+        );
+        assert!(find("/home").is_none(), "no host home directory");
+    }
+
+    #[test]
+    fn runsc_argv_has_no_network_and_applies_seccomp() {
+        let argv = run_argv(
+            Path::new("runsc"),
+            Path::new("/s"),
+            Path::new("/b"),
+            "id",
+            false,
+        );
+        assert_eq!(
+            argv,
+            [
+                "runsc",
+                "--root",
+                "/s",
+                "--network=none",
+                "--oci-seccomp",
+                "run",
+                "--bundle",
+                "/b",
+                "id"
+            ]
+        );
+        let rootless = run_argv(
+            Path::new("runsc"),
+            Path::new("/s"),
+            Path::new("/b"),
+            "id",
+            true,
+        );
+        assert!(rootless.contains(&"--rootless".to_string()));
+    }
+}

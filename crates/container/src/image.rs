@@ -1,0 +1,228 @@
+//! Images without a registry: a minimal root file system built from the
+//! host's statically linked busybox, kept as a directory (the `gvisor`
+//! backend's `--image DIR`) and imported into Docker or Podman as an image
+//! (`docker import`), since no registry can be reached.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use hako_core::{Error, Result};
+
+use crate::common::is_static_elf;
+use crate::engine::Engine;
+use crate::runner::Runner;
+
+/// Where Debian's `busybox-static` puts the binary.
+pub const DEFAULT_BUSYBOX: &str = "/bin/busybox";
+
+fn failed(op: &'static str, message: impl Into<String>) -> Error {
+    Error::Backend {
+        backend: "image".into(),
+        op,
+        message: message.into(),
+    }
+}
+
+/// The image `hako image build` makes when none is named (the `docker`
+/// backend's default image, with the tag `latest`).
+pub const DEFAULT_NAME: &str = "hako-busybox";
+
+/// Where an image's directory is kept: `$XDG_DATA_HOME/hako/images/NAME`,
+/// else `~/.local/share/hako/images/NAME`.
+pub fn default_dir(name: &str) -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))?;
+    Some(base.join("hako/images").join(name))
+}
+
+/// What an image is built from.
+#[derive(Debug, Clone)]
+pub struct ImageSpec {
+    /// A statically linked busybox.
+    pub busybox: PathBuf,
+    /// The directory the root file system is written to (replaced).
+    pub dir: PathBuf,
+}
+
+/// The directories every image has (mount points and a writable-looking
+/// layout for programs that expect them).
+const DIRS: &[&str] = &[
+    "bin", "dev", "etc", "home", "proc", "root", "sys", "tmp", "usr/bin", "usr/sbin", "sbin",
+    "var/tmp",
+];
+
+/// Writes the root file system: busybox and a link per applet, `/etc`
+/// basics, and the mount points. Returns the number of applets linked.
+pub fn build_rootfs(spec: &ImageSpec) -> Result<usize> {
+    let io = |op: &'static str| move |e: std::io::Error| failed(op, e.to_string());
+    match is_static_elf(&spec.busybox) {
+        Some(true) => {}
+        Some(false) => {
+            return Err(failed(
+                "check busybox",
+                format!(
+                    "{} is dynamically linked; install busybox-static (Debian) or pass a static busybox",
+                    spec.busybox.display()
+                ),
+            ))
+        }
+        None => {
+            return Err(failed(
+                "check busybox",
+                format!(
+                    "{} is not a readable executable; install busybox-static (Debian)",
+                    spec.busybox.display()
+                ),
+            ))
+        }
+    }
+    let out = std::process::Command::new(&spec.busybox)
+        .arg("--list")
+        .output()
+        .map_err(io("list busybox applets"))?;
+    let applets: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter(|a| *a != "busybox" && !a.contains('/'))
+        .map(str::to_string)
+        .collect();
+    if applets.is_empty() {
+        return Err(failed(
+            "list busybox applets",
+            "busybox --list printed nothing",
+        ));
+    }
+    if spec.dir.exists() {
+        std::fs::remove_dir_all(&spec.dir).map_err(io("replace the image directory"))?;
+    }
+    for dir in DIRS {
+        std::fs::create_dir_all(spec.dir.join(dir)).map_err(io("create the image"))?;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    for tmp in ["tmp", "var/tmp"] {
+        std::fs::set_permissions(spec.dir.join(tmp), std::fs::Permissions::from_mode(0o1777))
+            .map_err(io("create the image"))?;
+    }
+    let target = spec.dir.join("bin/busybox");
+    std::fs::copy(&spec.busybox, &target).map_err(io("copy busybox"))?;
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))
+        .map_err(io("copy busybox"))?;
+    for applet in &applets {
+        std::os::unix::fs::symlink("busybox", spec.dir.join("bin").join(applet))
+            .map_err(io("link busybox applets"))?;
+    }
+    let files: [(&str, &str); 4] = [
+        (
+            "etc/passwd",
+            "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n",
+        ),
+        ("etc/group", "root:x:0:\nnogroup:x:65534:\n"),
+        ("etc/hostname", "hako\n"),
+        ("etc/hosts", "127.0.0.1 localhost hako\n::1 localhost\n"),
+    ];
+    for (path, text) in files {
+        std::fs::write(spec.dir.join(path), text).map_err(io("write /etc"))?;
+    }
+    Ok(applets.len())
+}
+
+/// Imports the directory as image `name` (`docker import`, through a tar
+/// stream written here), with a `PATH` set.
+pub fn import(engine: &Engine, runner: &dyn Runner, dir: &Path, name: &str) -> Result<()> {
+    let argv = engine.command([
+        "import",
+        "--change",
+        &format!("ENV PATH={}", hako_core::env::DEFAULT_PATH),
+        "-",
+        name,
+    ]);
+    let mut child = runner.spawn(&argv).map_err(|e| {
+        failed(
+            "import the image",
+            format!("cannot run {}: {e}", engine.name()),
+        )
+    })?;
+    let tar = std::process::Command::new("tar")
+        .args(["--numeric-owner", "-C"])
+        .arg(dir)
+        .args(["-c", "."])
+        .output()
+        .map_err(|e| failed("import the image", format!("cannot run tar: {e}")))?;
+    if !tar.status.success() {
+        return Err(failed(
+            "import the image",
+            format!(
+                "tar failed: {}",
+                String::from_utf8_lossy(&tar.stderr).trim()
+            ),
+        ));
+    }
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(&tar.stdout)
+            .map_err(|e| failed("import the image", e.to_string()))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| failed("import the image", e.to_string()))?;
+    if !out.status.success() {
+        return Err(failed(
+            "import the image",
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rootfs_has_a_shell_and_the_mount_points() {
+        let busybox = PathBuf::from(DEFAULT_BUSYBOX);
+        if is_static_elf(&busybox) != Some(true) {
+            eprintln!("SKIPPED: no static busybox here");
+            assert!(
+                std::env::var_os("HAKO_MUST_WORK").is_none(),
+                "busybox-static is missing"
+            );
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let spec = ImageSpec {
+            busybox,
+            dir: dir.path().join("rootfs"),
+        };
+        let applets = build_rootfs(&spec).unwrap_or_else(|e| panic!("{e}"));
+        assert!(applets > 100, "{applets} applets");
+        for path in ["bin/sh", "bin/ls", "tmp", "proc", "etc/passwd"] {
+            assert!(
+                spec.dir.join(path).symlink_metadata().is_ok(),
+                "{path} missing"
+            );
+        }
+        let out = std::process::Command::new(spec.dir.join("bin/sh"))
+            .args(["-c", "echo ok"])
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(out.stdout, b"ok\n");
+        // Building again replaces it.
+        build_rootfs(&spec).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    #[test]
+    fn a_dynamic_busybox_is_refused() {
+        let me = std::env::current_exe().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let err = build_rootfs(&ImageSpec {
+            busybox: me,
+            dir: dir.path().join("rootfs"),
+        })
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(err.contains("dynamically linked"), "{err}");
+    }
+}

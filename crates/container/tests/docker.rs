@@ -1,0 +1,34 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+//! The docker backend against a real daemon: the conformance kit,
+//! unchanged, with the daemon's default runtime (runc) and with gVisor
+//! (`--runtime runsc`). Needs dockerd (or podman), the image `hako image
+//! build` makes, and a static guest in `HAKO_GUEST_STATIC`; without them
+//! every case skips, unless `HAKO_MUST_WORK=1`.
+
+use std::path::Path;
+
+use hako_container::docker::{self, DEFAULT_IMAGE};
+use hako_container::{DockerConfig, DockerSandbox};
+use hako_core::Error;
+
+fn open(ws: &Path, runtime: Option<&str>) -> Result<DockerSandbox, Error> {
+    if let Err(reason) = docker::ready(DEFAULT_IMAGE, runtime) {
+        eprintln!("docker backend unavailable: {reason}");
+        return Err(Error::Unsupported {
+            backend: "docker".into(),
+            capability: "running on this host (see the reason printed above)",
+        });
+    }
+    let mut config = DockerConfig::new(ws);
+    config.runtime = runtime.map(str::to_string);
+    DockerSandbox::new(config)
+}
+
+hako_conformance::conformance_tests!(docker_runc, |ws: &Path| { Ok(Box::new(open(ws, None)?)) });
+
+hako_conformance::conformance_tests!(docker_runsc, |ws: &Path| {
+    Ok(Box::new(open(
+        ws,
+        Some(std::env::var("RT").as_deref().unwrap_or("runsc")),
+    )?))
+});

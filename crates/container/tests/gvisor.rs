@@ -1,0 +1,71 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+//! The gvisor backend (`runsc run` of a bundle hako writes, no daemon):
+//! the conformance kit, unchanged, on the image directory `hako image
+//! build` makes (`HAKO_IMAGE_DIR`); and the default root, a read-only view
+//! of the host's system directories. Needs runsc and a static guest in
+//! `HAKO_GUEST_STATIC`; without them every case skips, unless
+//! `HAKO_MUST_WORK=1`.
+
+use std::path::{Path, PathBuf};
+
+use hako_container::gvisor::ready;
+use hako_container::{GvisorConfig, GvisorSandbox};
+use hako_core::{Command, Error, Sandbox};
+
+fn skip(reason: &str) -> Error {
+    eprintln!("gvisor backend unavailable: {reason}");
+    Error::Unsupported {
+        backend: "gvisor".into(),
+        capability: "running on this host (see the reason printed above)",
+    }
+}
+
+hako_conformance::conformance_tests!(gvisor, |ws: &Path| {
+    ready().map_err(|reason| skip(&reason))?;
+    let rootfs = std::env::var_os("HAKO_IMAGE_DIR")
+        .map(PathBuf::from)
+        .ok_or_else(|| skip("HAKO_IMAGE_DIR is not set (hako image build --dir DIR)"))?;
+    let mut config = GvisorConfig::new(ws);
+    config.rootfs = Some(rootfs);
+    Ok(Box::new(GvisorSandbox::new(config)?))
+});
+
+/// The host view: the host's own programs run on gVisor's kernel, and the
+/// secrets of `/etc` are masked.
+#[test]
+fn the_host_view_runs_host_programs_and_masks_secrets() {
+    if let Err(reason) = ready() {
+        assert!(!hako_conformance::must_work(), "{reason}");
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().canonicalize().unwrap();
+    let sandbox = GvisorSandbox::new(GvisorConfig::new(&ws)).unwrap();
+    let out = sandbox
+        .exec(&Command::shell(
+            "cat /etc/os-release >/dev/null && echo os; wc -c < /etc/shadow; ls /home | wc -l; uname -r; pwd",
+        ))
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.first(), Some(&"os"), "{text}");
+    assert_eq!(
+        lines.get(1).map(|l| l.trim()),
+        Some("0"),
+        "/etc/shadow is empty: {text}"
+    );
+    assert_eq!(
+        lines.get(2).map(|l| l.trim()),
+        Some("0"),
+        "no host home: {text}"
+    );
+    let host_release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert_ne!(
+        lines.get(3).copied(),
+        Some(host_release.trim()),
+        "gVisor's own kernel answers"
+    );
+    assert_eq!(lines.get(4).copied(), ws.to_str(), "{text}");
+    sandbox.close().unwrap();
+}
