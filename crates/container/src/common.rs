@@ -296,6 +296,13 @@ impl Launcher for ContainerLauncher {
             // The client exits (and closes stderr) right after the
             // container: give it a moment to say why.
             let said = tail.text(Duration::from_secs(3));
+            // Drop the CLI's generic advice; keep what it said went wrong.
+            let said = said
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with("Run '"))
+                .collect::<Vec<_>>()
+                .join("; ");
             if said.is_empty() {
                 format!("container {name} ended ({program} said nothing)")
             } else {
@@ -309,17 +316,23 @@ impl Launcher for ContainerLauncher {
         Some(self.workspace.join(rel))
     }
 
-    fn close(&self) {
-        // The guest has ended and the client waited for the container;
-        // this makes sure of it when either went wrong.
-        for argv in &self.cleanup {
+    fn close(&self, guest_exited_cleanly: bool) {
+        // The guest has ended and the client, which exits with status 0
+        // only once the container is gone, has been waited for; when
+        // either went wrong, this makes sure of it.
+        let cleanup: &[Vec<String>] = if guest_exited_cleanly {
+            &[]
+        } else {
+            &self.cleanup
+        };
+        for argv in cleanup {
             if let Ok(out) = self.runner.output(argv) {
                 let message = out.message();
                 let gone = message.to_ascii_lowercase().contains("no such container")
                     || message.contains("does not exist")
                     || message.contains("not found");
                 if !out.success && !gone {
-                    tracing::warn!("{}: cleaning up {}: {message}", self.backend, self.name);
+                    tracing::debug!("{}: cleaning up {}: {message}", self.backend, self.name);
                 }
             }
         }

@@ -269,7 +269,7 @@ impl DockerSandbox {
             Some(engine) => Arc::new(engine.clone()),
             None => crate::engine::shared(runner.as_ref())?,
         };
-        collect_once(&engine, runner.as_ref());
+        collect_once(&engine, &runner);
         let guest = locate_static_guest(NAME, config.guest.as_deref())?;
         let profile = write_seccomp_profile()?;
         let workspace = fence.workdir().to_path_buf();
@@ -280,7 +280,10 @@ impl DockerSandbox {
             guest,
             seccomp_profile: profile.path().to_path_buf(),
             image: config.image.clone(),
-            runtime: config.runtime.clone(),
+            runtime: config
+                .runtime
+                .clone()
+                .or_else(|| podman_runtime_default(&engine)),
             limits: config.limits,
             tmp_size: config.tmp_size,
             user: (
@@ -341,6 +344,16 @@ impl DockerSandbox {
     }
 }
 
+/// Podman's default runtime, crun, refuses to run on hosts with hybrid
+/// cgroups (v1 controllers beside a v2 hierarchy): there, runc is asked for
+/// when it is installed.
+fn podman_runtime_default(engine: &Engine) -> Option<String> {
+    let hybrid = Path::new("/sys/fs/cgroup/unified").is_dir()
+        && !Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    (engine.kind == EngineKind::Podman && hybrid && crate::engine::on_path("runc"))
+        .then(|| "runc".to_string())
+}
+
 /// Whether a docker sandbox of `image` can start here: a runtime that
 /// answers, the image present locally, and a static guest. The reason when
 /// not (for `hako doctor` and for tests that skip without one).
@@ -374,11 +387,20 @@ pub fn ready(image: &str, runtime: Option<&str>) -> std::result::Result<(), Stri
 
 /// Removes, once per process, the containers of hako processes that are
 /// gone (a `kill -9` leaves its container behind only until then).
-fn collect_once(engine: &Engine, runner: &dyn Runner) {
+/// On a thread of its own: the sandbox does not wait for it.
+fn collect_once(engine: &Arc<Engine>, runner: &Arc<dyn Runner>) {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        if let Err(e) = crate::gc::collect(engine, runner) {
-            tracing::warn!("docker: collecting stale containers: {e}");
+        let (engine, runner) = (Arc::clone(engine), Arc::clone(runner));
+        let spawned = std::thread::Builder::new()
+            .name("hako-docker-gc".into())
+            .spawn(move || {
+                if let Err(e) = crate::gc::collect(&engine, runner.as_ref()) {
+                    tracing::debug!("docker: collecting stale containers: {e}");
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::debug!("docker: cannot start collecting stale containers: {e}");
         }
     });
 }

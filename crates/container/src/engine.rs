@@ -49,10 +49,20 @@ impl Engine {
 
     /// `HAKO_DOCKER` when set; else `docker` if `docker info` works; else
     /// `podman` if `podman info` works; else an error saying what to
-    /// install.
+    /// install. When docker is installed and podman is not, docker is
+    /// chosen without asking (its own error then says the daemon is down).
     pub fn choose(runner: &dyn Runner) -> Result<Engine> {
         if let Some(words) = std::env::var(ENV_VAR).ok().filter(|w| !w.trim().is_empty()) {
             return Engine::from_words(&words).ok_or_else(|| unavailable("HAKO_DOCKER is empty"));
+        }
+        // With no podman to fall back on, asking `docker info` first only
+        // costs time: a daemon that is down is named by docker's own error
+        // when the container starts.
+        if on_path("docker") && !on_path("podman") {
+            return Ok(Engine {
+                argv: vec!["docker".into()],
+                kind: EngineKind::Docker,
+            });
         }
         let mut why = Vec::new();
         for (program, kind) in [
@@ -105,6 +115,17 @@ impl Engine {
             EngineKind::Podman => "podman",
         }
     }
+}
+
+/// Whether `program` is an executable file in a `PATH` directory.
+pub(crate) fn on_path(program: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths).any(|dir| {
+            std::fs::metadata(dir.join(program))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
 }
 
 fn first_line(text: &str) -> String {

@@ -207,6 +207,28 @@ pub fn config_json(plan: &BundlePlan) -> Value {
         );
     }
     let policy = hako_seccomp::default_policy();
+    let namespaces = vec![
+        json!({"type": "pid"}),
+        json!({"type": "network"}),
+        json!({"type": "ipc"}),
+        json!({"type": "uts"}),
+        json!({"type": "mount"}),
+    ];
+    let mut linux = serde_json::Map::new();
+    linux.insert("namespaces".into(), namespaces.into());
+    linux.insert("resources".into(), resources.into());
+    linux.insert("seccomp".into(), hako_seccomp::to_oci(&policy));
+    linux.insert(
+        "maskedPaths".into(),
+        json!(hako_linux::plan::MASKED_PROC_FILES
+            .iter()
+            .chain(hako_linux::plan::MASKED_PROC_DIRS)
+            .collect::<Vec<_>>()),
+    );
+    linux.insert(
+        "readonlyPaths".into(),
+        json!(hako_linux::plan::READ_ONLY_PROC_DIRS),
+    );
     json!({
         "ociVersion": "1.0.2",
         "process": {
@@ -224,23 +246,15 @@ pub fn config_json(plan: &BundlePlan) -> Value {
         "root": {"path": plan.root, "readonly": true},
         "hostname": "hako",
         "mounts": mounts,
-        "linux": {
-            "namespaces": [
-                {"type": "pid"}, {"type": "network"}, {"type": "ipc"},
-                {"type": "uts"}, {"type": "mount"},
-            ],
-            "resources": resources,
-            "seccomp": hako_seccomp::to_oci(&policy),
-            "maskedPaths": hako_linux::plan::MASKED_PROC_FILES
-                .iter()
-                .chain(hako_linux::plan::MASKED_PROC_DIRS)
-                .collect::<Vec<_>>(),
-            "readonlyPaths": hako_linux::plan::READ_ONLY_PROC_DIRS,
-        },
+        "linux": linux,
     })
 }
 
 /// The `runsc` argv that runs the bundle, attached.
+///
+/// Run by a user without root, `runsc` is started the way `runsc --rootless
+/// do` starts itself: in a user namespace where that user is root (with no
+/// more on the host than the user has), with no cgroups.
 pub fn run_argv(
     runsc: &Path,
     state: &Path,
@@ -248,14 +262,18 @@ pub fn run_argv(
     id: &str,
     rootless: bool,
 ) -> Vec<String> {
-    let mut argv = vec![
+    let mut argv = Vec::new();
+    if rootless {
+        argv.extend(["unshare", "--user", "--map-root-user", "--"].map(String::from));
+    }
+    argv.extend([
         runsc.display().to_string(),
         "--root".into(),
         state.display().to_string(),
         "--network=none".into(),
         // Apply the bundle's seccomp filter inside the sandbox too.
         "--oci-seccomp".into(),
-    ];
+    ]);
     if rootless {
         argv.extend(["--rootless".into(), "--ignore-cgroups".into()]);
     }
@@ -335,7 +353,12 @@ impl GvisorSandbox {
             guest,
             root: root.clone(),
             host_view,
-            user: (facts.uid, facts.gid),
+            // Rootless: root of runsc's user namespace is the invoking user.
+            user: if rootless {
+                (0, 0)
+            } else {
+                (facts.uid, facts.gid)
+            },
             limits,
             tmp_size: config.tmp_size,
             ro: config.ro.clone(),
@@ -346,12 +369,15 @@ impl GvisorSandbox {
                 .iter()
                 .map(PathBuf::from)
                 .chain(facts.ssh_host_keys.iter().cloned())
-                .filter(|p| p.is_file())
+                // Without root, a file the user cannot read needs no mask
+                // (the sandbox, as that user, cannot read it either), and
+                // runsc's gofer cannot open it to mount over it.
+                .filter(|p| p.is_file() && (!rootless || std::fs::File::open(p).is_ok()))
                 .collect(),
             masked_dirs: hako_linux::plan::MASKED_ETC_DIRS
                 .iter()
                 .map(PathBuf::from)
-                .filter(|p| p.is_dir())
+                .filter(|p| p.is_dir() && (!rootless || std::fs::read_dir(p).is_ok()))
                 .collect(),
             system_dirs: facts
                 .system

@@ -32,3 +32,23 @@ hako_conformance::conformance_tests!(docker_runsc, |ws: &Path| {
         Some(std::env::var("RT").as_deref().unwrap_or("runsc")),
     )?))
 });
+
+/// Podman through the same backend (`HAKO_TEST_PODMAN=1`; on hosts with
+/// hybrid cgroups, where Podman's default crun refuses to run, the backend
+/// asks for runc itself).
+fn open_podman(ws: &Path) -> Result<DockerSandbox, Error> {
+    let wanted = std::env::var_os("HAKO_TEST_PODMAN").is_some_and(|v| v == "1");
+    let engine = hako_container::Engine::from_words("podman").expect("an engine");
+    if !wanted {
+        eprintln!("podman is tested only with HAKO_TEST_PODMAN=1");
+        return Err(Error::Unsupported {
+            backend: "docker".into(),
+            capability: "podman unless HAKO_TEST_PODMAN=1",
+        });
+    }
+    let mut config = DockerConfig::new(ws);
+    config.engine = Some(engine);
+    DockerSandbox::new(config)
+}
+
+hako_conformance::conformance_tests!(podman, |ws: &Path| { Ok(Box::new(open_podman(ws)?)) });

@@ -225,6 +225,8 @@ pub struct Connection {
     reader: Mutex<Option<std::thread::JoinHandle<()>>>,
     child: Mutex<Option<GuestProcess>>,
     next_id: AtomicU64,
+    /// The guest's process was waited for and exited with status 0.
+    exited_cleanly: std::sync::atomic::AtomicBool,
 }
 
 /// hako's sending end of the link to the guest.
@@ -334,19 +336,22 @@ impl GuestProcess {
         }
     }
 
-    fn wait(&mut self) {
+    /// Waits for the process; whether it exited with status 0.
+    fn wait(&mut self) -> bool {
         match self {
             GuestProcess::Spawned(child) | GuestProcess::Piped(child) => {
-                let _ = child.wait();
+                child.wait().is_ok_and(|s| s.success())
             }
-            GuestProcess::Forked(pid) => {
-                while let Err(hako_sys::rustix::io::Errno::INTR) =
-                    hako_sys::rustix::process::waitpid(
-                        Some(*pid),
-                        hako_sys::rustix::process::WaitOptions::empty(),
-                    )
-                {}
-            }
+            GuestProcess::Forked(pid) => loop {
+                match hako_sys::rustix::process::waitpid(
+                    Some(*pid),
+                    hako_sys::rustix::process::WaitOptions::empty(),
+                ) {
+                    Err(hako_sys::rustix::io::Errno::INTR) => {}
+                    Ok(Some((_, status))) => break status.exit_status() == Some(0),
+                    _ => break false,
+                }
+            },
         }
     }
 }
@@ -565,6 +570,7 @@ impl Connection {
             reader: Mutex::new(Some(reader)),
             child: Mutex::new(Some(child)),
             next_id: AtomicU64::new(HELLO_ID + 1),
+            exited_cleanly: std::sync::atomic::AtomicBool::new(false),
         };
         // Building a sandbox takes milliseconds (a container, under a
         // second); a guest that says nothing for this long is stuck, and
@@ -1091,10 +1097,16 @@ impl Connection {
                 if !child.try_reap() {
                     reap_later(child);
                 }
-            } else {
-                child.wait();
+            } else if child.wait() {
+                self.exited_cleanly.store(true, Ordering::Release);
             }
         }
+    }
+
+    /// Whether the guest's process has been waited for (by `close`) and
+    /// exited with status 0.
+    pub fn exited_cleanly(&self) -> bool {
+        self.exited_cleanly.load(Ordering::Acquire)
     }
 
     fn said_bye(&self) -> bool {

@@ -49,8 +49,13 @@ pub trait Launcher: Send + Sync + std::fmt::Debug {
     /// the guest as a descriptor (only where the guest shares hako's view).
     fn cwd_inside(&self, rel: &Path) -> Option<PathBuf>;
 
-    /// Tears down what the launcher holds (called by `close`, once or more).
-    fn close(&self) {}
+    /// Tears down what the launcher holds (called by `close`, once or
+    /// more). `guest_exited_cleanly`: the guest's process (for a container,
+    /// the runtime's client) was seen to exit with status 0, so nothing of
+    /// the sandbox is left for the launcher to remove.
+    fn close(&self, guest_exited_cleanly: bool) {
+        let _ = guest_exited_cleanly;
+    }
 }
 
 /// The limits every guest-run sandbox enforces the same way: the command's
@@ -148,7 +153,7 @@ impl Life {
     fn close(&self) {
         self.closed.store(true, Ordering::Release);
         self.guest.close();
-        self.launcher.close();
+        self.launcher.close(self.guest.exited_cleanly());
     }
 
     fn touch(&self) {
@@ -221,7 +226,7 @@ impl GuestSandbox {
         let guest = match guest {
             Ok(guest) => guest,
             Err(err) => {
-                config.launcher.close();
+                config.launcher.close(false);
                 return Err(err);
             }
         };

@@ -102,7 +102,7 @@ impl Launcher for Namespaces {
         Some(self.mount_point.join(rel))
     }
 
-    fn close(&self) {
+    fn close(&self, _guest_exited_cleanly: bool) {
         // Called after the guest is gone, and with it every process.
         if let Ok(mut cgroups) = self.cgroups.lock() {
             if let Some(mut cgroups) = cgroups.take() {

@@ -207,6 +207,49 @@ fn references(n: usize) -> Vec<Reference> {
     out
 }
 
+/// A running container of the default image, kept for `docker exec`
+/// measurements (what a harness that runs each call through `docker exec`
+/// pays); removed on drop.
+struct ReferenceContainer {
+    name: String,
+}
+
+impl ReferenceContainer {
+    fn start() -> Result<ReferenceContainer, String> {
+        let name = format!("hako-bench-ref-{}", std::process::id());
+        status_ok(std::process::Command::new("docker").args([
+            "run",
+            "--detach",
+            "--rm",
+            "--init",
+            "--network",
+            "none",
+            "--name",
+            &name,
+            "--entrypoint",
+            "sleep",
+            &default_image(),
+            "100000",
+        ]))
+        .map_err(|e| format!("cannot start a reference container: {e}"))?;
+        Ok(ReferenceContainer { name })
+    }
+
+    fn exec_true(&self) -> Result<(), String> {
+        status_ok(std::process::Command::new("docker").args(["exec", &self.name, "true"]))
+    }
+}
+
+impl Drop for ReferenceContainer {
+    fn drop(&mut self) {
+        let _ = status_ok(std::process::Command::new("docker").args(["rm", "--force", &self.name]));
+    }
+}
+
+fn default_image() -> String {
+    format!("{}:latest", hako_container::image::DEFAULT_NAME)
+}
+
 fn bench_backend(
     kind: BackendKind,
     n: usize,
@@ -232,6 +275,39 @@ fn bench_backend(
             (
                 BWRAP[..11].join(" "),
                 measure_pair(n, hako_run, bwrap_true)?,
+            )
+        }
+        BackendKind::Docker => {
+            let image = default_image();
+            let docker_run = || {
+                status_ok(std::process::Command::new("docker").args([
+                    "run",
+                    "--rm",
+                    "--network",
+                    "none",
+                    &image,
+                    "true",
+                ]))
+            };
+            (
+                format!("docker run --rm --network none {image} true"),
+                measure_pair(n, hako_run, docker_run)?,
+            )
+        }
+        BackendKind::Gvisor => {
+            let runsc = hako_container::gvisor::runsc_path(None);
+            let root = workspace.join(".runsc-bench");
+            let runsc_do = || {
+                status_ok(
+                    std::process::Command::new(&runsc)
+                        .arg("--root")
+                        .arg(&root)
+                        .args(["--network=none", "do", "true"]),
+                )
+            };
+            (
+                format!("{} --network=none do true", runsc.display()),
+                measure_pair(n, hako_run, runsc_do)?,
             )
         }
         _ => (
@@ -271,6 +347,26 @@ fn bench_backend(
         "fork/exec true",
         fork,
     ));
+    // What a harness that runs each call through `docker exec` into a
+    // running container pays, where Docker works.
+    if let Ok(container) = ReferenceContainer::start() {
+        let exec_true = || {
+            let out = sandbox.exec(&command).map_err(|e| e.to_string())?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!("true exited {:?}", out.status))
+            }
+        };
+        let (warm, docker_exec) = measure_pair(n, exec_true, || container.exec_true())?;
+        out.push(compare(
+            format!("exec true in an open {} sandbox (library)", kind.name()),
+            Some(kind.name()),
+            warm,
+            "docker exec (a running container)",
+            docker_exec,
+        ));
+    }
     if kind == BackendKind::Linux {
         // What a harness that wraps each call in bubblewrap pays per call.
         out.push(compare(

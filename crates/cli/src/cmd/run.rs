@@ -145,7 +145,7 @@ pub fn run(args: RunArgs) -> u8 {
         report_truncation(&output);
         if output.timed_out {
             eprintln!(
-                "hako: timed out after {:?}; every process the command started was killed",
+                "hako: timed out after {:?}; every process the command started was killed. Running the same command again will time out again: give it a longer --timeout, make it do less, or start it in the background and check on it",
                 command.timeout.unwrap_or_default()
             );
         }

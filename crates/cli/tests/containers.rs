@@ -1,0 +1,190 @@
+//! End-to-end tests of `hako` with the container backends: docker (runc
+//! and runsc) and gvisor, against the real runtimes. They need dockerd,
+//! runsc, the image `hako image build` makes and a static guest in
+//! `HAKO_GUEST_STATIC`; without them they skip, unless `HAKO_MUST_WORK=1`.
+//! Every test name starts with `containers_` (CI runs them in a step of
+//! their own, with the static guest set).
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn hako() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_hako"))
+}
+
+fn must_work() -> bool {
+    std::env::var_os("HAKO_MUST_WORK").is_some_and(|v| v == "1")
+}
+
+/// Whether `hako doctor` says `backend` works; skips (or fails under
+/// `HAKO_MUST_WORK=1`) when not.
+fn works(backend: &str) -> bool {
+    let out = hako().args(["doctor", "--json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = v["backends"]
+        .as_array()
+        .and_then(|b| b.iter().find(|r| r["backend"] == backend))
+        .cloned()
+        .unwrap_or_default();
+    if report["works"] == true {
+        return true;
+    }
+    assert!(!must_work(), "{backend} does not work here: {report}");
+    eprintln!("SKIPPED: {backend}: {report}");
+    false
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn containers_runs_report_their_backend_isolation_and_share_the_workspace() {
+    if !works("docker") || !works("gvisor") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().canonicalize().unwrap();
+    for (args, backend, isolation) in [
+        (vec!["--backend", "docker"], "docker", "process"),
+        (
+            vec!["--backend", "docker", "--runtime", "runsc"],
+            "docker",
+            "kernel",
+        ),
+        (vec!["--backend", "gvisor"], "gvisor", "kernel"),
+    ] {
+        let out = hako()
+            .arg("run")
+            .args(&args)
+            .arg("--workspace")
+            .arg(&ws)
+            .args(["--json", "--", "sh", "-c", "echo inside > from-inside; pwd"])
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["backend"], backend, "{args:?}");
+        assert_eq!(v["isolation"], isolation, "{args:?}");
+        assert_eq!(v["stdout"].as_str().map(str::trim), ws.to_str(), "{args:?}");
+        assert_eq!(
+            std::fs::read_to_string(ws.join("from-inside")).unwrap(),
+            "inside\n"
+        );
+        std::fs::remove_file(ws.join("from-inside")).unwrap();
+    }
+}
+
+/// The labels of running containers whose owner is `pid`.
+fn containers_of(pid: u32) -> Vec<String> {
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            "--all",
+            "--filter",
+            &format!("label=hako.owner.pid={pid}"),
+        ])
+        .args(["--format", "{{.Names}}"])
+        .output()
+        .unwrap();
+    text(&out.stdout).lines().map(str::to_string).collect()
+}
+
+#[test]
+fn containers_killing_hako_with_sigkill_leaves_no_container() {
+    if !works("docker") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = hako()
+        .args(["run", "--backend", "docker", "--workspace"])
+        .arg(dir.path())
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "sleep 1000 & setsid sleep 1000 & sleep 1000",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let start = Instant::now();
+    while containers_of(pid).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the container never showed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Give the command time to start its sleeps.
+    std::thread::sleep(Duration::from_millis(500));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The client's death closes the guest's stdin: the guest kills
+    // everything and exits, and the container is removed.
+    let start = Instant::now();
+    while !containers_of(pid).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "still there: {:?}",
+            containers_of(pid)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn containers_image_build_writes_a_root_directory_with_a_shell() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("img");
+    let out = hako()
+        .args(["image", "build", "--no-import", "--dir"])
+        .arg(&root)
+        .output()
+        .unwrap();
+    if !out.status.success() && !must_work() {
+        eprintln!("SKIPPED: {}", text(&out.stderr));
+        return;
+    }
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let sh = Command::new(root.join("bin/sh"))
+        .args(["-c", "echo ok"])
+        .output()
+        .unwrap();
+    assert_eq!(sh.stdout, b"ok\n");
+}
+
+#[test]
+fn containers_gc_runs_and_a_timeout_says_not_to_retry_blindly() {
+    if !works("docker") {
+        return;
+    }
+    let out = hako().arg("gc").output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let dir = tempfile::tempdir().unwrap();
+    let out = hako()
+        .args([
+            "run",
+            "--backend",
+            "docker",
+            "--timeout",
+            "1s",
+            "--workspace",
+        ])
+        .arg(dir.path())
+        .args(["--", "sleep", "100"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(124));
+    let err = text(&out.stderr);
+    assert!(err.contains("timed out after 1s"), "{err}");
+    assert!(err.contains("will time out again"), "{err}");
+}

@@ -1,0 +1,228 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+//! The container backends when things go wrong, against the real runtimes:
+//! every failure is a clear error that names what failed, nothing hangs,
+//! and nothing is left behind. Skips (unless `HAKO_MUST_WORK=1`) without
+//! dockerd, the image or a static guest.
+
+use std::process::Command as Process;
+use std::time::{Duration, Instant};
+
+use hako_container::docker::{self, DEFAULT_IMAGE};
+use hako_container::engine::{Engine, EngineKind};
+use hako_container::{DockerConfig, DockerSandbox, GvisorConfig, GvisorSandbox};
+use hako_core::{Command, Sandbox};
+
+fn docker_ready() -> bool {
+    match docker::ready(DEFAULT_IMAGE, None) {
+        Ok(()) => true,
+        Err(reason) => {
+            assert!(!hako_conformance::must_work(), "docker is needed: {reason}");
+            eprintln!("SKIPPED: {reason}");
+            false
+        }
+    }
+}
+
+fn workspace() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().canonicalize().unwrap();
+    (dir, ws)
+}
+
+/// `docker ps -a` lines for containers whose name is `name`.
+fn containers_named(name: &str) -> Vec<String> {
+    let out = Process::new("docker")
+        .args([
+            "ps",
+            "--all",
+            "--filter",
+            &format!("name=^{name}$"),
+            "--format",
+            "{{.Names}}",
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn error_of<T: std::fmt::Debug>(result: hako_core::Result<T>) -> String {
+    match result {
+        Ok(v) => panic!("expected an error, got {v:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_missing_runtime_binary_is_named() {
+    if !docker_ready() {
+        return;
+    }
+    let (_d, ws) = workspace();
+    let mut config = DockerConfig::new(&ws);
+    config.engine = Some(Engine {
+        argv: vec!["/nonexistent/hako-no-docker".into()],
+        kind: EngineKind::Docker,
+    });
+    let err = error_of(DockerSandbox::new(config));
+    assert!(
+        err.contains("/nonexistent/hako-no-docker is not installed"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_daemon_that_is_down_is_reported_with_the_clients_words() {
+    if !docker_ready() {
+        return;
+    }
+    let (_d, ws) = workspace();
+    let mut config = DockerConfig::new(&ws);
+    // A daemon socket nobody listens on: what a stopped dockerd looks like.
+    config.engine = Some(Engine {
+        argv: vec![
+            "docker".into(),
+            "--host".into(),
+            "unix:///nonexistent/docker.sock".into(),
+        ],
+        kind: EngineKind::Docker,
+    });
+    let start = Instant::now();
+    let err = error_of(DockerSandbox::new(config));
+    assert!(err.contains("Cannot connect to the Docker daemon"), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(30), "it hung");
+}
+
+#[test]
+fn a_missing_image_is_named_and_never_pulled() {
+    if !docker_ready() {
+        return;
+    }
+    let (_d, ws) = workspace();
+    let mut config = DockerConfig::new(&ws);
+    config.image = "hako-no-such-image:1".into();
+    let err = error_of(DockerSandbox::new(config));
+    assert!(err.contains("hako-no-such-image"), "{err}");
+    assert!(err.to_lowercase().contains("no such image"), "{err}");
+}
+
+#[test]
+fn a_container_killed_mid_exec_is_named_and_the_next_call_fails_cleanly() {
+    if !docker_ready() {
+        return;
+    }
+    let (_d, ws) = workspace();
+    let sandbox = DockerSandbox::new(DockerConfig::new(&ws)).unwrap();
+    let name = sandbox.container().to_string();
+    let err = std::thread::scope(|scope| {
+        let exec = scope.spawn(|| sandbox.exec(&Command::shell("sleep 600")));
+        std::thread::sleep(Duration::from_millis(500));
+        let killed = Process::new("docker")
+            .args(["kill", &name])
+            .output()
+            .unwrap();
+        assert!(killed.status.success(), "{killed:?}");
+        error_of(exec.join().unwrap())
+    });
+    assert!(err.contains(&name), "the error names the container: {err}");
+    let start = Instant::now();
+    let next = error_of(sandbox.exec(&Command::new(["true"])));
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "the next call hung"
+    );
+    assert!(next.contains(&name), "{next}");
+    sandbox.close().unwrap();
+    assert!(containers_named(&name).is_empty(), "the container is gone");
+}
+
+#[test]
+fn closing_or_dropping_a_sandbox_removes_its_container() {
+    if !docker_ready() {
+        return;
+    }
+    let (_d, ws) = workspace();
+    let sandbox = DockerSandbox::new(DockerConfig::new(&ws)).unwrap();
+    let name = sandbox.container().to_string();
+    assert_eq!(
+        containers_named(&name),
+        std::slice::from_ref(&name),
+        "running while open"
+    );
+    sandbox.close().unwrap();
+    assert!(containers_named(&name).is_empty(), "close removed {name}");
+    let sandbox = DockerSandbox::new(DockerConfig::new(&ws)).unwrap();
+    let name = sandbox.container().to_string();
+    drop(sandbox);
+    assert!(containers_named(&name).is_empty(), "drop removed {name}");
+}
+
+#[test]
+fn containers_of_a_dead_owner_are_collected_and_a_live_owners_are_not() {
+    if !docker_ready() {
+        return;
+    }
+    // A process that has exited: its pid names no live owner.
+    let mut gone = Process::new("true").spawn().unwrap();
+    let dead_pid = gone.id();
+    gone.wait().unwrap();
+    let me = hako_container::Owner::current();
+    let create = |name: &str, pid: u32, start: u64| {
+        let out = Process::new("docker")
+            .args(["create", "--name", name, "--label"])
+            .arg(format!("hako.owner.pid={pid}"))
+            .arg("--label")
+            .arg(format!("hako.owner.start={start}"))
+            .args([DEFAULT_IMAGE, "true"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    let stale = format!("hako-test-stale-{}", std::process::id());
+    let live = format!("hako-test-live-{}", std::process::id());
+    create(&stale, dead_pid, 1);
+    create(&live, me.pid, me.start);
+    let engine = Engine {
+        argv: vec!["docker".into()],
+        kind: EngineKind::Docker,
+    };
+    let removed = hako_container::gc::collect(&engine, &hako_container::runner::CliRunner).unwrap();
+    let live_left = containers_named(&live);
+    let _ = Process::new("docker")
+        .args(["rm", "--force", &live])
+        .output();
+    assert!(removed.contains(&stale), "{removed:?}");
+    assert!(!removed.contains(&live), "{removed:?}");
+    assert!(containers_named(&stale).is_empty());
+    assert_eq!(live_left, [live]);
+}
+
+#[test]
+fn a_gvisor_sandbox_leaves_no_bundle_or_container_when_closed() {
+    if let Err(reason) = hako_container::gvisor::ready() {
+        assert!(!hako_conformance::must_work(), "{reason}");
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let (_d, ws) = workspace();
+    let bundles = || {
+        std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("hako-gvisor-{}-", std::process::id()))
+            })
+            .count()
+    };
+    let before = bundles();
+    let sandbox = GvisorSandbox::new(GvisorConfig::new(&ws)).unwrap();
+    assert_eq!(bundles(), before + 1);
+    let out = sandbox.exec(&Command::new(["true"])).unwrap();
+    assert!(out.status.success());
+    sandbox.close().unwrap();
+    assert_eq!(bundles(), before, "the bundle is removed at close");
+}
