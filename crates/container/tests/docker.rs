@@ -27,10 +27,7 @@ fn open(ws: &Path, runtime: Option<&str>) -> Result<DockerSandbox, Error> {
 hako_conformance::conformance_tests!(docker_runc, |ws: &Path| { Ok(Box::new(open(ws, None)?)) });
 
 hako_conformance::conformance_tests!(docker_runsc, |ws: &Path| {
-    Ok(Box::new(open(
-        ws,
-        Some(std::env::var("RT").as_deref().unwrap_or("runsc")),
-    )?))
+    Ok(Box::new(open(ws, Some("runsc"))?))
 });
 
 /// Podman through the same backend (`HAKO_TEST_PODMAN=1`; on hosts with
