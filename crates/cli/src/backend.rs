@@ -121,6 +121,8 @@ pub struct SandboxSpec {
     pub image: Option<String>,
     /// The OCI runtime of `docker` (`runsc` for gVisor).
     pub runtime: Option<String>,
+    /// `docker` without the guest: each command is a `docker exec`.
+    pub no_guest: bool,
 }
 
 impl SandboxSpec {
@@ -136,6 +138,7 @@ impl SandboxSpec {
             best_effort: false,
             image: None,
             runtime: None,
+            no_guest: false,
         }
     }
 }
@@ -170,6 +173,9 @@ pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, E
     };
     if spec.runtime.is_some() && kind != BackendKind::Docker {
         return Err(refuse("--runtime", "--backend docker"));
+    }
+    if spec.no_guest && kind != BackendKind::Docker {
+        return Err(refuse("--no-guest", "--backend docker"));
     }
     if spec.image.is_some() && !matches!(kind, BackendKind::Docker | BackendKind::Gvisor) {
         return Err(refuse("--image", "--backend docker and gvisor"));
@@ -212,6 +218,9 @@ pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, E
             config.limits = spec.limits;
             config.ro = spec.ro.clone();
             config.rw = spec.rw.clone();
+            if spec.no_guest {
+                return Ok(Box::new(hako_container::DockerExecSandbox::new(config)?));
+            }
             Ok(Box::new(hako_container::DockerSandbox::new(config)?))
         }
         BackendKind::Gvisor => {

@@ -29,6 +29,7 @@ use crate::common::{
     GUEST_INSIDE, LABEL_PID, LABEL_START,
 };
 use crate::engine::{Engine, EngineKind};
+use crate::exec_mode::{DockerExecSandbox, EXEC_MODE_OPTIONAL};
 use crate::runner::{CliRunner, Runner};
 
 /// The backend's name.
@@ -147,10 +148,41 @@ fn bind(src: &Path, dst: &Path, read_only: bool) -> String {
 /// container: attached on stdin and stdout (the guest's link), removed
 /// when it ends, and locked down.
 pub fn run_argv(engine: &Engine, plan: &RunPlan) -> Vec<String> {
+    let mut a: Vec<String> = vec!["run".into(), "--interactive".into(), "--rm".into()];
+    a.extend(lockdown_args(engine, plan));
+    a.extend([
+        "--mount".into(),
+        bind(&plan.guest, Path::new(GUEST_INSIDE), true),
+        "--entrypoint".into(),
+        GUEST_INSIDE.into(),
+        plan.image.clone(),
+        "--stdio".into(),
+    ]);
+    engine.command(a)
+}
+
+/// The `docker run` argv of a container for `docker exec` mode (an image
+/// where the static guest cannot run): detached, with the runtime's init
+/// (which reaps) and `sleep` from the image keeping it up, and the same
+/// lockdown. Removed by hako, not by `--rm`, so that a deadline can restart
+/// it.
+pub fn keeper_argv(engine: &Engine, plan: &RunPlan) -> Vec<String> {
+    let mut a: Vec<String> = vec!["run".into(), "--detach".into(), "--init".into()];
+    a.extend(lockdown_args(engine, plan));
+    a.extend([
+        "--entrypoint".into(),
+        "sleep".into(),
+        plan.image.clone(),
+        "2147483647".into(),
+    ]);
+    engine.command(a)
+}
+
+/// The flags every sandbox container gets: name and owner labels, no
+/// network, a read-only root, no capabilities, the seccomp profile, the
+/// user, the workspace, the extra binds and the limits.
+fn lockdown_args(engine: &Engine, plan: &RunPlan) -> Vec<String> {
     let mut a: Vec<String> = vec![
-        "run".into(),
-        "--interactive".into(),
-        "--rm".into(),
         "--pull".into(),
         "never".into(),
         "--name".into(),
@@ -181,8 +213,6 @@ pub fn run_argv(engine: &Engine, plan: &RunPlan) -> Vec<String> {
         plan.workspace.display().to_string(),
         "--mount".into(),
         bind(&plan.workspace, &plan.workspace, false),
-        "--mount".into(),
-        bind(&plan.guest, Path::new(GUEST_INSIDE), true),
     ];
     for dir in &plan.ro {
         a.extend(["--mount".into(), bind(dir, dir, true)]);
@@ -222,13 +252,7 @@ pub fn run_argv(engine: &Engine, plan: &RunPlan) -> Vec<String> {
     if let Some(runtime) = &plan.runtime {
         a.extend(["--runtime".into(), runtime.clone()]);
     }
-    a.extend([
-        "--entrypoint".into(),
-        GUEST_INSIDE.into(),
-        plan.image.clone(),
-        "--stdio".into(),
-    ]);
-    engine.command(a)
+    a
 }
 
 /// hako's seccomp policy as a profile file the runtime's CLI reads.
@@ -258,11 +282,53 @@ pub struct DockerSandbox {
 
 hako_guest::delegate_sandbox!(DockerSandbox, inner);
 
-impl DockerSandbox {
-    /// Starts the sandbox's container and waits for its guest; a runtime
-    /// that is missing, a daemon that is down or an image that is not
-    /// there fails here, with the runtime's own words.
-    pub fn new(config: DockerConfig) -> Result<Self> {
+/// What both modes decide before a container starts.
+struct Prepared {
+    fence: hako_fence::Fence,
+    runner: Arc<dyn Runner>,
+    engine: Arc<Engine>,
+    plan: RunPlan,
+    profile: tempfile::NamedTempFile,
+    caps: Capabilities,
+}
+
+/// Refuses what the runtime's CLI would read as something else: an image
+/// that looks like a flag, and a bind path with a character of `--mount`'s
+/// comma-separated syntax (a path `/a,dst=/etc` would add an option).
+pub fn check_run_plan(plan: &RunPlan) -> Result<()> {
+    let refuse = |message: String| Error::Backend {
+        backend: NAME.into(),
+        op: "plan the container",
+        message,
+    };
+    if plan.image.is_empty() || plan.image.starts_with('-') {
+        return Err(refuse(format!("{:?} is not an image name", plan.image)));
+    }
+    let guest = (!plan.guest.as_os_str().is_empty()).then_some(&plan.guest);
+    for path in [&plan.workspace, &plan.seccomp_profile]
+        .into_iter()
+        .chain(guest)
+        .chain(&plan.ro)
+        .chain(&plan.rw)
+    {
+        let text = path.to_str().ok_or_else(|| {
+            refuse(format!(
+                "{} is not valid UTF-8; it cannot be bound",
+                path.display()
+            ))
+        })?;
+        if text.contains([',', '"', '\n', '\r']) || !path.is_absolute() {
+            return Err(refuse(format!(
+                "cannot bind {text:?}: a bind path must be absolute and hold no comma, quote or newline (the runtime's --mount syntax)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Prepared {
+    /// `guest`: the static guest is needed (guest mode).
+    fn new(config: &DockerConfig, guest: bool, optional: hako_core::Optional) -> Result<Self> {
         let fence = open_workspace(&config.workspace, &config.fence)?;
         let runner = Arc::clone(&config.runner);
         let engine = match &config.engine {
@@ -270,13 +336,16 @@ impl DockerSandbox {
             None => crate::engine::shared(runner.as_ref())?,
         };
         collect_once(&engine, &runner);
-        let guest = locate_static_guest(NAME, config.guest.as_deref())?;
+        let guest = if guest {
+            locate_static_guest(NAME, config.guest.as_deref())?
+        } else {
+            PathBuf::new()
+        };
         let profile = write_seccomp_profile()?;
-        let workspace = fence.workdir().to_path_buf();
         let plan = RunPlan {
             name: common::unique_name("hako"),
             owner: Owner::current(),
-            workspace: workspace.clone(),
+            workspace: fence.workdir().to_path_buf(),
             guest,
             seccomp_profile: profile.path().to_path_buf(),
             image: config.image.clone(),
@@ -293,7 +362,7 @@ impl DockerSandbox {
             ro: config.ro.clone(),
             rw: config.rw.clone(),
         };
-        let argv = run_argv(&engine, &plan);
+        check_run_plan(&plan)?;
         let isolation = if is_gvisor_runtime(config.runtime.as_deref()) {
             Isolation::Kernel
         } else {
@@ -311,15 +380,39 @@ impl DockerSandbox {
             fds_closed: true,
             landlock_abi: None,
             seccomp: true,
-            optional: OPTIONAL,
+            optional,
         };
+        Ok(Prepared {
+            fence,
+            runner,
+            engine,
+            plan,
+            profile,
+            caps,
+        })
+    }
+}
+
+impl DockerSandbox {
+    /// Starts the sandbox's container and waits for its guest; a runtime
+    /// that is missing, a daemon that is down or an image that is not
+    /// there fails here, with the runtime's own words.
+    pub fn new(config: DockerConfig) -> Result<Self> {
+        let Prepared {
+            fence,
+            runner,
+            engine,
+            plan,
+            profile,
+            caps,
+        } = Prepared::new(&config, true, OPTIONAL)?;
         let launcher = ContainerLauncher {
             backend: NAME,
             program: engine.name(),
             runner,
             name: plan.name.clone(),
-            argv,
-            workspace,
+            argv: run_argv(&engine, &plan),
+            workspace: plan.workspace.clone(),
             cleanup: vec![engine.command(["rm", "--force", plan.name.as_str()])],
             keep: Mutex::new(vec![Box::new(profile)]),
         };
@@ -341,6 +434,51 @@ impl DockerSandbox {
     /// The container's name.
     pub fn container(&self) -> &str {
         &self.name
+    }
+}
+
+impl DockerExecSandbox {
+    /// `docker exec` mode: starts the same locked-down container, kept up
+    /// by the image's `sleep`, and runs each command with `docker exec`
+    /// (see [`crate::exec_mode`] for what this mode does not do).
+    pub fn new(config: DockerConfig) -> Result<Self> {
+        let Prepared {
+            fence,
+            runner,
+            engine,
+            plan,
+            profile,
+            caps,
+        } = Prepared::new(&config, false, EXEC_MODE_OPTIONAL)?;
+        let out = runner
+            .output(&keeper_argv(&engine, &plan))
+            .map_err(|e| Error::Backend {
+                backend: NAME.into(),
+                op: "start the container",
+                message: format!("cannot run {}: {e}", engine.name()),
+            })?;
+        if !out.success {
+            // A failed `run --detach` may still have created it.
+            let _ = runner.output(&engine.command(["rm", "--force", plan.name.as_str()]));
+            return Err(Error::Backend {
+                backend: NAME.into(),
+                op: "start the container",
+                message: format!("container {}: {}", plan.name, out.message()),
+            });
+        }
+        Ok(DockerExecSandbox {
+            engine,
+            runner,
+            name: plan.name,
+            fence,
+            caps,
+            base_env: base_env(&config.env),
+            max_output: config.max_output,
+            workspace: plan.workspace,
+            user: plan.user,
+            closed: std::sync::atomic::AtomicBool::new(false),
+            keep: Mutex::new(Some(profile)),
+        })
     }
 }
 
@@ -502,7 +640,7 @@ mod tests {
             "--cpus 1.500",
             "--ulimit fsize=10000000:10000000",
             "--ulimit nofile=64:64",
-            "--runtime runsc --entrypoint /.hako-guest img:1 --stdio",
+            "--runtime runsc --mount type=bind,src=/g/hako-guest,dst=/.hako-guest,readonly --entrypoint /.hako-guest img:1 --stdio",
         ] {
             assert!(argv.contains(part), "{part:?} missing from {argv}");
         }
@@ -516,6 +654,28 @@ mod tests {
         let joined = argv.join(" ");
         assert!(joined.contains("--ulimit nofile=1024:1024"));
         assert!(joined.contains("--ulimit nproc=4096:4096"));
+    }
+
+    #[test]
+    fn mount_option_injection_through_a_bind_path_is_refused() {
+        check_run_plan(&plan()).unwrap_or_else(|e| panic!("{e}"));
+        for bad in ["/w,dst=/etc", "/w\"x", "/w\nx", "relative"] {
+            let mut p = plan();
+            p.workspace = bad.into();
+            assert!(check_run_plan(&p).is_err(), "{bad:?} accepted");
+            let mut p = plan();
+            p.ro = vec![bad.into()];
+            assert!(check_run_plan(&p).is_err(), "--ro {bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn an_image_that_looks_like_a_flag_is_refused() {
+        for bad in ["--privileged", "-v", ""] {
+            let mut p = plan();
+            p.image = bad.into();
+            assert!(check_run_plan(&p).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]

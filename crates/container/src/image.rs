@@ -130,6 +130,16 @@ pub fn build_rootfs(spec: &ImageSpec) -> Result<usize> {
 /// Imports the directory as image `name` (`docker import`, through a tar
 /// stream written here), with a `PATH` set.
 pub fn import(engine: &Engine, runner: &dyn Runner, dir: &Path, name: &str) -> Result<()> {
+    let valid = name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "._-/:".contains(c))
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric());
+    if !valid {
+        return Err(failed(
+            "import the image",
+            format!("{name:?} is not an image name (letters, digits, '.', '_', '-', '/', ':')"),
+        ));
+    }
     let argv = engine.command([
         "import",
         "--change",

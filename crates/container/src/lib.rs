@@ -14,6 +14,7 @@
 mod common;
 pub mod docker;
 pub mod engine;
+pub mod exec_mode;
 pub mod gc;
 pub mod gvisor;
 pub mod image;
@@ -22,4 +23,5 @@ pub mod runner;
 pub use common::{is_static_elf, locate_static_guest, Owner, GUEST_INSIDE, STATIC_GUEST_VAR};
 pub use docker::{DockerConfig, DockerSandbox};
 pub use engine::{Engine, EngineKind};
+pub use exec_mode::DockerExecSandbox;
 pub use gvisor::{GvisorConfig, GvisorSandbox};

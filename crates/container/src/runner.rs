@@ -37,6 +37,10 @@ pub trait Runner: Send + Sync + Debug {
     /// Starts `argv` with stdin, stdout and stderr piped (the container's
     /// guest is reached through its stdio).
     fn spawn(&self, argv: &[String]) -> io::Result<Child>;
+
+    /// As [`spawn`](Runner::spawn), with `env` added to the process's
+    /// environment (values a `docker exec --env NAME` takes from it).
+    fn spawn_with_env(&self, argv: &[String], env: &[(String, String)]) -> io::Result<Child>;
 }
 
 /// Runs commands for real.
@@ -63,7 +67,12 @@ impl Runner for CliRunner {
     }
 
     fn spawn(&self, argv: &[String]) -> io::Result<Child> {
+        self.spawn_with_env(argv, &[])
+    }
+
+    fn spawn_with_env(&self, argv: &[String], env: &[(String, String)]) -> io::Result<Child> {
         command(argv)?
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -115,6 +124,10 @@ impl Runner for Recorder {
                 success: true,
                 ..RunOutput::default()
             }))
+    }
+
+    fn spawn_with_env(&self, argv: &[String], _env: &[(String, String)]) -> io::Result<Child> {
+        self.spawn(argv)
     }
 
     fn spawn(&self, argv: &[String]) -> io::Result<Child> {

@@ -101,6 +101,12 @@ pub struct SandboxArgs {
     /// OCI runtime for --backend docker (e.g. runsc for gVisor, runc, crun).
     #[arg(long, value_name = "NAME")]
     pub runtime: Option<String>,
+    /// --backend docker without the guest, for images where the static
+    /// guest cannot run: each command is a `docker exec`. Weaker: no
+    /// sessions, processes or terminals, background processes outlive their
+    /// command, and a deadline restarts the container.
+    #[arg(long)]
+    pub no_guest: bool,
 }
 
 impl SandboxArgs {
@@ -129,6 +135,7 @@ impl SandboxArgs {
             max_output: self.max_output,
             image: self.image.clone(),
             runtime: self.runtime.clone(),
+            no_guest: self.no_guest,
         })
     }
 }
