@@ -213,6 +213,7 @@ pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, E
                 config.image = image.clone();
             }
             config.runtime = spec.runtime.clone();
+            config.best_effort = spec.best_effort;
             config.env = spec.env.clone();
             config.max_output = spec.max_output;
             config.limits = spec.limits;

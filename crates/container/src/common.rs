@@ -92,6 +92,24 @@ pub fn locate_static_guest(backend: &str, explicit: Option<&Path>) -> Result<Pat
     }
 }
 
+/// hako's seccomp policy as the OCI profile a container runtime applies.
+///
+/// For gVisor, rules answering anything but `EPERM` are left out: runsc
+/// (2022-12) ignores `errnoRet` and answers `EPERM` to every refusal, and
+/// `clone3` refused with `EPERM` instead of `ENOSYS` breaks every program
+/// that starts a thread (libc falls back to `clone` only on `ENOSYS`).
+/// `clone3`'s flags cannot be read by a filter anyway; under gVisor a user
+/// namespace it could make gives no capability on the host.
+pub fn seccomp_profile(gvisor: bool) -> serde_json::Value {
+    let mut policy = hako_seccomp::default_policy();
+    if gvisor {
+        policy
+            .rules
+            .retain(|rule| rule.action == hako_seccomp::Action::Errno(hako_seccomp::EPERM));
+    }
+    hako_seccomp::to_oci(&policy)
+}
+
 /// This process's identity as the labels record it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Owner {
@@ -142,10 +160,16 @@ pub fn unique_name(prefix: &str) -> String {
 }
 
 /// The environment commands start from: the policy's, with HOME and TMPDIR
-/// at the container's private /tmp unless set explicitly.
+/// at the container's private /tmp and PATH the standard one unless set
+/// explicitly (the host's PATH names the host's directories, not the
+/// image's; every entry missing there is a failed lookup per command).
 pub fn base_env(policy: &EnvPolicy) -> Vec<(String, String)> {
     let mut env = policy.clone();
-    for (k, v) in [("HOME", "/tmp"), ("TMPDIR", "/tmp")] {
+    for (k, v) in [
+        ("HOME", "/tmp"),
+        ("TMPDIR", "/tmp"),
+        ("PATH", hako_core::env::DEFAULT_PATH),
+    ] {
         if !env.set.iter().any(|(name, _)| name == k) {
             env.set.push((k.into(), v.into()));
         }

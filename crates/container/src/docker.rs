@@ -69,6 +69,10 @@ pub struct DockerConfig {
     pub tmp_size: u64,
     /// Close the sandbox after this long idle.
     pub idle_timeout: Option<Duration>,
+    /// Run even when a protection cannot be applied here (it is then left
+    /// out of the capabilities): for now, a gVisor runtime that does not
+    /// apply the seccomp profile.
+    pub best_effort: bool,
     /// The runtime CLI; `None` chooses (see [`Engine::choose`]).
     pub engine: Option<Engine>,
     /// Runs the CLI (tests record instead).
@@ -91,6 +95,7 @@ impl DockerConfig {
             limits: Limits::default(),
             tmp_size: DEFAULT_TMP_SIZE,
             idle_timeout: None,
+            best_effort: false,
             engine: None,
             runner: Arc::new(CliRunner),
         }
@@ -255,10 +260,10 @@ fn lockdown_args(engine: &Engine, plan: &RunPlan) -> Vec<String> {
     a
 }
 
-/// hako's seccomp policy as a profile file the runtime's CLI reads.
-pub fn write_seccomp_profile() -> Result<tempfile::NamedTempFile> {
-    let policy = hako_seccomp::default_policy();
-    let profile = hako_seccomp::to_oci(&policy);
+/// hako's seccomp policy as a profile file the runtime's CLI reads (see
+/// [`common::seccomp_profile`] for what changes under gVisor).
+pub fn write_seccomp_profile(gvisor: bool) -> Result<tempfile::NamedTempFile> {
+    let profile = common::seccomp_profile(gvisor);
     let io = |source| Error::Io {
         op: "write the seccomp profile",
         source,
@@ -341,7 +346,7 @@ impl Prepared {
         } else {
             PathBuf::new()
         };
-        let profile = write_seccomp_profile()?;
+        let profile = write_seccomp_profile(is_gvisor_runtime(config.runtime.as_deref()))?;
         let plan = RunPlan {
             name: common::unique_name("hako"),
             owner: Owner::current(),
@@ -363,11 +368,26 @@ impl Prepared {
             rw: config.rw.clone(),
         };
         check_run_plan(&plan)?;
-        let isolation = if is_gvisor_runtime(config.runtime.as_deref()) {
+        let gvisor = is_gvisor_runtime(plan.runtime.as_deref());
+        let isolation = if gvisor {
             Isolation::Kernel
         } else {
             Isolation::Process
         };
+        // runsc applies a container's seccomp profile only when registered
+        // with --oci-seccomp: ask the daemon, and fail closed.
+        let seccomp =
+            !gvisor || runtime_applies_seccomp(&engine, runner.as_ref(), plan.runtime.as_deref())?;
+        if !seccomp && !config.best_effort {
+            return Err(Error::Backend {
+                backend: NAME.into(),
+                op: "plan the container",
+                message: format!(
+                    "the daemon's runtime {} does not apply the seccomp profile (its runtimeArgs lack --oci-seccomp); add it in /etc/docker/daemon.json, or pass --best-effort to run without the filter",
+                    plan.runtime.as_deref().unwrap_or("")
+                ),
+            });
+        }
         let mut limits = common_limits(config.max_output, &fence);
         limits.extend(limit_reports(&config.limits));
         let caps = Capabilities {
@@ -379,7 +399,7 @@ impl Prepared {
             env_sanitised: true,
             fds_closed: true,
             landlock_abi: None,
-            seccomp: true,
+            seccomp,
             optional,
         };
         Ok(Prepared {
@@ -480,6 +500,33 @@ impl DockerExecSandbox {
             keep: Mutex::new(Some(profile)),
         })
     }
+}
+
+/// Whether the daemon runs `runtime` (a gVisor one) with `--oci-seccomp`.
+/// Podman passes no arguments of its own to a runtime: there, no.
+fn runtime_applies_seccomp(
+    engine: &Engine,
+    runner: &dyn Runner,
+    runtime: Option<&str>,
+) -> Result<bool> {
+    let Some(runtime) = runtime else {
+        return Ok(false);
+    };
+    if engine.kind == EngineKind::Podman {
+        return Ok(false);
+    }
+    let out = runner
+        .output(&engine.command(["info", "--format", "{{json .Runtimes}}"]))
+        .map_err(|e| Error::Backend {
+            backend: NAME.into(),
+            op: "ask the daemon about its runtimes",
+            message: e.to_string(),
+        })?;
+    let runtimes: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    Ok(runtimes[runtime]["runtimeArgs"]
+        .as_array()
+        .is_some_and(|args| args.iter().any(|a| a == "--oci-seccomp")))
 }
 
 /// Podman's default runtime, crun, refuses to run on hosts with hybrid
@@ -689,7 +736,7 @@ mod tests {
 
     #[test]
     fn the_seccomp_profile_is_the_linux_policy_rendered() {
-        let file = write_seccomp_profile().unwrap_or_else(|e| panic!("{e}"));
+        let file = write_seccomp_profile(false).unwrap_or_else(|e| panic!("{e}"));
         let text = std::fs::read_to_string(file.path()).unwrap_or_else(|e| panic!("{e}"));
         let profile: serde_json::Value =
             serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));

@@ -5,12 +5,15 @@ use std::process::ExitCode;
 
 use hako_seccomp::Arch;
 
-const USAGE: &str = "usage: hako-probe [--apply-default-seccomp]
+const USAGE: &str = "usage: hako-probe [--apply-default-seccomp | --skip-x32 | --single x32-mount]
   Prints a JSON report of what this process may do (system calls the
   default seccomp policy refuses, capabilities, no_new_privs, seccomp,
   ids, hostname).
   --apply-default-seccomp  set no_new_privs and install the default
-                           policy on the probe itself first";
+                           policy on the probe itself first
+  --skip-x32               leave out the x32 call (a runtime's filter
+                           kills the process for it)
+  --single x32-mount       make only the x32 call and print its outcome";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -31,6 +34,8 @@ fn main() -> ExitCode {
             }
             hako_probe::report(arch, true)
         }
+        ["--skip-x32"] => hako_probe::report_with(arch, false, true),
+        ["--single", "x32-mount"] => hako_probe::single_x32_mount(arch),
         ["--single", "unshare-newuser"] => hako_probe::unshare_newuser_here(arch),
         ["--single", "noop"] => return ExitCode::SUCCESS,
         ["-h" | "--help"] => {

@@ -55,6 +55,37 @@ pub fn cloexec_fds_from(first: RawFd) -> io::Result<()> {
     Ok(())
 }
 
+/// `close_range(first, L, flags)` with `L` the larger of 2^20 and the hard
+/// RLIMIT_NOFILE, less one (the highest number a descriptor can have where
+/// `close_range(first, ~0)` is refused); whether it succeeded.
+///
+/// # Safety
+/// Every descriptor from `first` up must be the caller's to close (or
+/// mark); async-signal-safe.
+unsafe fn close_range_up_to_limit(first: RawFd, flags: libc::c_uint) -> bool {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid, writable rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return false;
+    }
+    let top = limit
+        .rlim_max
+        .clamp(1 << 20, libc::c_uint::MAX as libc::rlim_t - 1);
+    // SAFETY: close_range on integers, as the caller vouches.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first as libc::c_uint,
+            (top - 1) as libc::c_uint,
+            flags,
+        )
+    };
+    ret == 0
+}
+
 /// Calls `f` on every descriptor from `first` up that `/proc/self/fd`
 /// lists (its own directory descriptor excepted), reading the directory
 /// into a stack buffer: no allocation, async-signal-safe. `f` may close
@@ -284,9 +315,15 @@ pub fn install_fds_close_rest(fds: &[std::os::fd::BorrowedFd<'_>]) -> io::Result
     if ret == 0 {
         return Ok(());
     }
-    // gVisor refuses a range past its own descriptor limit: close the
-    // open ones as /proc lists them.
+    // gVisor refuses a range past its own descriptor limit (2^20): no
+    // descriptor can lie above that limit or the process's hard one, so
+    // ask for the range up to them; failing that, close the open ones as
+    // /proc lists them.
     let err = io::Error::last_os_error();
+    // SAFETY: as above.
+    if unsafe { close_range_up_to_limit(count, 0) } {
+        return Ok(());
+    }
     each_open_fd_from(count, |fd| {
         // SAFETY: as above, every descriptor from `count` up is ours alone
         // and unused from here on.

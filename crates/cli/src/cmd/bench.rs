@@ -215,22 +215,26 @@ struct ReferenceContainer {
 }
 
 impl ReferenceContainer {
-    fn start() -> Result<ReferenceContainer, String> {
-        let name = format!("hako-bench-ref-{}", std::process::id());
-        status_ok(std::process::Command::new("docker").args([
-            "run",
-            "--detach",
-            "--rm",
-            "--init",
-            "--network",
-            "none",
-            "--name",
-            &name,
-            "--entrypoint",
-            "sleep",
-            &default_image(),
-            "100000",
-        ]))
+    fn start(runtime: Option<&str>) -> Result<ReferenceContainer, String> {
+        let name = format!(
+            "hako-bench-ref-{}-{}",
+            std::process::id(),
+            runtime.unwrap_or("default")
+        );
+        let runtime_args: Vec<&str> = runtime.map(|r| vec!["--runtime", r]).unwrap_or_default();
+        status_ok(
+            std::process::Command::new("docker")
+                .args(["run", "--detach", "--rm", "--init", "--network", "none"])
+                .args(&runtime_args)
+                .args([
+                    "--name",
+                    &name,
+                    "--entrypoint",
+                    "sleep",
+                    &default_image(),
+                    "100000",
+                ]),
+        )
         .map_err(|e| format!("cannot start a reference container: {e}"))?;
         Ok(ReferenceContainer { name })
     }
@@ -260,17 +264,27 @@ fn default_image() -> String {
     format!("{}:latest", hako_container::image::DEFAULT_NAME)
 }
 
+/// `runtime`: for `docker`, the OCI runtime (`runsc`), measured as a
+/// backend of its own (`docker+runsc`).
 fn bench_backend(
     kind: BackendKind,
+    runtime: Option<&str>,
     n: usize,
     workspace: &Path,
     out: &mut Vec<Comparison>,
 ) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let label: &'static str = match runtime {
+        Some(_) => "docker+runsc",
+        None => kind.name(),
+    };
+    let runtime_args: Vec<&str> = runtime.map(|r| vec!["--runtime", r]).unwrap_or_default();
     let hako_run = || {
         status_ok(
             std::process::Command::new(&exe)
-                .args(["run", "--backend", kind.name(), "--workspace"])
+                .args(["run", "--backend", kind.name()])
+                .args(&runtime_args)
+                .arg("--workspace")
                 .arg(workspace)
                 .args(["--", "true"]),
         )
@@ -290,17 +304,20 @@ fn bench_backend(
         BackendKind::Docker => {
             let image = default_image();
             let docker_run = || {
-                status_ok(std::process::Command::new("docker").args([
-                    "run",
-                    "--rm",
-                    "--network",
-                    "none",
-                    &image,
-                    "true",
-                ]))
+                status_ok(
+                    std::process::Command::new("docker")
+                        .args(["run", "--rm", "--network", "none"])
+                        .args(&runtime_args)
+                        .args([&image, "true"]),
+                )
             };
             (
-                format!("docker run --rm --network none {image} true"),
+                format!(
+                    "docker run --rm --network none {}{image} true",
+                    runtime
+                        .map(|r| format!("--runtime {r} "))
+                        .unwrap_or_default()
+                ),
                 measure_pair(n, hako_run, docker_run)?,
             )
         }
@@ -328,41 +345,48 @@ fn bench_backend(
     out.push(compare(
         format!(
             "hako run --backend {} -- true (cold, whole process)",
-            kind.name()
+            match runtime {
+                Some(r) => format!("docker --runtime {r}"),
+                None => label.to_string(),
+            }
         ),
-        Some(kind.name()),
+        Some(label),
         cold,
         &reference_name,
         reference,
     ));
-    let spec = SandboxSpec::new(workspace.to_path_buf());
+    let mut spec = SandboxSpec::new(workspace.to_path_buf());
+    spec.runtime = runtime.map(str::to_string);
     let sandbox = backend::open(kind, &spec).map_err(|e| e.to_string())?;
     let command = Command::new(["true"]);
     let (warm, fork) = measure_pair(n, || exec_true(sandbox.as_ref(), &command), fork_exec)?;
     out.push(compare(
-        format!("exec true in an open {} sandbox (library)", kind.name()),
-        Some(kind.name()),
+        format!("exec true in an open {} sandbox (library)", label),
+        Some(label),
         warm,
         "fork/exec true",
         fork,
     ));
     // What a harness that runs each call through `docker exec` into a
     // running container pays, where Docker works.
-    if let Ok(container) = ReferenceContainer::start() {
+    if let Ok(container) = ReferenceContainer::start(runtime) {
         let (warm, docker_exec) = measure_pair(
             n,
             || exec_true(sandbox.as_ref(), &command),
             || container.exec_true(),
         )?;
         out.push(compare(
-            format!("exec true in an open {} sandbox (library)", kind.name()),
-            Some(kind.name()),
+            format!("exec true in an open {} sandbox (library)", label),
+            Some(label),
             warm,
-            "docker exec (a running container)",
+            &format!(
+                "docker exec (a running {} container)",
+                runtime.unwrap_or("runc")
+            ),
             docker_exec,
         ));
     }
-    if kind == BackendKind::Docker {
+    if kind == BackendKind::Docker && runtime.is_none() {
         // The fallback for images where the guest cannot run: a `docker
         // exec` per command.
         let mut spec = SandboxSpec::new(workspace.to_path_buf());
@@ -376,7 +400,7 @@ fn bench_backend(
         exec_mode.close().map_err(|e| e.to_string())?;
         out.push(compare(
             "exec true in an open docker sandbox (library)".into(),
-            Some(kind.name()),
+            Some(label),
             warm,
             "the same in docker exec mode (--no-guest)",
             fallback,
@@ -385,14 +409,16 @@ fn bench_backend(
     if kind == BackendKind::Linux {
         // What a harness that wraps each call in bubblewrap pays per call.
         out.push(compare(
-            format!("exec true in an open {} sandbox (library)", kind.name()),
-            Some(kind.name()),
+            format!("exec true in an open {} sandbox (library)", label),
+            Some(label),
             warm,
             &format!("{reference_name} (a new sandbox per call)"),
             reference,
         ));
     }
-    bench_fence(sandbox.as_ref(), kind, workspace, n, out)?;
+    if runtime.is_none() {
+        bench_fence(sandbox.as_ref(), kind, workspace, n, out)?;
+    }
     sandbox.close().map_err(|e| e.to_string())
 }
 
@@ -466,7 +492,16 @@ pub fn run(args: BenchArgs) -> u8 {
     for arg in requested {
         let result = backend::resolve(arg)
             .map_err(|e| e.to_string())
-            .and_then(|kind| bench_backend(kind, n, &workspace, &mut report.comparisons));
+            .and_then(|kind| {
+                bench_backend(kind, None, n, &workspace, &mut report.comparisons)?;
+                // docker on gVisor too, where the daemon has it.
+                if kind == BackendKind::Docker
+                    && hako_container::docker::ready(&default_image(), Some("runsc")).is_ok()
+                {
+                    bench_backend(kind, Some("runsc"), n, &workspace, &mut report.comparisons)?;
+                }
+                Ok(())
+            });
         if let Err(e) = result {
             report.errors.push(format!("{arg:?}: {e}"));
         }
