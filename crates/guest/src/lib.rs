@@ -87,19 +87,37 @@ fn serve_link(ctl: server::Link) -> u8 {
     }
     let _ = hako_sys::stdio_to_null();
     let accept_fds = ctl.is_socket();
+    // As a container's init, SIGINT, SIGTERM and SIGHUP can only come from
+    // a command inside (the runtime stops the guest by closing its stdin):
+    // not a reason to end every other command.
+    let init = std::process::id() == 1;
     match &hello.linux {
         Some(spec) => match ctl.into_socket() {
             Some(stream) => linux::start(spec, stream, &proof),
             None => 2,
         },
-        None => server::serve(
-            ctl,
-            &proof,
-            server::Mode {
-                confinement: None,
-                stop_signals: true,
-                accept_fds,
-            },
-        ),
+        None => {
+            // Commands run as the guest's uid (in a container, the invoking
+            // user's): none may open the guest's descriptors through
+            // /proc/PID/fd (its link to hako among them) or trace it. A
+            // command's exec makes it dumpable again. (A linux sandbox's
+            // pid 1 is out of the commands' reach by its capabilities, and
+            // must stay dumpable for its launcher to map its ids.)
+            let _ = hako_sys::ns::set_not_dumpable();
+            if init {
+                // Linux shields a namespace's init from its signals; gVisor
+                // does not.
+                let _ = hako_sys::signal::block_terminating_signals();
+            }
+            server::serve(
+                ctl,
+                &proof,
+                server::Mode {
+                    confinement: None,
+                    stop_signals: !init,
+                    accept_fds,
+                },
+            )
+        }
     }
 }

@@ -19,6 +19,46 @@ pub mod signum {
     pub const SIGWINCH: i32 = libc::SIGWINCH;
 }
 
+/// Blocks every signal whose default action ends the process (SIGKILL and
+/// SIGSTOP cannot be): for an init process that a kernel (gVisor) does not
+/// shield from its own namespace's signals. Children started with
+/// `std::process::Command` get an empty mask back before they exec, and a
+/// fork's child starts with no pending signal.
+pub fn block_terminating_signals() -> io::Result<()> {
+    const SIGNALS: &[i32] = &[
+        libc::SIGHUP,
+        libc::SIGINT,
+        libc::SIGQUIT,
+        libc::SIGTERM,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGALRM,
+        libc::SIGVTALRM,
+        libc::SIGPROF,
+        libc::SIGIO,
+        libc::SIGXCPU,
+        libc::SIGXFSZ,
+        libc::SIGTSTP,
+        libc::SIGTTIN,
+        libc::SIGTTOU,
+    ];
+    // SAFETY: as in `SignalFd::new`: a zeroed sigset_t, initialised by
+    // sigemptyset, read by pthread_sigmask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &sig in SIGNALS {
+            if libc::sigaddset(&mut set, sig) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// Size of one `struct signalfd_siginfo`.
 const SIGINFO_SIZE: usize = 128;
 
