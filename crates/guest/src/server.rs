@@ -47,6 +47,10 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// supervisor: back-to-back requests (and a one-command sandbox) never pay
 /// for one they do not use; a command after a pause finds one ready.
 const SPARE_AFTER: Duration = Duration::from_millis(2);
+/// Once this many commands have been handed out, the sandbox is one that
+/// is used again and again: a spare is forked as soon as the last one is
+/// taken (while its command runs), not after a quiet spell.
+const EAGER_SPARE_AFTER_HANDOFFS: u64 = 2;
 /// The most stdin a command may have queued in the guest.
 const MAX_PENDING_STDIN: usize = 256 << 20;
 
@@ -195,6 +199,8 @@ struct Server<'a> {
     spare: Option<(Pid, UnixStream)>,
     /// When the last event was handled.
     last_event: Instant,
+    /// Commands handed to supervisors so far.
+    handoffs: u64,
     /// Supervisors here cannot be subreapers (old gVisor): a command's
     /// orphans come to this process, pid 1, instead.
     orphans_come_here: bool,
@@ -239,6 +245,7 @@ pub(crate) fn serve(ctl: Link, proof: &SingleThreaded, mode: Mode) -> u8 {
         buf: vec![0u8; MAX_CHUNK],
         spare: None,
         last_event: Instant::now(),
+        handoffs: 0,
         orphans_come_here: false,
         kernel_tty_signals: None,
     };
@@ -700,7 +707,10 @@ impl Server<'_> {
 
     /// Whether to fork a spare supervisor now.
     fn spare_due(&self) -> bool {
-        self.spare.is_none() && self.ctl_open && self.last_event.elapsed() >= SPARE_AFTER
+        self.spare.is_none()
+            && self.ctl_open
+            && (self.handoffs >= EAGER_SPARE_AFTER_HANDOFFS
+                || self.last_event.elapsed() >= SPARE_AFTER)
     }
 
     /// Hands `job` to a supervisor (the spare one, or one forked now) with
@@ -735,6 +745,7 @@ impl Server<'_> {
             let _ = rproc::kill_process(pid, Signal::KILL);
             return Err(format!("cannot hand a command to its supervisor: {err}"));
         }
+        self.handoffs += 1;
         Ok((pid, sock))
     }
 
