@@ -182,6 +182,10 @@ const HELLO_ID: u64 = 0;
 /// How long [`Connection::start`] waits for the guest to build the sandbox.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long closing waits for a container runtime's client to exit after
+/// its guest has ended.
+const PIPED_EXIT_GRACE: Duration = Duration::from_secs(30);
+
 /// One command for [`Connection::exec`].
 pub struct Exec<'a> {
     /// The checked argument vector (see [`validate`]).
@@ -339,8 +343,25 @@ impl GuestProcess {
     /// Waits for the process; whether it exited with status 0.
     fn wait(&mut self) -> bool {
         match self {
-            GuestProcess::Spawned(child) | GuestProcess::Piped(child) => {
-                child.wait().is_ok_and(|s| s.success())
+            GuestProcess::Spawned(child) => child.wait().is_ok_and(|s| s.success()),
+            GuestProcess::Piped(child) => {
+                // A runtime's client waits on its daemon, which may be
+                // wedged: bounded, then killed (the launcher then removes
+                // the container itself).
+                let start = Instant::now();
+                loop {
+                    match child.try_wait() {
+                        Ok(Some(status)) => break status.success(),
+                        Ok(None) if start.elapsed() < PIPED_EXIT_GRACE => {
+                            std::thread::sleep(Duration::from_millis(2));
+                        }
+                        _ => {
+                            let _ = child.kill();
+                            let _ = child.wait();
+                            break false;
+                        }
+                    }
+                }
             }
             GuestProcess::Forked(pid) => loop {
                 match hako_sys::rustix::process::waitpid(
@@ -1086,6 +1107,24 @@ impl Connection {
         }
         let reader = self.reader.lock().ok().and_then(|mut r| r.take());
         if let Some(reader) = reader {
+            // A container's guest ends within moments of its stdin closing;
+            // one that does not (a wedged runtime) is cut off by killing
+            // its client, whose end of the pipe then closes.
+            let piped = self
+                .child
+                .lock()
+                .is_ok_and(|c| matches!(*c, Some(GuestProcess::Piped(_))));
+            if piped {
+                let start = Instant::now();
+                while !reader.is_finished() && start.elapsed() < PIPED_EXIT_GRACE {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                if !reader.is_finished() {
+                    if let Some(child) = self.child.lock().ok().as_mut().and_then(|c| c.as_mut()) {
+                        child.kill();
+                    }
+                }
+            }
             let _ = reader.join();
         }
         let child = self.child.lock().ok().and_then(|mut c| c.take());

@@ -58,8 +58,16 @@ pub fn kernel_sends_tty_signals(proof: &SingleThreaded) -> io::Result<bool> {
             Forked::Parent(pid) => pid,
         };
         // Wait for the child to be ready (its byte), then type Ctrl-C.
+        // (Bounded: a child that failed before writing must not hang the
+        // guest.)
         let mut byte = 0u8;
-        let ready = libc::read(master, (&mut byte as *mut u8).cast(), 1) == 1;
+        let mut pfd = libc::pollfd {
+            fd: master,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ready = libc::poll(&mut pfd, 1, 1000) == 1
+            && libc::read(master, (&mut byte as *mut u8).cast(), 1) == 1;
         if ready {
             libc::write(master, b"\x03".as_ptr().cast(), 1);
         }
