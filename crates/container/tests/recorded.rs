@@ -1,0 +1,96 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+//! The docker backend with no daemon: a recording runner takes the place of
+//! the `docker` CLI, records every argv, and for `docker run` starts
+//! `hako-guest --stdio` on the host instead, so the whole path (open, a
+//! command, close) runs and the exact calls can be checked.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use hako_container::docker::{self, RunPlan, DEFAULT_IMAGE};
+use hako_container::runner::Recorder;
+use hako_container::{DockerConfig, DockerSandbox, Engine, EngineKind, Owner};
+use hako_core::{Command, Sandbox};
+
+/// Any statically linked executable passes for the guest in the argv (it
+/// is only bound, never run, here).
+const STATIC_STAND_IN: &str = "/bin/busybox";
+
+#[test]
+fn a_docker_sandbox_makes_exactly_the_recorded_calls() {
+    let stand_in = PathBuf::from(STATIC_STAND_IN);
+    if hako_container::is_static_elf(&stand_in) != Some(true) {
+        assert!(!hako_conformance::must_work(), "busybox-static is needed");
+        eprintln!("SKIPPED: no static {STATIC_STAND_IN}");
+        return;
+    }
+    let guest = hako_guest::client::locate_guest().unwrap();
+    let recorder = Arc::new(Recorder {
+        spawn_with: Some(vec![guest.display().to_string(), "--stdio".into()]),
+        ..Recorder::default()
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().canonicalize().unwrap();
+    let engine = Engine {
+        argv: vec!["docker".into()],
+        kind: EngineKind::Docker,
+    };
+    let mut config = DockerConfig::new(&ws);
+    config.engine = Some(engine.clone());
+    config.runner = recorder.clone();
+    config.guest = Some(stand_in.clone());
+    let sb = DockerSandbox::new(config).unwrap();
+    let out = sb.exec(&Command::shell("echo hi; pwd")).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("hi\n{}\n", ws.display())
+    );
+    let name = sb.container().to_string();
+    sb.close().unwrap();
+
+    let calls = recorder.calls();
+    let runs: Vec<&Vec<String>> = calls
+        .iter()
+        .filter(|c| c.get(1).map(String::as_str) == Some("run"))
+        .collect();
+    assert_eq!(runs.len(), 1, "{calls:#?}");
+    let run = runs[0];
+    // The argv is exactly what the plan renders, with the profile file
+    // hako wrote and this process as the owner.
+    let profile = run
+        .iter()
+        .find_map(|a| a.strip_prefix("seccomp="))
+        .map(PathBuf::from)
+        .unwrap();
+    let me = Owner::current();
+    let plan = RunPlan {
+        name: name.clone(),
+        owner: me,
+        workspace: ws.clone(),
+        guest: stand_in.canonicalize().unwrap(),
+        seccomp_profile: profile.clone(),
+        image: DEFAULT_IMAGE.into(),
+        runtime: None,
+        limits: Default::default(),
+        tmp_size: docker::DEFAULT_TMP_SIZE,
+        user: (
+            hako_sys::rustix::process::geteuid().as_raw(),
+            hako_sys::rustix::process::getegid().as_raw(),
+        ),
+        ro: Vec::new(),
+        rw: Vec::new(),
+    };
+    assert_eq!(run, &docker::run_argv(&engine, &plan));
+    // The client (here, the guest itself) exited cleanly: nothing to
+    // remove, and the profile file is gone with the sandbox.
+    assert!(
+        !calls
+            .iter()
+            .any(|c| c.get(1).map(String::as_str) == Some("rm")),
+        "{calls:#?}"
+    );
+    assert!(
+        !profile.exists(),
+        "the seccomp profile outlived the sandbox"
+    );
+}
