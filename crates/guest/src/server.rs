@@ -798,7 +798,6 @@ impl Server<'_> {
         }
     }
 
-    /// Writes queued input into a command's stdin without blocking.
     /// Where the kernel does not (gVisor before 2023), signals a terminal's
     /// foreground group for the Ctrl-C (and Ctrl-\\, Ctrl-Z) typed at it.
     fn tty_signals(&mut self, i: usize, typed: &[u8]) {
@@ -818,6 +817,7 @@ impl Server<'_> {
         }
     }
 
+    /// Writes queued input into a command's stdin without blocking.
     fn feed_stdin(&mut self, i: usize) {
         let exec = &mut self.execs[i];
         feed(&mut exec.stdin, &mut exec.pending);

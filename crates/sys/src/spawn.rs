@@ -392,3 +392,27 @@ pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit takes an integer and does not return.
     unsafe { libc::_exit(code) }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_proc_listing_finds_every_open_descriptor_from_the_first_asked() {
+        let files: Vec<std::fs::File> = (0..3)
+            .map(|_| std::fs::File::open("/dev/null").unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        let fds: Vec<RawFd> = files.iter().map(AsRawFd::as_raw_fd).collect();
+        let lowest = fds.iter().copied().min().unwrap_or(0);
+        let mut seen = Vec::new();
+        each_open_fd_from(lowest, |fd| seen.push(fd)).unwrap_or_else(|e| panic!("{e}"));
+        for fd in &fds {
+            assert!(seen.contains(fd), "{fd} not listed in {seen:?}");
+        }
+        assert!(seen.iter().all(|&fd| fd >= lowest), "{seen:?}");
+        // Nothing below the first asked, stdio included.
+        let mut above = Vec::new();
+        each_open_fd_from(lowest + 1, |fd| above.push(fd)).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!above.contains(&lowest));
+    }
+}
