@@ -9,7 +9,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use hako_core::env::EnvPolicy;
-use hako_core::{Error, LimitKind, LimitMechanism, LimitReport, Limits, Result};
+use hako_core::{Error, LimitMechanism, LimitReport, Limits, Result};
 use hako_guest::sandbox::{GuestStart, Launcher};
 
 use crate::runner::Runner;
@@ -164,46 +164,20 @@ pub fn unique_name(prefix: &str) -> String {
 /// explicitly (the host's PATH names the host's directories, not the
 /// image's; every entry missing there is a failed lookup per command).
 pub fn base_env(policy: &EnvPolicy) -> Vec<(String, String)> {
-    let mut env = policy.clone();
-    for (k, v) in [
-        ("HOME", "/tmp"),
-        ("TMPDIR", "/tmp"),
-        ("PATH", hako_core::env::DEFAULT_PATH),
-    ] {
-        if !env.set.iter().any(|(name, _)| name == k) {
-            env.set.push((k.into(), v.into()));
-        }
-    }
-    hako_guest::sandbox::base_env(&env)
+    hako_guest::sandbox::base_env_defaulting(
+        policy,
+        &[
+            ("HOME", "/tmp"),
+            ("TMPDIR", "/tmp"),
+            ("PATH", hako_core::env::DEFAULT_PATH),
+        ],
+    )
 }
 
 /// Reports for the limits a container enforces: memory, pids and CPUs by
 /// the runtime's cgroups, file size and open files by rlimits.
 pub fn limit_reports(limits: &Limits) -> Vec<LimitReport> {
-    [
-        (LimitKind::Memory, limits.memory, LimitMechanism::Runtime),
-        (LimitKind::Pids, limits.pids, LimitMechanism::Runtime),
-        (LimitKind::Cpus, limits.cpus_milli, LimitMechanism::Runtime),
-        (
-            LimitKind::FileSize,
-            limits.file_size,
-            LimitMechanism::Rlimit,
-        ),
-        (
-            LimitKind::OpenFiles,
-            limits.open_files,
-            LimitMechanism::Rlimit,
-        ),
-    ]
-    .into_iter()
-    .filter_map(|(kind, value, mechanism)| {
-        value.map(|v| LimitReport {
-            kind,
-            value: Some(v),
-            mechanism,
-        })
-    })
-    .collect()
+    hako_guest::sandbox::resource_limit_reports(limits, LimitMechanism::Runtime)
 }
 
 /// `cpus_milli` as the decimal the runtimes take (`1500` is `1.5`).

@@ -346,7 +346,12 @@ impl Prepared {
         } else {
             PathBuf::new()
         };
-        let profile = write_seccomp_profile(is_gvisor_runtime(config.runtime.as_deref()))?;
+        let runtime = config
+            .runtime
+            .clone()
+            .or_else(|| podman_runtime_default(&engine));
+        let gvisor = is_gvisor_runtime(runtime.as_deref());
+        let profile = write_seccomp_profile(gvisor)?;
         let plan = RunPlan {
             name: common::unique_name("hako"),
             owner: Owner::current(),
@@ -354,10 +359,7 @@ impl Prepared {
             guest,
             seccomp_profile: profile.path().to_path_buf(),
             image: config.image.clone(),
-            runtime: config
-                .runtime
-                .clone()
-                .or_else(|| podman_runtime_default(&engine)),
+            runtime,
             limits: config.limits,
             tmp_size: config.tmp_size,
             user: (
@@ -368,7 +370,6 @@ impl Prepared {
             rw: config.rw.clone(),
         };
         check_run_plan(&plan)?;
-        let gvisor = is_gvisor_runtime(plan.runtime.as_deref());
         let isolation = if gvisor {
             Isolation::Kernel
         } else {
@@ -504,6 +505,35 @@ impl DockerExecSandbox {
 
 /// Whether the daemon runs `runtime` (a gVisor one) with `--oci-seccomp`.
 /// Podman passes no arguments of its own to a runtime: there, no.
+/// The daemon's runtimes (`docker info`'s `Runtimes`: name to path and
+/// arguments), asked once per process and engine.
+fn daemon_runtimes(engine: &Engine, runner: &dyn Runner) -> Result<serde_json::Value> {
+    static ASKED: Mutex<Option<(Vec<String>, serde_json::Value)>> = Mutex::new(None);
+    let fail = |message: String| Error::Backend {
+        backend: NAME.into(),
+        op: "ask the daemon about its runtimes",
+        message,
+    };
+    let mut asked = ASKED.lock().map_err(|_| fail("lock poisoned".into()))?;
+    if let Some((argv, runtimes)) = asked.as_ref() {
+        if *argv == engine.argv {
+            return Ok(runtimes.clone());
+        }
+    }
+    let out = runner
+        .output(&engine.command(["info", "--format", "{{json .Runtimes}}"]))
+        .map_err(|e| fail(e.to_string()))?;
+    if !out.success {
+        return Err(fail(out.message()));
+    }
+    let runtimes: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    *asked = Some((engine.argv.clone(), runtimes.clone()));
+    Ok(runtimes)
+}
+
+/// Whether the daemon runs `runtime` (a gVisor one) with `--oci-seccomp`.
+/// Podman passes no arguments of its own to a runtime: there, no.
 fn runtime_applies_seccomp(
     engine: &Engine,
     runner: &dyn Runner,
@@ -515,16 +545,7 @@ fn runtime_applies_seccomp(
     if engine.kind == EngineKind::Podman {
         return Ok(false);
     }
-    let out = runner
-        .output(&engine.command(["info", "--format", "{{json .Runtimes}}"]))
-        .map_err(|e| Error::Backend {
-            backend: NAME.into(),
-            op: "ask the daemon about its runtimes",
-            message: e.to_string(),
-        })?;
-    let runtimes: serde_json::Value =
-        serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
-    Ok(runtimes[runtime]["runtimeArgs"]
+    Ok(daemon_runtimes(engine, runner)?[runtime]["runtimeArgs"]
         .as_array()
         .is_some_and(|args| args.iter().any(|a| a == "--oci-seccomp")))
 }
@@ -553,13 +574,9 @@ pub fn ready(image: &str, runtime: Option<&str>) -> std::result::Result<(), Stri
             out.message()
         ));
     }
-    if let Some(runtime) = runtime {
-        let out = CliRunner
-            .output(&engine.command(["info", "--format", "{{json .Runtimes}}"]))
-            .map_err(|e| e.to_string())?;
-        if engine.kind == EngineKind::Docker
-            && !String::from_utf8_lossy(&out.stdout).contains(&format!("\"{runtime}\""))
-        {
+    if let Some(runtime) = runtime.filter(|_| engine.kind == EngineKind::Docker) {
+        let runtimes = daemon_runtimes(&engine, &CliRunner).map_err(|e| e.to_string())?;
+        if runtimes.get(runtime).is_none() {
             return Err(format!(
                 "the daemon has no runtime named {runtime}; register it in /etc/docker/daemon.json"
             ));

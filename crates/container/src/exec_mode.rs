@@ -19,6 +19,7 @@ use hako_core::{
     Capabilities, Command, DirListing, Error, ExitStatus, Optional, Output, Result, Sandbox,
 };
 use hako_fence::Fence;
+use hako_guest::client::Capture;
 
 use crate::engine::Engine;
 use crate::runner::Runner;
@@ -97,16 +98,15 @@ pub fn exec_argv(
 
 /// Reads a stream to its end, keeping at most `cap` bytes and counting all.
 fn drain(mut from: impl Read, cap: usize) -> (Vec<u8>, u64) {
-    let mut kept = Vec::new();
+    let mut kept = Capture::new(cap);
     let mut total = 0u64;
     let mut buf = [0u8; 64 * 1024];
     loop {
         match from.read(&mut buf) {
-            Ok(0) | Err(_) => return (kept, total),
+            Ok(0) | Err(_) => return (kept.kept, total),
             Ok(n) => {
                 total += n as u64;
-                let room = cap.saturating_sub(kept.len());
-                kept.extend_from_slice(&buf[..n.min(room)]);
+                kept.push(&buf[..n]);
             }
         }
     }

@@ -13,6 +13,9 @@ use hako_container::docker::DEFAULT_IMAGE;
 use hako_container::{DockerConfig, DockerExecSandbox};
 use hako_core::{Command, Error, ExitStatus, Sandbox};
 
+mod support;
+use support::containers_named;
+
 fn open(ws: &Path) -> Option<DockerExecSandbox> {
     let present = Process::new("docker")
         .args(["image", "inspect", DEFAULT_IMAGE])
@@ -75,18 +78,10 @@ fn docker_exec_mode_runs_commands_with_their_status_output_and_input() {
     assert_eq!(sb.read_file(Path::new("back")).unwrap(), b"inside\n");
     let name = sb.container().to_string();
     sb.close().unwrap();
-    let left = Process::new("docker")
-        .args([
-            "ps",
-            "--all",
-            "--filter",
-            &format!("name=^{name}$"),
-            "--format",
-            "{{.Names}}",
-        ])
-        .output()
-        .unwrap();
-    assert!(left.stdout.is_empty(), "the container is removed at close");
+    assert!(
+        containers_named(&name).is_empty(),
+        "the container is removed at close"
+    );
     assert!(matches!(
         sb.exec(&Command::new(["true"])),
         Err(Error::Closed)

@@ -12,6 +12,9 @@ use hako_container::engine::{Engine, EngineKind};
 use hako_container::{DockerConfig, DockerSandbox, GvisorConfig, GvisorSandbox};
 use hako_core::{Command, Sandbox};
 
+mod support;
+use support::containers_named;
+
 fn docker_ready() -> bool {
     match docker::ready(DEFAULT_IMAGE, None) {
         Ok(()) => true,
@@ -27,25 +30,6 @@ fn workspace() -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().canonicalize().unwrap();
     (dir, ws)
-}
-
-/// `docker ps -a` lines for containers whose name is `name`.
-fn containers_named(name: &str) -> Vec<String> {
-    let out = Process::new("docker")
-        .args([
-            "ps",
-            "--all",
-            "--filter",
-            &format!("name=^{name}$"),
-            "--format",
-            "{{.Names}}",
-        ])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect()
 }
 
 fn error_of<T: std::fmt::Debug>(result: hako_core::Result<T>) -> String {

@@ -127,14 +127,17 @@ fn spawn_guest(
     })
 }
 
-/// One output stream, kept up to a cap and counted in full.
-struct Capture {
-    kept: Vec<u8>,
+/// One output stream, kept up to a cap (the caller counts the total).
+#[derive(Debug)]
+pub struct Capture {
+    /// What was kept.
+    pub kept: Vec<u8>,
     cap: usize,
 }
 
 impl Capture {
-    fn new(cap: usize) -> Self {
+    /// An empty capture that keeps at most `cap` bytes.
+    pub fn new(cap: usize) -> Self {
         Capture {
             kept: Vec::new(),
             cap,
@@ -142,7 +145,7 @@ impl Capture {
     }
 
     /// Keeps what fits under the cap and returns that part.
-    fn push<'b>(&mut self, chunk: &'b [u8]) -> &'b [u8] {
+    pub fn push<'b>(&mut self, chunk: &'b [u8]) -> &'b [u8] {
         let room = self.cap.saturating_sub(self.kept.len());
         let keep = &chunk[..chunk.len().min(room)];
         self.kept.extend_from_slice(keep);

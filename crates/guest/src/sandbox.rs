@@ -95,6 +95,52 @@ pub fn base_env(policy: &EnvPolicy) -> Vec<(String, String)> {
     )
 }
 
+/// [`base_env`] with `defaults` set where the policy does not set them
+/// (a sandbox's HOME and TMPDIR at its private /tmp, a container's PATH).
+pub fn base_env_defaulting(policy: &EnvPolicy, defaults: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut policy = policy.clone();
+    for (k, v) in defaults {
+        if !policy.set.iter().any(|(name, _)| name == k) {
+            policy.set.push(((*k).into(), (*v).into()));
+        }
+    }
+    base_env(&policy)
+}
+
+/// Reports for the resource limits asked for: memory, pids and CPUs
+/// enforced by `by_cgroup` (a cgroup, the container runtime's, or
+/// rlimits), file size and open files by rlimits. A limit not enforced
+/// must be left out of `limits` by the caller.
+pub fn resource_limit_reports(
+    limits: &hako_core::Limits,
+    by_cgroup: LimitMechanism,
+) -> Vec<LimitReport> {
+    [
+        (LimitKind::Memory, limits.memory, by_cgroup),
+        (LimitKind::Pids, limits.pids, by_cgroup),
+        (LimitKind::Cpus, limits.cpus_milli, by_cgroup),
+        (
+            LimitKind::FileSize,
+            limits.file_size,
+            LimitMechanism::Rlimit,
+        ),
+        (
+            LimitKind::OpenFiles,
+            limits.open_files,
+            LimitMechanism::Rlimit,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(kind, value, mechanism)| {
+        value.map(|v| LimitReport {
+            kind,
+            value: Some(v),
+            mechanism,
+        })
+    })
+    .collect()
+}
+
 /// The optional capabilities every [`GuestSandbox`] offers (for
 /// [`Capabilities::optional`]).
 pub const OPTIONAL: Optional = Optional {

@@ -17,8 +17,7 @@ use std::sync::Mutex;
 
 use hako_core::env::EnvPolicy;
 use hako_core::{
-    Capabilities, Error, Isolation, LimitKind, LimitMechanism, LimitReport, NetworkAccess, Result,
-    DEFAULT_MAX_OUTPUT,
+    Capabilities, Error, Isolation, LimitMechanism, NetworkAccess, Result, DEFAULT_MAX_OUTPUT,
 };
 use hako_fence::FenceOptions;
 use hako_guest::proto::LinuxSpec;
@@ -187,44 +186,23 @@ impl LinuxSandbox {
                 .map(Cgroups::procs_files)
                 .unwrap_or_default(),
         };
-        let mut env = config.env.clone();
         // No host home directory inside: HOME and TMPDIR point at the
         // sandbox's private /tmp unless set explicitly.
-        for (k, v) in [("HOME", "/tmp"), ("TMPDIR", "/tmp")] {
-            if !env.set.iter().any(|(name, _)| name == k) {
-                env.set.push((k.into(), v.into()));
-            }
-        }
-        let base_env = hako_guest::sandbox::base_env(&env);
+        let base_env = hako_guest::sandbox::base_env_defaulting(
+            &config.env,
+            &[("HOME", "/tmp"), ("TMPDIR", "/tmp")],
+        );
         let mut reports = common_limits(config.max_output, &fence);
-        let by_cgroup = cg_mechanism.unwrap_or(LimitMechanism::Rlimit);
-        for (kind, value, mechanism) in [
-            (LimitKind::Memory, limits.memory, by_cgroup),
-            (LimitKind::Pids, limits.pids, by_cgroup),
-            (
-                LimitKind::Cpus,
-                limits.cpus_milli.filter(|_| cg_mechanism.is_some()),
-                by_cgroup,
-            ),
-            (
-                LimitKind::FileSize,
-                limits.file_size,
-                LimitMechanism::Rlimit,
-            ),
-            (
-                LimitKind::OpenFiles,
-                limits.open_files,
-                LimitMechanism::Rlimit,
-            ),
-        ] {
-            if let Some(value) = value {
-                reports.push(LimitReport {
-                    kind,
-                    value: Some(value),
-                    mechanism,
-                });
-            }
-        }
+        // CPUs only by a cgroup: without one the limit was refused or
+        // dropped (--best-effort) above.
+        let enforced = Limits {
+            cpus_milli: limits.cpus_milli.filter(|_| cg_mechanism.is_some()),
+            ..limits
+        };
+        reports.extend(hako_guest::sandbox::resource_limit_reports(
+            &enforced,
+            cg_mechanism.unwrap_or(LimitMechanism::Rlimit),
+        ));
         let landlock_abi = hako_sys::confine::landlock_abi().filter(|&abi| abi > 0);
         let caps = Capabilities {
             backend: NAME.into(),
