@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::ValueEnum;
 use hako_core::env::EnvPolicy;
-use hako_core::{Error, Isolation, Sandbox};
+use hako_core::{Error, Isolation, NetworkPolicy, Sandbox};
 use hako_linux::Limits;
 
 /// A backend name on the command line.
@@ -123,6 +123,9 @@ pub struct SandboxSpec {
     pub runtime: Option<String>,
     /// `docker` without the guest: each command is a `docker exec`.
     pub no_guest: bool,
+    /// The network; `None` is the backend's default (`host` for the host
+    /// backend, which has no other; `none` for every isolating one).
+    pub network: Option<NetworkPolicy>,
 }
 
 impl SandboxSpec {
@@ -139,6 +142,7 @@ impl SandboxSpec {
             image: None,
             runtime: None,
             no_guest: false,
+            network: None,
         }
     }
 }
@@ -180,6 +184,10 @@ pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, E
     if spec.image.is_some() && !matches!(kind, BackendKind::Docker | BackendKind::Gvisor) {
         return Err(refuse("--image", "--backend docker and gvisor"));
     }
+    let network = spec.network.clone().unwrap_or_else(|| match kind {
+        BackendKind::Host => NetworkPolicy::host(),
+        _ => NetworkPolicy::none(),
+    });
     match kind {
         BackendKind::Host => {
             // The host backend enforces no resource limit and has no view
@@ -195,6 +203,7 @@ pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, E
             let mut config = hako_host::HostConfig::new(&spec.workspace);
             config.env = spec.env.clone();
             config.max_output = spec.max_output;
+            config.network = network;
             Ok(Box::new(hako_host::HostSandbox::new(config)?))
         }
         BackendKind::Linux => {
@@ -205,6 +214,7 @@ pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, E
             config.ro = spec.ro.clone();
             config.rw = spec.rw.clone();
             config.best_effort = spec.best_effort;
+            config.network = network;
             Ok(Box::new(hako_linux::LinuxSandbox::new(config)?))
         }
         BackendKind::Docker => {
@@ -219,6 +229,7 @@ pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, E
             config.limits = spec.limits;
             config.ro = spec.ro.clone();
             config.rw = spec.rw.clone();
+            config.network = network;
             if spec.no_guest {
                 return Ok(Box::new(hako_container::DockerExecSandbox::new(config)?));
             }
@@ -233,6 +244,7 @@ pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, E
             config.ro = spec.ro.clone();
             config.rw = spec.rw.clone();
             config.best_effort = spec.best_effort;
+            config.network = network;
             Ok(Box::new(hako_container::GvisorSandbox::new(config)?))
         }
         BackendKind::Vm => Err(Error::Backend {

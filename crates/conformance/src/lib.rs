@@ -43,6 +43,7 @@ mod cases;
 mod harness;
 #[cfg(test)]
 mod naive;
+pub mod net;
 mod procs;
 mod soak;
 

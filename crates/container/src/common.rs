@@ -262,6 +262,8 @@ pub(crate) struct ContainerLauncher {
     /// Files the runtime reads while the container lives; dropped (and so
     /// removed) at close.
     pub(crate) keep: Mutex<Vec<Box<dyn std::fmt::Debug + Send>>>,
+    /// The sandbox's end of the egress proxy, for the guest to set up.
+    pub(crate) network: Option<hako_guest::proto::NetSpec>,
 }
 
 fn spawn_error(backend: &str, argv: &[String], e: &std::io::Error) -> Error {
@@ -307,7 +309,11 @@ impl Launcher for ContainerLauncher {
                 format!("container {name} ended; {program} said: {said}")
             }
         });
-        Ok(GuestStart::Piped { child, describe })
+        Ok(GuestStart::Piped {
+            child,
+            describe,
+            network: self.network.clone(),
+        })
     }
 
     fn cwd_inside(&self, rel: &Path) -> Option<PathBuf> {

@@ -19,9 +19,11 @@ use std::time::Duration;
 
 use hako_core::env::EnvPolicy;
 use hako_core::{
-    Capabilities, Error, Isolation, Limits, NetworkAccess, Result, DEFAULT_MAX_OUTPUT,
+    Capabilities, Error, Isolation, Limits, NetworkAccess, NetworkPolicy, Result,
+    DEFAULT_MAX_OUTPUT,
 };
 use hako_fence::FenceOptions;
+use hako_guest::network::{NetworkSetup, NET_DIR};
 use hako_guest::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
 
 use crate::common::{
@@ -75,6 +77,9 @@ pub struct DockerConfig {
     pub best_effort: bool,
     /// The runtime CLI; `None` chooses (see [`Engine::choose`]).
     pub engine: Option<Engine>,
+    /// The network: `none` (the default), `allow` through the egress
+    /// proxy, or `host`.
+    pub network: NetworkPolicy,
     /// Runs the CLI (tests record instead).
     pub runner: Arc<dyn Runner>,
 }
@@ -97,6 +102,7 @@ impl DockerConfig {
             idle_timeout: None,
             best_effort: false,
             engine: None,
+            network: NetworkPolicy::none(),
             runner: Arc::new(CliRunner),
         }
     }
@@ -139,6 +145,20 @@ pub struct RunPlan {
     pub ro: Vec<PathBuf>,
     /// Extra read-write binds.
     pub rw: Vec<PathBuf>,
+    /// The network.
+    pub network: RunNetwork,
+}
+
+/// The network a container gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunNetwork {
+    /// `--network none`: loopback only.
+    None,
+    /// `--network none`, and the egress proxy's socket directory (this host
+    /// path) bound read-only at [`NET_DIR`].
+    Proxy(PathBuf),
+    /// `--network host`.
+    Host,
 }
 
 fn bind(src: &Path, dst: &Path, read_only: bool) -> String {
@@ -200,7 +220,10 @@ fn lockdown_args(engine: &Engine, plan: &RunPlan) -> Vec<String> {
         "--log-driver".into(),
         "none".into(),
         "--network".into(),
-        "none".into(),
+        match plan.network {
+            RunNetwork::Host => "host".into(),
+            RunNetwork::None | RunNetwork::Proxy(_) => "none".into(),
+        },
         "--hostname".into(),
         "hako".into(),
         "--read-only".into(),
@@ -219,6 +242,9 @@ fn lockdown_args(engine: &Engine, plan: &RunPlan) -> Vec<String> {
         "--mount".into(),
         bind(&plan.workspace, &plan.workspace, false),
     ];
+    if let RunNetwork::Proxy(dir) = &plan.network {
+        a.extend(["--mount".into(), bind(dir, Path::new(NET_DIR), true)]);
+    }
     for dir in &plan.ro {
         a.extend(["--mount".into(), bind(dir, dir, true)]);
     }
@@ -295,6 +321,7 @@ struct Prepared {
     plan: RunPlan,
     profile: tempfile::NamedTempFile,
     caps: Capabilities,
+    network: NetworkSetup,
 }
 
 /// Refuses what the runtime's CLI would read as something else: an image
@@ -310,9 +337,14 @@ pub fn check_run_plan(plan: &RunPlan) -> Result<()> {
         return Err(refuse(format!("{:?} is not an image name", plan.image)));
     }
     let guest = (!plan.guest.as_os_str().is_empty()).then_some(&plan.guest);
+    let proxy = match &plan.network {
+        RunNetwork::Proxy(dir) => Some(dir),
+        RunNetwork::None | RunNetwork::Host => None,
+    };
     for path in [&plan.workspace, &plan.seccomp_profile]
         .into_iter()
         .chain(guest)
+        .chain(proxy)
         .chain(&plan.ro)
         .chain(&plan.rw)
     {
@@ -335,6 +367,13 @@ impl Prepared {
     /// `guest`: the static guest is needed (guest mode).
     fn new(config: &DockerConfig, guest: bool, optional: hako_core::Optional) -> Result<Self> {
         let fence = open_workspace(&config.workspace, &config.fence)?;
+        let network = NetworkSetup::new(&config.network)?;
+        if network.spec.is_some() && !guest {
+            return Err(network.unavailable(
+                NAME,
+                "without the guest (--no-guest) nothing inside relays to the egress proxy",
+            ));
+        }
         let runner = Arc::clone(&config.runner);
         let engine = match &config.engine {
             Some(engine) => Arc::new(engine.clone()),
@@ -368,8 +407,16 @@ impl Prepared {
             ),
             ro: config.ro.clone(),
             rw: config.rw.clone(),
+            network: match (network.access, network.socket_dir()) {
+                (NetworkAccess::Host, _) => RunNetwork::Host,
+                (_, Some(dir)) => RunNetwork::Proxy(dir),
+                (_, None) => RunNetwork::None,
+            },
         };
         check_run_plan(&plan)?;
+        if gvisor {
+            check_gvisor_network(&engine, runner.as_ref(), &plan, &network)?;
+        }
         let isolation = if gvisor {
             Isolation::Kernel
         } else {
@@ -394,7 +441,7 @@ impl Prepared {
         let caps = Capabilities {
             backend: NAME.into(),
             isolation,
-            network: NetworkAccess::None,
+            network: network.access,
             fence: fence.resolver(),
             limits,
             env_sanitised: true,
@@ -410,7 +457,51 @@ impl Prepared {
             plan,
             profile,
             caps,
+            network,
         })
+    }
+}
+
+/// A gVisor runtime reaches the proxy's socket only when the daemon runs
+/// it with `--host-uds=open` (gVisor refuses host sockets otherwise), and
+/// shares the host's network only when it was not registered with
+/// `--network=none`. Asked of the daemon; refused (fail closed) when not.
+fn check_gvisor_network(
+    engine: &Engine,
+    runner: &dyn Runner,
+    plan: &RunPlan,
+    network: &NetworkSetup,
+) -> Result<()> {
+    let runtime = plan.runtime.as_deref().unwrap_or("");
+    let args: Vec<String> = if engine.kind == EngineKind::Docker {
+        daemon_runtimes(engine, runner)?[runtime]["runtimeArgs"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let has = |flag: &str| args.iter().any(|a| a == flag);
+    match &plan.network {
+        RunNetwork::Proxy(_)
+            if !(has("--host-uds=open") || has("--host-uds=all") || has("--fsgofer-host-uds")) =>
+        {
+            Err(network.unavailable(
+                NAME,
+                format!("the runtime {runtime} reaches the egress proxy's socket only with --host-uds=open in its runtimeArgs (daemon.json)"),
+            ))
+        }
+        RunNetwork::Host if has("--network=none") || engine.kind != EngineKind::Docker => {
+            Err(network.unavailable(
+                NAME,
+                format!("the runtime {runtime} is registered with --network=none"),
+            ))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -426,6 +517,7 @@ impl DockerSandbox {
             plan,
             profile,
             caps,
+            network,
         } = Prepared::new(&config, true, OPTIONAL)?;
         let launcher = ContainerLauncher {
             backend: NAME,
@@ -436,17 +528,21 @@ impl DockerSandbox {
             workspace: plan.workspace.clone(),
             cleanup: vec![engine.command(["rm", "--force", plan.name.as_str()])],
             keep: Mutex::new(vec![Box::new(profile)]),
+            network: network.spec.clone(),
         };
+        let mut env = base_env(&config.env);
+        network.apply_env(&mut env);
         Ok(DockerSandbox {
             inner: GuestSandbox::new(GuestConfig {
                 backend: NAME,
                 fence,
                 caps,
-                base_env: base_env(&config.env),
+                base_env: env,
                 guest: None,
                 max_output: config.max_output,
                 idle_timeout: config.idle_timeout,
                 launcher: Box::new(launcher),
+                proxy: network.proxy,
             })?,
             name: plan.name,
         })
@@ -470,6 +566,7 @@ impl DockerExecSandbox {
             plan,
             profile,
             caps,
+            network: _,
         } = Prepared::new(&config, false, EXEC_MODE_OPTIONAL)?;
         let out = runner
             .output(&keeper_argv(&engine, &plan))
@@ -503,8 +600,6 @@ impl DockerExecSandbox {
     }
 }
 
-/// Whether the daemon runs `runtime` (a gVisor one) with `--oci-seccomp`.
-/// Podman passes no arguments of its own to a runtime: there, no.
 /// The daemon's runtimes (`docker info`'s `Runtimes`: name to path and
 /// arguments), asked once per process and engine.
 fn daemon_runtimes(engine: &Engine, runner: &dyn Runner) -> Result<serde_json::Value> {
@@ -625,6 +720,7 @@ mod tests {
             user: (1000, 100),
             ro: Vec::new(),
             rw: Vec::new(),
+            network: RunNetwork::None,
         }
     }
 

@@ -20,15 +20,18 @@ use std::time::Duration;
 
 use hako_core::env::EnvPolicy;
 use hako_core::{
-    Capabilities, Error, Isolation, Limits, NetworkAccess, Result, DEFAULT_MAX_OUTPUT,
+    Capabilities, Error, Isolation, Limits, NetworkAccess, NetworkPolicy, Result,
+    DEFAULT_MAX_OUTPUT,
 };
 use hako_fence::FenceOptions;
+use hako_guest::network::{NetworkSetup, NET_DIR};
 use hako_guest::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
 use serde_json::{json, Value};
 
 use crate::common::{
     self, base_env, limit_reports, locate_static_guest, ContainerLauncher, Owner, GUEST_INSIDE,
 };
+use crate::docker::RunNetwork;
 use crate::runner::{CliRunner, Runner};
 
 /// The backend's name.
@@ -61,6 +64,9 @@ pub struct GvisorConfig {
     pub limits: Limits,
     /// Run even when a limit cannot be enforced (without it).
     pub best_effort: bool,
+    /// The network: `none` (the default), `allow` through the egress
+    /// proxy, or `host`.
+    pub network: NetworkPolicy,
     /// Size of the private `/tmp`, bytes.
     pub tmp_size: u64,
     /// Close the sandbox after this long idle.
@@ -85,6 +91,7 @@ impl GvisorConfig {
             rw: Vec::new(),
             limits: Limits::default(),
             best_effort: false,
+            network: NetworkPolicy::none(),
             tmp_size: crate::docker::DEFAULT_TMP_SIZE,
             idle_timeout: None,
             runsc: None,
@@ -141,6 +148,8 @@ pub struct BundlePlan {
     pub masked_dirs: Vec<PathBuf>,
     /// The host's system directories that are real directories (bound).
     pub system_dirs: Vec<PathBuf>,
+    /// The network.
+    pub network: RunNetwork,
 }
 
 fn bind(src: &Path, dst: &Path, read_only: bool) -> Value {
@@ -184,6 +193,9 @@ pub fn config_json(plan: &BundlePlan) -> Value {
     }
     mounts.push(bind(&plan.workspace, &plan.workspace, false));
     mounts.push(bind(&plan.guest, Path::new(GUEST_INSIDE), true));
+    if let RunNetwork::Proxy(dir) = &plan.network {
+        mounts.push(bind(dir, Path::new(NET_DIR), true));
+    }
     let mut rlimits = Vec::new();
     if let Some(n) = plan.limits.open_files {
         rlimits.push(json!({"type": "RLIMIT_NOFILE", "hard": n, "soft": n}));
@@ -206,13 +218,15 @@ pub fn config_json(plan: &BundlePlan) -> Value {
             json!({"quota": milli * 100, "period": 100_000}),
         );
     }
-    let namespaces = vec![
+    let mut namespaces = vec![
         json!({"type": "pid"}),
-        json!({"type": "network"}),
         json!({"type": "ipc"}),
         json!({"type": "uts"}),
         json!({"type": "mount"}),
     ];
+    if plan.network != RunNetwork::Host {
+        namespaces.push(json!({"type": "network"}));
+    }
     let mut linux = serde_json::Map::new();
     linux.insert("namespaces".into(), namespaces.into());
     linux.insert("resources".into(), resources.into());
@@ -250,7 +264,9 @@ pub fn config_json(plan: &BundlePlan) -> Value {
 }
 
 /// The `runsc` argv that runs the bundle, attached; `cgroups`: a limit
-/// needs the sandbox's cgroup.
+/// needs the sandbox's cgroup. With the egress proxy, gVisor is let open
+/// host unix sockets (`--host-uds=open`): the bundle binds only the
+/// proxy's.
 ///
 /// Run by a user without root, `runsc` is started the way `runsc --rootless
 /// do` starts itself: in a user namespace where that user is root (with no
@@ -262,6 +278,7 @@ pub fn run_argv(
     id: &str,
     rootless: bool,
     cgroups: bool,
+    network: &RunNetwork,
 ) -> Vec<String> {
     let mut argv = Vec::new();
     if rootless {
@@ -271,10 +288,16 @@ pub fn run_argv(
         runsc.display().to_string(),
         "--root".into(),
         state.display().to_string(),
-        "--network=none".into(),
+        match network {
+            RunNetwork::Host => "--network=host".into(),
+            RunNetwork::None | RunNetwork::Proxy(_) => "--network=none".into(),
+        },
         // Apply the bundle's seccomp filter inside the sandbox too.
         "--oci-seccomp".into(),
     ]);
+    if let RunNetwork::Proxy(_) = network {
+        argv.push("--host-uds=open".into());
+    }
     if rootless {
         argv.push("--rootless".into());
     }
@@ -321,6 +344,7 @@ impl GvisorSandbox {
     /// Writes the bundle, starts `runsc run` and waits for the guest.
     pub fn new(config: GvisorConfig) -> Result<Self> {
         let fence = open_workspace(&config.workspace, &config.fence)?;
+        let network = NetworkSetup::new(&config.network)?;
         let runner = Arc::clone(&config.runner);
         collect_once();
         let guest = locate_static_guest(NAME, config.guest.as_deref())?;
@@ -391,6 +415,11 @@ impl GvisorSandbox {
                 .filter(|(_, kind)| matches!(kind, hako_linux::plan::HostPath::Dir))
                 .map(|(p, _)| p.clone())
                 .collect(),
+            network: match (network.access, network.socket_dir()) {
+                (NetworkAccess::Host, _) => RunNetwork::Host,
+                (_, Some(dir)) => RunNetwork::Proxy(dir),
+                (_, None) => RunNetwork::None,
+            },
         };
         if host_view {
             build_view(&plan, &facts).map_err(io("build the root view"))?;
@@ -405,7 +434,15 @@ impl GvisorSandbox {
         let runsc = runsc_path(config.runsc.as_deref());
         let cgroups =
             limits.memory.is_some() || limits.pids.is_some() || limits.cpus_milli.is_some();
-        let argv = run_argv(&runsc, &state, dir.path(), &name, rootless, cgroups);
+        let argv = run_argv(
+            &runsc,
+            &state,
+            dir.path(),
+            &name,
+            rootless,
+            cgroups,
+            &plan.network,
+        );
         let mut cleanup_argv = vec![
             runsc.display().to_string(),
             "--root".into(),
@@ -420,7 +457,7 @@ impl GvisorSandbox {
         let caps = Capabilities {
             backend: NAME.into(),
             isolation: Isolation::Kernel,
-            network: NetworkAccess::None,
+            network: network.access,
             fence: fence.resolver(),
             limits: reports,
             env_sanitised: true,
@@ -438,17 +475,21 @@ impl GvisorSandbox {
             workspace,
             cleanup: vec![cleanup_argv],
             keep: Mutex::new(vec![Box::new(dir)]),
+            network: network.spec.clone(),
         };
+        let mut env = base_env(&config.env);
+        network.apply_env(&mut env);
         Ok(GvisorSandbox {
             inner: GuestSandbox::new(GuestConfig {
                 backend: NAME,
                 fence,
                 caps,
-                base_env: base_env(&config.env),
+                base_env: env,
                 guest: None,
                 max_output: config.max_output,
                 idle_timeout: config.idle_timeout,
                 launcher: Box::new(launcher),
+                proxy: network.proxy,
             })?,
             name,
         })
@@ -483,6 +524,9 @@ fn build_view(plan: &BundlePlan, facts: &hako_linux::plan::HostFacts) -> std::io
     }
     for dir in plan.ro.iter().chain(&plan.rw).chain([&plan.workspace]) {
         mount_point(root, dir, false)?;
+    }
+    if let RunNetwork::Proxy(_) = plan.network {
+        mount_point(root, Path::new(NET_DIR), false)?;
     }
     mount_point(root, Path::new(GUEST_INSIDE), true)
 }
@@ -594,6 +638,7 @@ mod tests {
             masked_files: vec!["/etc/shadow".into()],
             masked_dirs: vec!["/etc/sudoers.d".into()],
             system_dirs: vec!["/usr".into(), "/etc".into()],
+            network: RunNetwork::None,
         }
     }
 
@@ -663,6 +708,7 @@ mod tests {
                 "id",
                 rootless,
                 cgroups,
+                &RunNetwork::None,
             )
         };
         assert_eq!(

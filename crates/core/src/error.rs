@@ -267,6 +267,24 @@ pub enum Error {
         /// The capability.
         capability: &'static str,
     },
+    /// The network policy is malformed (an allowlist entry, a resolve
+    /// override).
+    #[error("invalid network policy: {message}")]
+    BadNetworkPolicy {
+        /// What is wrong, naming the entry.
+        message: String,
+    },
+    /// The backend cannot enforce the network mode asked for; nothing was
+    /// started (fail closed).
+    #[error("the {backend} backend cannot provide network mode `{mode}`: {reason}")]
+    NetworkUnavailable {
+        /// The backend's name.
+        backend: String,
+        /// The mode asked for.
+        mode: &'static str,
+        /// Why, with what to do instead.
+        reason: String,
+    },
     /// The sandbox machinery itself failed (could not start, died).
     #[error("{backend} backend: {op}: {message}")]
     Backend {

@@ -15,6 +15,7 @@ pub mod env;
 mod error;
 mod fs;
 mod isolation;
+pub mod network;
 pub mod path;
 mod sandbox;
 pub mod units;
@@ -27,8 +28,9 @@ pub use command::{Command, ExitStatus, Output, Program, DEFAULT_MAX_OUTPUT};
 pub use error::{Error, FenceError, Result};
 pub use fs::{DirEntry, DirListing, FileKind, Metadata, ReadOutcome};
 pub use isolation::{Isolation, ParseIsolationError};
+pub use network::{NetDecision, NetEvent, NetMode, NetProtocol, NetworkPolicy};
 pub use sandbox::{
-    exec_or_detach, require_isolation, AppendFile, ExecStream, MakeDirAll, OutputSink, OutputSlice,
-    ProcessId, ProcessState, Processes, ReadLimit, Sandbox, SessionId, SessionOptions, Sessions,
-    SpawnOptions, StatPath, Stream, TermSize, Waited, Workdir,
+    exec_or_detach, require_isolation, AppendFile, ExecStream, MakeDirAll, NetworkEvents,
+    OutputSink, OutputSlice, ProcessId, ProcessState, Processes, ReadLimit, Sandbox, SessionId,
+    SessionOptions, Sessions, SpawnOptions, StatPath, Stream, TermSize, Waited, Workdir,
 };

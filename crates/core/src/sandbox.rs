@@ -88,6 +88,19 @@ pub trait Sandbox: Send + Sync {
     fn processes(&self) -> Option<&dyn Processes> {
         None
     }
+
+    /// The egress proxy's decisions, if the sandbox has one (`allow` mode).
+    fn network_events(&self) -> Option<&dyn NetworkEvents> {
+        None
+    }
+}
+
+/// The record of an egress proxy's decisions.
+pub trait NetworkEvents {
+    /// Every decision recorded since the last call, oldest first (at most
+    /// a bounded number are kept between calls; the oldest are dropped
+    /// first, and `dropped` says how many).
+    fn take_network_events(&self) -> (Vec<crate::network::NetEvent>, u64);
 }
 
 /// Bounded reads.

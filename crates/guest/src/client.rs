@@ -491,6 +491,7 @@ impl Connection {
         let hello = hello.then_some(Hello {
             version: proto::VERSION,
             linux,
+            network: None,
         });
         let reader = match ctl.try_clone() {
             Ok(reader) => reader,
@@ -518,6 +519,7 @@ impl Connection {
         backend: &'static str,
         mut child: std::process::Child,
         describe: Box<dyn Fn() -> String + Send + Sync>,
+        network: Option<proto::NetSpec>,
     ) -> Result<Connection> {
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             let _ = child.kill();
@@ -532,6 +534,7 @@ impl Connection {
         let hello = Hello {
             version: proto::VERSION,
             linux: None,
+            network,
         };
         Connection::establish(
             backend,

@@ -12,7 +12,9 @@
 
 pub mod client;
 mod confine;
+mod forward;
 mod linux;
+pub mod network;
 mod processes;
 pub mod proto;
 pub mod sandbox;
@@ -109,6 +111,11 @@ fn serve_link(ctl: server::Link) -> u8 {
                 // does not.
                 let _ = hako_sys::signal::block_terminating_signals();
             }
+            let forwarder = match hello.network.as_ref().map(|n| forward::start(n, &proof)) {
+                None => None,
+                Some(Ok(pid)) => Some(pid),
+                Some(Err(message)) => return refuse(&ctl, message),
+            };
             server::serve(
                 ctl,
                 &proof,
@@ -116,6 +123,7 @@ fn serve_link(ctl: server::Link) -> u8 {
                     confinement: None,
                     stop_signals: !init,
                     accept_fds,
+                    forwarder,
                 },
             )
         }

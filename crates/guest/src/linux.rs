@@ -83,7 +83,12 @@ pub(crate) fn spawn_pid1(
     let (go_r, go_w) =
         hako_sys::rustix::pipe::pipe_with(hako_sys::rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(|e| format!("cannot create a pipe: {e}"))?;
-    match ns::fork_into_namespaces(proof, SHARED_NAMESPACES | ns::CLONE_NEWPID) {
+    let namespaces = if spec.host_network {
+        SHARED_NAMESPACES & !ns::CLONE_NEWNET
+    } else {
+        SHARED_NAMESPACES
+    };
+    match ns::fork_into_namespaces(proof, namespaces | ns::CLONE_NEWPID) {
         Err(err) => {
             let hint = ns::user_namespaces_allowed()
                 .err()
@@ -158,10 +163,18 @@ fn pid1(
         .and_then(|()| set_up(spec))
         .and_then(|()| confinement.prepare_landlock())
         .and_then(|()| confinement.seal_pid1());
-    if let Err(message) = ready {
-        let _ = crate::proto::write_frame(&ctl, &FromGuest::Refused { message });
-        return 1;
-    }
+    // The forwarder inherits the seccomp filter.
+    let forwarder = ready.and_then(|()| match &spec.network {
+        Some(net) => crate::forward::start(net, proof).map(Some),
+        None => Ok(None),
+    });
+    let forwarder = match forwarder {
+        Ok(forwarder) => forwarder,
+        Err(message) => {
+            let _ = crate::proto::write_frame(&ctl, &FromGuest::Refused { message });
+            return 1;
+        }
+    };
     let ctl = match crate::server::Link::socket(ctl) {
         Ok(link) => link,
         Err(_) => return 1,
@@ -173,6 +186,7 @@ fn pid1(
             confinement: Some(confinement),
             stop_signals: false,
             accept_fds: false,
+            forwarder,
         },
     )
 }
@@ -188,6 +202,9 @@ fn set_up(spec: &LinuxSpec) -> Result<(), String> {
     build_view(&spec.mounts)
         .map_err(|err| format!("cannot build the sandbox's filesystem view: {err}"))?;
     ns::sethostname(&spec.hostname).map_err(|e| format!("cannot set the host name: {e}"))?;
+    if spec.host_network {
+        return Ok(());
+    }
     ns::loopback_up().map_err(|e| format!("cannot bring up loopback: {e}"))
 }
 

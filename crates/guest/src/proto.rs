@@ -26,6 +26,33 @@ pub struct Hello {
     /// where the guest is (the `host` backend).
     #[serde(default)]
     pub linux: Option<LinuxSpec>,
+    /// The sandbox's end of the egress proxy, for a guest that serves
+    /// where it is (a container's); a `linux` sandbox carries its own in
+    /// [`LinuxSpec::network`].
+    #[serde(default)]
+    pub network: Option<NetSpec>,
+}
+
+/// The sandbox's end of the egress proxy (network mode `allow`): listeners
+/// on loopback inside that relay every connection to the proxy's unix
+/// socket, which hako serves outside the boundary.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetSpec {
+    /// The proxy's socket, as a path inside the sandbox.
+    pub socket: PathBuf,
+    /// The listeners, on 127.0.0.1 (and ::1 where the sandbox has it).
+    pub listeners: Vec<NetListener>,
+}
+
+/// One loopback port inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetListener {
+    /// The port.
+    pub port: u16,
+    /// `None`: the proxy's own port (bytes are relayed as they come);
+    /// `Some(p)`: a forwarded host port, each connection first asks the
+    /// proxy for `localhost:p`.
+    pub forward: Option<u16>,
 }
 
 /// Where a command starts.
@@ -279,6 +306,12 @@ pub struct LinuxSpec {
     /// everything it starts is counted against the sandbox's cgroups.
     #[serde(default)]
     pub cgroup_procs: Vec<PathBuf>,
+    /// Stay in the host's network namespace (network mode `host`).
+    #[serde(default)]
+    pub host_network: bool,
+    /// The sandbox's end of the egress proxy (network mode `allow`).
+    #[serde(default)]
+    pub network: Option<NetSpec>,
 }
 
 /// One step of building the filesystem view. Paths are absolute paths
@@ -774,6 +807,7 @@ mod tests {
             ToGuest::Hello(Hello {
                 version: VERSION,
                 linux: None,
+                network: None,
             }),
             exec(),
             ToGuest::CloseStdin { id: 1 },

@@ -12,14 +12,14 @@ use std::time::{Duration, Instant};
 use hako_core::env::EnvPolicy;
 use hako_core::{
     AppendFile, Capabilities, Command, DirListing, Error, ExecStream, LimitKind, LimitMechanism,
-    LimitReport, MakeDirAll, Metadata, Optional, Output, OutputSink, OutputSlice, ProcessId,
-    ProcessState, Processes, Program, ReadLimit, ReadOutcome, Result, Sandbox, SessionId,
-    SessionOptions, Sessions, SpawnOptions, StatPath, Stream, TermSize, Workdir,
+    LimitReport, MakeDirAll, Metadata, NetworkEvents, Optional, Output, OutputSink, OutputSlice,
+    ProcessId, ProcessState, Processes, Program, ReadLimit, ReadOutcome, Result, Sandbox,
+    SessionId, SessionOptions, Sessions, SpawnOptions, StatPath, Stream, TermSize, Workdir,
 };
 use hako_fence::Fence;
 
 use crate::client as driver;
-use crate::proto::LinuxSpec;
+use crate::proto::{LinuxSpec, NetSpec};
 
 /// How a backend's guest comes to life.
 pub enum GuestStart {
@@ -34,6 +34,8 @@ pub enum GuestStart {
         child: std::process::Child,
         /// What became of the sandbox, asked once its guest is gone.
         describe: Box<dyn Fn() -> String + Send + Sync>,
+        /// The sandbox's end of the egress proxy, for the guest to set up.
+        network: Option<NetSpec>,
     },
 }
 
@@ -181,6 +183,9 @@ pub struct GuestConfig {
     /// The idle lease: the sandbox closes itself after this long with no
     /// call in progress and no long-lived process running.
     pub idle_timeout: Option<Duration>,
+    /// The egress proxy (network mode `allow`), stopped when the sandbox
+    /// closes.
+    pub proxy: Option<hako_net::Proxy>,
 }
 
 /// What closing needs, shared with the idle-lease watchdog.
@@ -188,6 +193,7 @@ pub struct GuestConfig {
 struct Life {
     guest: driver::Connection,
     launcher: Box<dyn Launcher>,
+    proxy: Option<hako_net::Proxy>,
     closed: AtomicBool,
     /// Calls in progress.
     busy: AtomicUsize,
@@ -200,6 +206,11 @@ impl Life {
         self.closed.store(true, Ordering::Release);
         self.guest.close();
         self.launcher.close(self.guest.exited_cleanly());
+        // After the guest: every connection from inside has ended, and its
+        // record is kept.
+        if let Some(proxy) = &self.proxy {
+            proxy.shutdown();
+        }
     }
 
     fn touch(&self) {
@@ -265,20 +276,26 @@ impl GuestSandbox {
             GuestStart::Local(spec) => {
                 driver::Connection::start(config.backend, config.guest.as_deref(), root, spec)
             }
-            GuestStart::Piped { child, describe } => {
-                driver::Connection::over_pipes(config.backend, child, describe)
-            }
+            GuestStart::Piped {
+                child,
+                describe,
+                network,
+            } => driver::Connection::over_pipes(config.backend, child, describe, network),
         });
         let guest = match guest {
             Ok(guest) => guest,
             Err(err) => {
                 config.launcher.close(false);
+                if let Some(proxy) = &config.proxy {
+                    proxy.shutdown();
+                }
                 return Err(err);
             }
         };
         let life = Arc::new(Life {
             guest,
             launcher: config.launcher,
+            proxy: config.proxy,
             closed: AtomicBool::new(false),
             busy: AtomicUsize::new(0),
             last: Mutex::new(Instant::now()),
@@ -425,6 +442,19 @@ impl Sandbox for GuestSandbox {
 
     fn processes(&self) -> Option<&dyn Processes> {
         Some(self)
+    }
+
+    fn network_events(&self) -> Option<&dyn NetworkEvents> {
+        self.life.proxy.as_ref().map(|_| self as &dyn NetworkEvents)
+    }
+}
+
+impl NetworkEvents for GuestSandbox {
+    fn take_network_events(&self) -> (Vec<hako_core::NetEvent>, u64) {
+        match &self.life.proxy {
+            Some(proxy) => proxy.take_events(),
+            None => (Vec::new(), 0),
+        }
     }
 }
 
@@ -667,6 +697,9 @@ macro_rules! delegate_sandbox {
             }
             fn processes(&self) -> Option<&dyn hako_core::Processes> {
                 self.$field.processes()
+            }
+            fn network_events(&self) -> Option<&dyn hako_core::NetworkEvents> {
+                self.$field.network_events()
             }
         }
     };

@@ -65,6 +65,9 @@ pub(crate) struct Mode {
     /// Accept a working directory passed as a descriptor. Never inside a
     /// `linux` sandbox: a host descriptor would lead out of its view.
     pub accept_fds: bool,
+    /// The network forwarder (see [`forward`](crate::forward)): a child
+    /// that is not a command's orphan.
+    pub forwarder: Option<Pid>,
 }
 
 /// One command in flight.
@@ -834,6 +837,12 @@ impl Server<'_> {
                 self.spare = None;
                 continue;
             }
+            if self.mode.forwarder == Some(pid) {
+                // Killed from inside: the sandbox's proxy ports stop
+                // answering; nothing else is affected.
+                self.mode.forwarder = None;
+                continue;
+            }
             if let Some(session) = self.sessions.iter_mut().find(|s| s.supervisor == pid) {
                 session.supervisor_reaped = true;
                 if let Some(sup) = session.sup.take() {
@@ -884,6 +893,7 @@ impl Server<'_> {
             .map(|e| e.supervisor)
             .chain(self.sessions.iter().map(|s| s.supervisor))
             .chain(self.spare.as_ref().map(|(p, _)| *p))
+            .chain(self.mode.forwarder)
             .collect();
         let mut found = false;
         if let Ok(children) = hako_sys::proc::children_of(me) {

@@ -45,6 +45,7 @@ fn hello(ctl: &UnixStream) {
         &ToGuest::Hello(Hello {
             version: proto::VERSION,
             linux: None,
+            network: None,
         }),
     )
     .unwrap();
@@ -108,6 +109,7 @@ fn an_unknown_version_is_refused_at_the_handshake() {
         &ToGuest::Hello(Hello {
             version: proto::VERSION + 1,
             linux: None,
+            network: None,
         }),
     )
     .unwrap();
@@ -143,6 +145,7 @@ fn bad_frames_get_an_error_and_the_guest_stays_up() {
         &Frame::Message(ToGuest::Hello(Hello {
             version: proto::VERSION,
             linux: None,
+            network: None,
         })),
     );
     let big = MAX_FRAME + 1;
@@ -264,6 +267,7 @@ fn the_guest_serves_over_its_stdin_and_stdout_too() {
         &ToGuest::Hello(Hello {
             version: proto::VERSION,
             linux: None,
+            network: None,
         }),
     )
     .unwrap();
@@ -331,12 +335,15 @@ fn a_guest_over_pipes_refuses_to_build_a_linux_sandbox() {
         landlock: None,
         seccomp: false,
         cgroup_procs: vec![],
+        host_network: false,
+        network: None,
     };
     proto::write_frame(
         &mut to,
         &ToGuest::Hello(Hello {
             version: proto::VERSION,
             linux: Some(spec),
+            network: None,
         }),
     )
     .unwrap();

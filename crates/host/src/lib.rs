@@ -43,6 +43,9 @@ pub struct HostConfig {
     /// Close the sandbox after this long with no call in progress and no
     /// long-lived process running.
     pub idle_timeout: Option<std::time::Duration>,
+    /// The network: only `host` can be had here (anything else is
+    /// refused when the sandbox opens).
+    pub network: hako_core::NetworkPolicy,
 }
 
 impl HostConfig {
@@ -55,6 +58,7 @@ impl HostConfig {
             fence: FenceOptions::default(),
             guest: None,
             idle_timeout: None,
+            network: hako_core::NetworkPolicy::host(),
         }
     }
 }
@@ -85,6 +89,13 @@ hako_guest::delegate_sandbox!(HostSandbox, inner);
 impl HostSandbox {
     /// Opens the workspace and starts the sandbox's guest.
     pub fn new(config: HostConfig) -> Result<Self> {
+        if config.network.mode != hako_core::NetMode::Host {
+            return Err(hako_core::Error::NetworkUnavailable {
+                backend: NAME.into(),
+                mode: config.network.mode.name(),
+                reason: "its commands are host processes on the host's network; use --backend linux (or docker, gvisor) for `none` or `allow`".into(),
+            });
+        }
         let fence = open_workspace(&config.workspace, &config.fence)?;
         let base_env = hako_guest::sandbox::base_env(&config.env);
         let caps = Capabilities {
@@ -109,6 +120,7 @@ impl HostSandbox {
                 max_output: config.max_output,
                 idle_timeout: config.idle_timeout,
                 launcher: Box::new(InPlace),
+                proxy: None,
             })?,
         })
     }

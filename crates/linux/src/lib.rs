@@ -20,7 +20,8 @@ use hako_core::{
     Capabilities, Error, Isolation, LimitMechanism, NetworkAccess, Result, DEFAULT_MAX_OUTPUT,
 };
 use hako_fence::FenceOptions;
-use hako_guest::proto::LinuxSpec;
+use hako_guest::network::{NetworkSetup, NET_DIR};
+use hako_guest::proto::{LinuxSpec, MountOp};
 use hako_guest::sandbox::{
     common_limits, open_workspace, GuestConfig, GuestSandbox, GuestStart, Launcher, OPTIONAL,
 };
@@ -62,6 +63,9 @@ pub struct LinuxConfig {
     /// Close the sandbox after this long with no call in progress and no
     /// long-lived process running.
     pub idle_timeout: Option<std::time::Duration>,
+    /// The network: `none` (the default), `allow` through the egress
+    /// proxy, or `host`.
+    pub network: hako_core::NetworkPolicy,
 }
 
 impl LinuxConfig {
@@ -79,6 +83,7 @@ impl LinuxConfig {
             limits: Limits::default(),
             best_effort: false,
             idle_timeout: None,
+            network: hako_core::NetworkPolicy::none(),
         }
     }
 }
@@ -133,6 +138,8 @@ impl LinuxSandbox {
     /// `close`, so a host that cannot build them fails here, with the reason.
     pub fn new(config: LinuxConfig) -> Result<Self> {
         let fence = open_workspace(&config.workspace, &config.fence)?;
+        // Before anything is made on the host: a bad allowlist fails here.
+        let network = NetworkSetup::new(&config.network)?;
         let limits = config.limits;
         // cgroups where they can be made; rlimits otherwise.
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -188,10 +195,11 @@ impl LinuxSandbox {
         };
         // No host home directory inside: HOME and TMPDIR point at the
         // sandbox's private /tmp unless set explicitly.
-        let base_env = hako_guest::sandbox::base_env_defaulting(
+        let mut base_env = hako_guest::sandbox::base_env_defaulting(
             &config.env,
             &[("HOME", "/tmp"), ("TMPDIR", "/tmp")],
         );
+        network.apply_env(&mut base_env);
         let mut reports = common_limits(config.max_output, &fence);
         // CPUs only by a cgroup: without one the limit was refused or
         // dropped (--best-effort) above.
@@ -207,7 +215,7 @@ impl LinuxSandbox {
         let caps = Capabilities {
             backend: NAME.into(),
             isolation: Isolation::Process,
-            network: NetworkAccess::None,
+            network: network.access,
             fence: fence.resolver(),
             limits: reports,
             env_sanitised: true,
@@ -217,6 +225,18 @@ impl LinuxSandbox {
             optional: OPTIONAL,
         };
         let spec = plan::plan(&input, &plan::host_facts()).map_err(|e| backend_err("plan", e.0));
+        let spec = spec.map(|mut spec| {
+            spec.host_network = network.access == NetworkAccess::Host;
+            if let Some(dir) = network.socket_dir() {
+                spec.mounts.push(MountOp::Bind {
+                    source: dir,
+                    path: NET_DIR.into(),
+                    read_only: true,
+                });
+            }
+            spec.network = network.spec.clone();
+            spec
+        });
         let spec = match spec {
             Ok(spec) => spec,
             Err(err) => {
@@ -241,6 +261,7 @@ impl LinuxSandbox {
                 max_output: config.max_output,
                 idle_timeout: config.idle_timeout,
                 launcher: Box::new(namespaces),
+                proxy: network.proxy,
             })?,
         };
         Ok(sandbox)

@@ -272,6 +272,9 @@ pub fn plan(input: &PlanInput, facts: &HostFacts) -> Result<LinuxSpec, PlanError
         }),
         seccomp: true,
         cgroup_procs: input.cgroup_procs.clone(),
+        // Set by the backend from its network policy.
+        host_network: false,
+        network: None,
     })
 }
 

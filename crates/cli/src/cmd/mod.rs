@@ -14,6 +14,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use hako_core::env::EnvPolicy;
 use hako_core::units;
+use hako_core::{NetMode, NetworkPolicy};
 
 use crate::backend::{BackendArg, SandboxSpec};
 use hako_linux::Limits;
@@ -107,6 +108,23 @@ pub struct SandboxArgs {
     /// command, and a deadline restarts the container.
     #[arg(long)]
     pub no_guest: bool,
+    /// Network: none (loopback only; the default of every isolating
+    /// backend), allow (only what --allow names, through hako's egress
+    /// proxy), or host (unfiltered; must be asked for) [default: none, or
+    /// host for --backend host; allow when --allow is given].
+    #[arg(long = "net", value_name = "MODE")]
+    pub net: Option<NetMode>,
+    /// Let the sandbox reach HOST[:PORT] through the egress proxy
+    /// (repeatable): a name (ports 80 and 443 unless one is given),
+    /// `*.example.org` (its subdomains), an IP address, or `localhost:PORT`
+    /// (that port on the host's loopback, also reachable inside as
+    /// 127.0.0.1:PORT).
+    #[arg(long = "allow", value_name = "HOST[:PORT]")]
+    pub allow: Vec<String>,
+    /// Have the egress proxy resolve NAME to ADDR instead of asking the
+    /// system's resolver (repeatable, like curl --resolve).
+    #[arg(long = "resolve", value_name = "NAME=ADDR", value_parser = parse_resolve)]
+    pub resolve: Vec<(String, std::net::IpAddr)>,
 }
 
 impl SandboxArgs {
@@ -136,8 +154,40 @@ impl SandboxArgs {
             image: self.image.clone(),
             runtime: self.runtime.clone(),
             no_guest: self.no_guest,
+            network: self.network(),
         })
     }
+
+    /// The network policy the flags ask for; `None` leaves the backend's
+    /// default.
+    fn network(&self) -> Option<NetworkPolicy> {
+        let given = !self.allow.is_empty() || !self.resolve.is_empty();
+        let mode = match self.net {
+            Some(mode) => mode,
+            None if given => NetMode::Allow,
+            None => return None,
+        };
+        Some(NetworkPolicy {
+            mode,
+            allow: self.allow.clone(),
+            resolve: self.resolve.clone(),
+        })
+    }
+}
+
+fn parse_resolve(s: &str) -> Result<(String, std::net::IpAddr), String> {
+    let (name, addr) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=ADDR, got {s:?}"))?;
+    let addr = addr
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .map_err(|_| format!("{addr:?} is not an IP address"))?;
+    if name.is_empty() {
+        return Err(format!("expected NAME=ADDR, got {s:?}"));
+    }
+    Ok((name.to_ascii_lowercase(), addr))
 }
 
 fn parse_key_value(s: &str) -> Result<(String, String), String> {

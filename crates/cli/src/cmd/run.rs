@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use hako_core::{Command, Isolation, Output, Sandbox, Stream};
+use hako_core::{Command, Isolation, NetDecision, NetEvent, Output, Sandbox, Stream};
 use serde::Serialize;
 
 use super::{parse_duration, SandboxArgs};
@@ -53,6 +53,12 @@ struct JsonResult<'a> {
     timed_out: bool,
     backend: &'a str,
     isolation: Isolation,
+    /// The egress proxy's decisions during the run (`--net allow`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    network: Option<Vec<NetEvent>>,
+    /// Decisions left out because too many were made.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    network_dropped: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -119,7 +125,9 @@ pub fn run(args: RunArgs) -> u8 {
         }
     }
     let result = execute(sandbox.as_ref(), &command, json);
+    // Closing ends every connection from inside, so each is recorded.
     let _ = sandbox.close();
+    let network = sandbox.network_events().map(|n| n.take_network_events());
     let output = match result {
         Ok(output) => output,
         Err(e) => return fail(json, Some(kind.name()), &e, exit::for_error(&e)),
@@ -139,10 +147,13 @@ pub fn run(args: RunArgs) -> u8 {
             timed_out: output.timed_out,
             backend: &caps.backend,
             isolation: caps.isolation,
+            network_dropped: network.as_ref().map(|(_, d)| *d).filter(|&d| d > 0),
+            network: network.map(|(events, _)| events),
         };
         println!("{}", serde_json::to_string(&obj).unwrap_or_default());
     } else {
         report_truncation(&output);
+        report_refusals(network.as_ref().map(|(e, _)| e.as_slice()).unwrap_or(&[]));
         if output.timed_out {
             eprintln!(
                 "hako: timed out after {:?}; every process the command started was killed. Running the same command again will time out again: give it a longer --timeout, make it do less, or start it in the background and check on it",
@@ -182,6 +193,23 @@ fn execute(
             }
             Ok(output)
         }
+    }
+}
+
+/// One line on stderr per connection the egress proxy refused, so that a
+/// failing download says why.
+fn report_refusals(events: &[NetEvent]) {
+    for e in events.iter().filter(|e| e.decision == NetDecision::Refused) {
+        eprintln!(
+            "hako: the egress proxy refused {}:{} (rule {}){}",
+            e.host,
+            e.port,
+            e.rule,
+            e.message
+                .as_deref()
+                .map(|m| format!(": {m}"))
+                .unwrap_or_default()
+        );
     }
 }
 
