@@ -54,10 +54,13 @@ fn config_from_policy_uses_its_entries_and_overrides() {
 #[test]
 fn shutdown_ends_live_relays_and_records_them() {
     let (port, srv) = server(|mut s| {
+        let mut held = [0u8; 4];
+        s.read_exact(&mut held).unwrap();
+        s.write_all(b"ok").unwrap();
         // Holds the connection open until the proxy ends it.
-        let mut buf = Vec::new();
-        let _ = s.read_to_end(&mut buf);
-        buf.len()
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        held.len() + rest.len()
     });
     let p = proxy(&entry(format!("127.0.0.1:{port}")));
     let dir = p.socket_dir().to_path_buf();
@@ -66,6 +69,8 @@ fn shutdown_ends_live_relays_and_records_them() {
         .unwrap();
     read_head(&mut c);
     c.write_all(b"held").unwrap();
+    let mut ok = [0u8; 2];
+    c.read_exact(&mut ok).unwrap();
     assert_eq!(p.live_connections(), 1);
     let t = Instant::now();
     p.shutdown();
@@ -77,7 +82,7 @@ fn shutdown_ends_live_relays_and_records_them() {
     assert_eq!(dropped, 0);
     assert_eq!(evs.len(), 1, "{evs:?}");
     assert_eq!(evs[0].decision, NetDecision::Allowed);
-    assert_eq!(evs[0].bytes_up, 4);
+    assert_eq!((evs[0].bytes_up, evs[0].bytes_down), (4, 2));
     assert_eq!(p.live_connections(), 0);
 }
 
