@@ -6,9 +6,13 @@
 //! proxy's unix socket, which hako serves outside the boundary and whose
 //! directory is bound into the view. On the proxy's own port the bytes go
 //! as they come (the proxy reads HTTP or SOCKS5 from them); on a forwarded
-//! host port the forwarder first asks the proxy, in SOCKS5, for
-//! `localhost:PORT`, so the proxy's policy and its record see that
-//! connection too.
+//! host port the forwarder first tells the proxy which port it is for, and
+//! the proxy's policy and its record treat it as `localhost:PORT`.
+//!
+//! Where it can, the forwarder hands the accepted connection itself to the
+//! proxy (its descriptor, over the proxy's socket) instead of relaying its
+//! bytes: the proxy then serves the sandbox's socket directly, and the
+//! path has one relay, not two.
 //!
 //! The forwarder is a fork of the guest that never forks again, so it may
 //! use threads (one per connection and direction). It keeps nothing of the
@@ -20,6 +24,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use hako_sys::ns::{self, Forked, SingleThreaded};
 use hako_sys::rustix::process::Pid;
@@ -141,14 +146,30 @@ fn accept_loop(bound: Bound, socket: PathBuf) {
     }
 }
 
-/// Relays one connection to the proxy (after asking it for the forwarded
-/// port, if this is one). A refusal closes the client's connection.
+/// Whether the proxy can be handed connections (not where the sandbox's
+/// sockets live in another kernel, gVisor's): learnt at the first try.
+static HANDOVER: AtomicBool = AtomicBool::new(true);
+
+/// Hands one connection to the proxy (see [`hako_net::handoff`]), or, where
+/// that cannot be done, relays it to the proxy (after asking it for the
+/// forwarded port, if this is one). A refusal closes the client's
+/// connection.
 fn relay_one(client: TcpStream, socket: &Path, forward: Option<u16>) {
-    let Ok(mut proxy) = UnixStream::connect(socket) else {
+    if HANDOVER.load(Ordering::Relaxed) {
+        let Ok(proxy) = UnixStream::connect(socket) else {
+            return;
+        };
+        match hako_net::hand_over(&proxy, client.as_fd(), forward) {
+            // The proxy serves it now; this copy closes.
+            Ok(true) | Err(_) => return,
+            Ok(false) => HANDOVER.store(false, Ordering::Relaxed),
+        }
+    }
+    let Ok(proxy) = UnixStream::connect(socket) else {
         return;
     };
     if let Some(port) = forward {
-        if hako_net::socks5_connect(&mut proxy, "localhost", port).is_err() {
+        if !matches!(hako_net::announce_forward(&proxy, port), Ok(true)) {
             return;
         }
     }

@@ -16,8 +16,9 @@ use hako_core::{NetDecision, NetEvent, NetProtocol, NetworkPolicy};
 
 use crate::allow::{printable, AllowError, Allowlist};
 use crate::decide::{decide, Verdict, RULE_NAME_NOT_RESOLVED};
+use crate::handoff::{self, First};
 use crate::http::{self, BodyError, HeadError, Target};
-use crate::relay::{relay, RELAY_BUF};
+use crate::relay::{relay, Sock, RELAY_BUF};
 use crate::resolve::Resolver;
 use crate::socks::{self, ServerRequest};
 
@@ -143,7 +144,7 @@ struct Events {
 /// A connection the proxy is serving: both ends, so that shutdown can end
 /// it from outside.
 struct Live {
-    client: UnixStream,
+    client: Sock,
     upstream: Option<TcpStream>,
 }
 
@@ -189,6 +190,21 @@ impl Shared {
             events.dropped += 1;
         }
         events.queue.push_back(ev);
+    }
+
+    /// A live connection's client is now the sandbox's own socket (a
+    /// handover): keep a handle on it so that shutdown can end it.
+    fn replace_client(&self, id: Option<u64>, client: &Sock) {
+        let mut conns = lock(&self.conns);
+        if conns.closed {
+            let _ = client.shutdown(Shutdown::Both);
+            return;
+        }
+        if let Some(live) = id.and_then(|id| conns.live.get_mut(&id)) {
+            if let Ok(clone) = client.try_clone() {
+                live.client = clone;
+            }
+        }
     }
 
     /// Adds the upstream end to a live connection; false if the proxy is
@@ -411,7 +427,7 @@ fn admit(shared: &Arc<Shared>, stream: UnixStream) {
                     conns.live.insert(
                         id,
                         Live {
-                            client,
+                            client: Sock::Unix(client),
                             upstream: None,
                         },
                     );
@@ -441,7 +457,7 @@ fn admit(shared: &Arc<Shared>, stream: UnixStream) {
                 .name("hako-net-conn".into())
                 .spawn(move || {
                     let _guard = guard;
-                    serve(&ctx, stream);
+                    serve_accepted(&ctx, stream);
                 });
             if let Err(e) = spawned {
                 // The closure (and the guard in it) was dropped: the
@@ -473,7 +489,7 @@ fn admit(shared: &Arc<Shared>, stream: UnixStream) {
             let spawned = thread::Builder::new()
                 .name("hako-net-refuse".into())
                 .spawn(move || {
-                    serve(&ctx, stream);
+                    serve_accepted(&ctx, stream);
                     for_thread.refusing.fetch_sub(1, Ordering::SeqCst);
                 });
             if spawned.is_err() {
@@ -543,14 +559,23 @@ fn duration_ms(start: Instant) -> u64 {
 /// Reads from the client with a deadline for the whole handshake, or (once
 /// the handshake is over) an idle timeout per read.
 struct ClientReader<'a> {
-    stream: &'a UnixStream,
+    stream: &'a Sock,
     deadline: Option<Instant>,
     idle: Duration,
     set: Option<Duration>,
+    /// Bytes already read from the client (by the first read, which
+    /// looks for a handover), served before the socket's.
+    prefix: Vec<u8>,
 }
 
 impl Read for ClientReader<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if !self.prefix.is_empty() {
+            let n = buf.len().min(self.prefix.len());
+            buf[..n].copy_from_slice(&self.prefix[..n]);
+            self.prefix.drain(..n);
+            return Ok(n);
+        }
         let timeout = match self.deadline {
             Some(deadline) => {
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -590,7 +615,7 @@ type Client<'a> = BufReader<ClientReader<'a>>;
 /// Reads through the buffered client reader, writes to the client socket.
 struct Duplex<'r, 'a, 'w> {
     r: &'r mut Client<'a>,
-    w: &'w UnixStream,
+    w: &'w Sock,
 }
 
 impl Read for Duplex<'_, '_, '_> {
@@ -616,13 +641,109 @@ fn is_timeout(e: &io::Error) -> bool {
     )
 }
 
-fn serve(ctx: &Ctx, client: UnixStream) {
+/// How long a client has to finish its request.
+fn handshake_budget(ctx: &Ctx) -> Duration {
     let cfg = &ctx.shared.config;
-    let budget = if ctx.overloaded {
+    if ctx.overloaded {
         cfg.handshake_timeout.min(REFUSE_DEADLINE)
     } else {
         cfg.handshake_timeout
+    }
+}
+
+/// A new connection to the proxy's socket: a handover of the sandbox's
+/// own connection (see [`crate::handoff`]), or a client that speaks here.
+fn serve_accepted(ctx: &Ctx, unix: UnixStream) {
+    let _ = unix.set_read_timeout(Some(handshake_budget(ctx)));
+    match handoff::first_read(&unix) {
+        Ok(First::Closed) => {
+            tracing::debug!("egress proxy: a client closed without sending anything");
+        }
+        Ok(First::Bytes(prefix)) => serve(ctx, Sock::Unix(unix), prefix),
+        Ok(First::RelayedForward(port)) => serve_port(ctx, &Sock::Unix(unix), port),
+        Ok(First::HandedOver { client, forward }) => {
+            drop(unix);
+            let client = Sock::Tcp(client);
+            ctx.shared.replace_client(ctx.id, &client);
+            match forward {
+                None => serve(ctx, client, Vec::new()),
+                Some(port) => serve_port(ctx, &client, port),
+            }
+        }
+        Err(e) if is_timeout(&e) => event_refused(
+            ctx,
+            NetProtocol::Unknown,
+            "",
+            0,
+            RULE_HANDSHAKE_TIMEOUT,
+            "the client sent nothing in time".into(),
+        ),
+        // A refused handover is the forwarder's cue to relay instead.
+        Err(e) => tracing::debug!(error = %e, "egress proxy: a handover was not taken"),
+    }
+}
+
+/// A forwarded host port (`127.0.0.1:PORT` inside): the connection goes to
+/// `localhost:PORT` if the allowlist says so, and is closed otherwise.
+fn serve_port(ctx: &Ctx, client: &Sock, port: u16) {
+    let proto = NetProtocol::Forward;
+    let host = "localhost";
+    if ctx.overloaded {
+        return event_refused(
+            ctx,
+            proto,
+            host,
+            port,
+            RULE_TOO_MANY_CONNECTIONS,
+            too_many(&ctx.shared),
+        );
+    }
+    let cfg = &ctx.shared.config;
+    let (rule, addrs) = match decide(&cfg.allow, &cfg.resolver, host, port) {
+        Verdict::Allow { rule, addrs } => (rule, addrs),
+        Verdict::Refuse { rule, message } => {
+            return event_refused(ctx, proto, host, port, rule, message)
+        }
     };
+    let (upstream, address) = match connect(ctx, &addrs) {
+        Ok(c) => c,
+        Err(e) => {
+            let done = Done {
+                address: None,
+                up: 0,
+                down: 0,
+                message: Some(format!("cannot connect: {e}")),
+            };
+            return event_allowed(ctx, proto, host, port, &rule, done);
+        }
+    };
+    let message = if !ctx.shared.register_upstream(ctx.id, &upstream) {
+        Some("the proxy shut down".to_string())
+    } else {
+        None
+    };
+    let (up, down) = match (&message, client.try_clone()) {
+        (None, Ok(client)) => relay(client, upstream),
+        _ => (0, 0),
+    };
+    event_allowed(
+        ctx,
+        proto,
+        host,
+        port,
+        &rule,
+        Done {
+            address: Some(address),
+            up,
+            down,
+            message,
+        },
+    );
+}
+
+fn serve(ctx: &Ctx, client: Sock, prefix: Vec<u8>) {
+    let cfg = &ctx.shared.config;
+    let budget = handshake_budget(ctx);
     let _ = client.set_write_timeout(Some(budget));
     let mut reader = BufReader::with_capacity(
         CLIENT_BUF,
@@ -631,6 +752,7 @@ fn serve(ctx: &Ctx, client: UnixStream) {
             deadline: Some(ctx.start + budget),
             idle: cfg.handshake_timeout,
             set: None,
+            prefix,
         },
     );
     let first = match reader.fill_buf() {
@@ -676,7 +798,7 @@ fn serve(ctx: &Ctx, client: UnixStream) {
 /// not reset the connection (a unix socket closed with unread data makes
 /// its peer's next read fail with `ECONNRESET`, which may lose the answer
 /// the proxy just wrote). Never waits.
-fn drain_before_close(client: &UnixStream) {
+fn drain_before_close(client: &Sock) {
     const MAX_DRAIN: usize = 1 << 20;
     if client.set_nonblocking(true).is_err() {
         return;
@@ -715,7 +837,7 @@ fn connect(ctx: &Ctx, addrs: &[SocketAddr]) -> io::Result<(TcpStream, SocketAddr
 /// Ends the handshake and relays the rest of the connection: sends what the
 /// client already sent past its request, then copies both ways. Returns the
 /// bytes each way.
-fn finish_relay(client: &UnixStream, reader: Client<'_>, upstream: TcpStream) -> (u64, u64) {
+fn finish_relay(client: &Sock, reader: Client<'_>, upstream: TcpStream) -> (u64, u64) {
     let leftover = reader.buffer().to_vec();
     drop(reader);
     let _ = client.set_read_timeout(None);
@@ -735,7 +857,7 @@ fn finish_relay(client: &UnixStream, reader: Client<'_>, upstream: TcpStream) ->
     (up + leftover.len() as u64, down)
 }
 
-fn serve_socks5(ctx: &Ctx, client: &UnixStream, mut reader: Client<'_>) {
+fn serve_socks5(ctx: &Ctx, client: &Sock, mut reader: Client<'_>) {
     let proto = NetProtocol::Socks5;
     let io_refusal = |e: io::Error, what: &str| {
         if is_timeout(&e) {
@@ -864,7 +986,7 @@ fn serve_socks5(ctx: &Ctx, client: &UnixStream, mut reader: Client<'_>) {
 }
 
 /// Answers an HTTP client with the proxy's own short response.
-fn respond(client: &UnixStream, status: u16, reason: &str, rule: &str, body: &str) {
+fn respond(client: &Sock, status: u16, reason: &str, rule: &str, body: &str) {
     let mut w = client;
     let _ = w.write_all(&http::proxy_response(status, reason, rule, body));
     let _ = client.shutdown(Shutdown::Write);
@@ -881,7 +1003,7 @@ fn host_port(host: &str, port: u16) -> String {
 /// Answers a refused HTTP or CONNECT request and records it.
 fn refuse_http(
     ctx: &Ctx,
-    client: &UnixStream,
+    client: &Sock,
     proto: NetProtocol,
     host: &str,
     port: u16,
@@ -906,7 +1028,7 @@ fn refuse_http(
 }
 
 /// Answers a request the proxy cannot make sense of and records it.
-fn bad_request(ctx: &Ctx, client: &UnixStream, proto: NetProtocol, status: u16, why: String) {
+fn bad_request(ctx: &Ctx, client: &Sock, proto: NetProtocol, status: u16, why: String) {
     let reason = match status {
         431 => "Request Header Fields Too Large",
         408 => "Request Timeout",
@@ -922,7 +1044,7 @@ fn bad_request(ctx: &Ctx, client: &UnixStream, proto: NetProtocol, status: u16, 
     respond(client, status, reason, rule, &body);
 }
 
-fn serve_http(ctx: &Ctx, client: &UnixStream, mut reader: Client<'_>) {
+fn serve_http(ctx: &Ctx, client: &Sock, mut reader: Client<'_>) {
     let head = match http::read_head(&mut reader) {
         Ok(h) => h,
         Err(HeadError::TooLarge(what)) => {
@@ -951,7 +1073,7 @@ fn serve_http(ctx: &Ctx, client: &UnixStream, mut reader: Client<'_>) {
     }
 }
 
-fn serve_connect(ctx: &Ctx, client: &UnixStream, reader: Client<'_>, target: &str) {
+fn serve_connect(ctx: &Ctx, client: &Sock, reader: Client<'_>, target: &str) {
     let proto = NetProtocol::Connect;
     let (host, port) = match http::split_authority(target) {
         Ok((host, Some(port))) => (host, port),
@@ -1067,7 +1189,7 @@ impl Write for Counting<'_> {
 /// stream, and returns the bytes copied. The client is half-closed only if
 /// something was copied, so that the proxy can still answer when nothing
 /// came; if the client goes away, the upstream is shut down.
-fn copy_response(upstream: &TcpStream, client: &UnixStream) -> u64 {
+fn copy_response(upstream: &TcpStream, client: &Sock) -> u64 {
     let mut buf = vec![0u8; RELAY_BUF];
     let mut total: u64 = 0;
     loop {
@@ -1090,7 +1212,7 @@ fn copy_response(upstream: &TcpStream, client: &UnixStream) -> u64 {
     total
 }
 
-fn serve_forward(ctx: &Ctx, client: &UnixStream, mut reader: Client<'_>, head: &http::Head) {
+fn serve_forward(ctx: &Ctx, client: &Sock, mut reader: Client<'_>, head: &http::Head) {
     let proto = NetProtocol::Http;
     let (authority, host, port, path) = match http::parse_target(&head.target) {
         Ok(Target::Http {

@@ -123,10 +123,24 @@ struct Reference {
     skipped: Option<String>,
 }
 
+/// Bytes moved per second, hako's path against the direct one.
+#[derive(Debug, Serialize)]
+struct Throughput {
+    name: String,
+    backend: &'static str,
+    bytes: u64,
+    hako_mib_s: f64,
+    reference: String,
+    reference_mib_s: f64,
+    /// hako's throughput / the reference's: higher is better, 1.0 is parity.
+    ratio: f64,
+}
+
 #[derive(Debug, Serialize)]
 struct Report {
     iterations: usize,
     comparisons: Vec<Comparison>,
+    throughput: Vec<Throughput>,
     references: Vec<Reference>,
     errors: Vec<String>,
 }
@@ -470,6 +484,65 @@ fn bench_fence(
     Ok(())
 }
 
+/// Bytes each transfer of the proxy benchmark moves.
+const TRANSFER_BYTES: u64 = 100 << 20;
+
+/// A loopback server that sends [`TRANSFER_BYTES`] to each connection and
+/// closes it; runs until the process ends.
+fn start_transfer_server() -> Result<u16, String> {
+    let listener =
+        std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(|e| format!("bind: {e}"))?;
+    let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+    std::thread::spawn(move || {
+        let chunk = vec![0x5au8; 1 << 20];
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let chunk = chunk.clone();
+            std::thread::spawn(move || {
+                use std::io::Write;
+                for _ in 0..TRANSFER_BYTES / chunk.len() as u64 {
+                    if conn.write_all(&chunk).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Ok(port)
+}
+
+/// 100 MiB from a host service to a client inside a `linux` sandbox
+/// through the egress proxy (a forwarded `localhost:PORT`), against the
+/// same client reading it straight over the host's loopback: the same
+/// `bash` and `cat` both times, measured alternately.
+fn bench_proxy_transfer(n: usize, workspace: &Path) -> Result<Throughput, String> {
+    let bash = find_in_path("bash").ok_or("bash is not installed")?;
+    let port = start_transfer_server()?;
+    let script = format!("cat </dev/tcp/127.0.0.1/{port} >/dev/null");
+    let mut spec = SandboxSpec::new(workspace.to_path_buf());
+    spec.network = Some(hako_core::NetworkPolicy::allow([format!(
+        "localhost:{port}"
+    )]));
+    let sandbox = backend::open(BackendKind::Linux, &spec).map_err(|e| e.to_string())?;
+    let command = Command::new([bash.display().to_string(), "-c".into(), script.clone()]);
+    let (through, direct) = measure_pair(
+        n.clamp(3, 20),
+        || exec_true(sandbox.as_ref(), &command),
+        || status_ok(std::process::Command::new(&bash).args(["-c", &script])),
+    )?;
+    let _ = sandbox.close();
+    let mib_s = |s: Stats| (TRANSFER_BYTES as f64 / (1 << 20) as f64) / (s.median_us / 1e6);
+    Ok(Throughput {
+        name: "linux 100 MiB through the egress proxy (forwarded port)".into(),
+        backend: "linux",
+        bytes: TRANSFER_BYTES,
+        hako_mib_s: mib_s(through),
+        reference: "direct loopback".into(),
+        reference_mib_s: mib_s(direct),
+        ratio: direct.median_us / through.median_us.max(f64::MIN_POSITIVE),
+    })
+}
+
 /// Runs `hako bench`.
 pub fn run(args: BenchArgs) -> u8 {
     let n = args.iterations;
@@ -482,6 +555,7 @@ pub fn run(args: BenchArgs) -> u8 {
     let mut report = Report {
         iterations: n,
         comparisons: Vec::new(),
+        throughput: Vec::new(),
         references: Vec::new(),
         errors: Vec::new(),
     };
@@ -494,6 +568,11 @@ pub fn run(args: BenchArgs) -> u8 {
             .map_err(|e| e.to_string())
             .and_then(|kind| {
                 bench_backend(kind, None, n, &workspace, &mut report.comparisons)?;
+                if kind == BackendKind::Linux {
+                    report
+                        .throughput
+                        .push(bench_proxy_transfer(n, &workspace)?);
+                }
                 // docker on gVisor too, where the daemon has it.
                 if kind == BackendKind::Docker
                     && hako_container::docker::ready(&default_image(), Some("runsc")).is_ok()
@@ -524,6 +603,12 @@ pub fn run(args: BenchArgs) -> u8 {
                 c.reference,
                 c.reference_stats.median_us,
                 c.ratio
+            );
+        }
+        for t in &report.throughput {
+            println!(
+                "{:<62} {:>9.0} MiB/s  vs {:<16} {:>9.0} MiB/s  ratio {:>6.2} (higher is better)",
+                t.name, t.hako_mib_s, t.reference, t.reference_mib_s, t.ratio
             );
         }
         for r in &report.references {

@@ -8,6 +8,7 @@
 
 mod connect;
 mod forward;
+mod handoff;
 mod lifecycle;
 mod socks;
 mod support;
