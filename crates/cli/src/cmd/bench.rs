@@ -569,9 +569,7 @@ pub fn run(args: BenchArgs) -> u8 {
             .and_then(|kind| {
                 bench_backend(kind, None, n, &workspace, &mut report.comparisons)?;
                 if kind == BackendKind::Linux {
-                    report
-                        .throughput
-                        .push(bench_proxy_transfer(n, &workspace)?);
+                    report.throughput.push(bench_proxy_transfer(n, &workspace)?);
                 }
                 // docker on gVisor too, where the daemon has it.
                 if kind == BackendKind::Docker
