@@ -650,3 +650,126 @@ fn hako_alone_needs_no_guest_binary_beside_it() {
     assert_eq!(v["errors"], serde_json::json!([]), "{v}");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
+
+#[test]
+fn net_flags_reach_the_sandbox_and_json_lists_every_proxy_decision() {
+    let d = dirs();
+    // A host service on loopback, forwarded into the sandbox.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.write_all(b"from-the-host\n").unwrap();
+    });
+    let allow = format!("localhost:{port}");
+    let script = format!(
+        "busybox nc 127.0.0.1 {port} </dev/null; busybox wget -q -O - http://other.test/ || echo refused"
+    );
+    let out = run_in(
+        &d.ws,
+        &[
+            "--backend",
+            "linux",
+            "--allow",
+            &allow,
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    server.join().unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let stdout = json["stdout"].as_str().unwrap();
+    assert!(
+        stdout.contains("from-the-host") && stdout.contains("refused"),
+        "{json}"
+    );
+    let events = json["network"].as_array().unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["decision"] == "allowed" && e["port"] == port && e["bytes_down"] == 14),
+        "{json}"
+    );
+    assert!(
+        events.iter().any(|e| e["decision"] == "refused"
+            && e["host"] == "other.test"
+            && e["rule"] == "not-on-allowlist"),
+        "{json}"
+    );
+    // Without --json, each refusal is one line on stderr.
+    let out = run_in(
+        &d.ws,
+        &[
+            "--backend",
+            "linux",
+            "--allow",
+            &allow,
+            "--",
+            "busybox",
+            "wget",
+            "-q",
+            "http://other.test/",
+        ],
+    );
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("egress proxy refused other.test:80 (rule not-on-allowlist)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn net_modes_a_backend_cannot_enforce_are_refused_by_name() {
+    let d = dirs();
+    for (args, expect) in [
+        (
+            &["--backend", "host", "--net", "none"][..],
+            "cannot provide network mode `none`",
+        ),
+        (
+            &["--backend", "host", "--allow", "example.org"][..],
+            "cannot provide network mode `allow`",
+        ),
+        (
+            &[
+                "--backend",
+                "linux",
+                "--net",
+                "none",
+                "--allow",
+                "example.org",
+            ][..],
+            "use --net allow",
+        ),
+        (
+            &["--backend", "linux", "--allow", "*"][..],
+            "invalid network policy",
+        ),
+    ] {
+        let mut all = args.to_vec();
+        all.extend(["--", "true"]);
+        let out = run_in(&d.ws, &all);
+        assert_eq!(out.status.code(), Some(125), "{args:?}");
+        let err = text(&out.stderr);
+        assert!(err.contains(expect), "{args:?}: {err}");
+    }
+    // `host` is asked for by name and shows in what the sandbox reports.
+    let out = run_in(
+        &d.ws,
+        &[
+            "--backend",
+            "linux",
+            "--net",
+            "host",
+            "--",
+            "sh",
+            "-c",
+            "echo \"[$HTTP_PROXY]\"",
+        ],
+    );
+    assert_eq!(text(&out.stdout).trim(), "[]");
+    assert_eq!(out.status.code(), Some(0));
+}

@@ -65,7 +65,7 @@ impl NetworkSetup {
         let forwarded = allow.forwarded_ports();
         let mut proxy_port = PROXY_PORT;
         while forwarded.contains(&proxy_port) {
-            proxy_port += 1;
+            proxy_port = proxy_port.checked_add(1).unwrap_or(1024);
         }
         let resolver = if policy.resolve.is_empty() {
             Resolver::system()
@@ -115,5 +115,84 @@ impl NetworkSetup {
             mode: self.mode.name(),
             reason: reason.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[test]
+    fn none_and_host_start_no_proxy_and_allow_starts_one_with_its_listeners() {
+        for policy in [NetworkPolicy::none(), NetworkPolicy::host()] {
+            let setup = NetworkSetup::new(&policy).unwrap();
+            assert!(setup.proxy.is_none() && setup.spec.is_none() && setup.env.is_empty());
+        }
+        let setup =
+            NetworkSetup::new(&NetworkPolicy::allow(["localhost:11434", "pkg.test"])).unwrap();
+        assert_eq!(setup.access, NetworkAccess::Allowlist);
+        let spec = setup.spec.as_ref().unwrap();
+        assert_eq!(spec.socket, Path::new(NET_DIR).join(hako_net::SOCKET_NAME));
+        assert_eq!(
+            spec.listeners,
+            vec![
+                NetListener {
+                    port: PROXY_PORT,
+                    forward: None
+                },
+                NetListener {
+                    port: 11434,
+                    forward: Some(11434)
+                },
+            ]
+        );
+        let dir = setup.socket_dir().unwrap();
+        assert!(dir.join(hako_net::SOCKET_NAME).exists());
+        let mut env = vec![("HTTP_PROXY".to_string(), "http://elsewhere:1".to_string())];
+        setup.apply_env(&mut env);
+        assert_eq!(
+            env.iter()
+                .filter(|(n, _)| n == "HTTP_PROXY")
+                .collect::<Vec<_>>(),
+            [&(
+                "HTTP_PROXY".to_string(),
+                format!("http://127.0.0.1:{PROXY_PORT}")
+            )]
+        );
+        drop(setup);
+        assert!(!dir.exists(), "the proxy's directory outlived it");
+    }
+
+    #[test]
+    fn the_proxy_port_moves_out_of_the_way_of_a_forwarded_one() {
+        let policy = NetworkPolicy::allow([
+            format!("localhost:{PROXY_PORT}"),
+            format!("localhost:{}", PROXY_PORT + 1),
+        ]);
+        let setup = NetworkSetup::new(&policy).unwrap();
+        let ports: Vec<u16> = setup
+            .spec
+            .unwrap()
+            .listeners
+            .iter()
+            .map(|l| l.port)
+            .collect();
+        assert_eq!(ports, [PROXY_PORT + 2, PROXY_PORT, PROXY_PORT + 1]);
+    }
+
+    #[test]
+    fn allow_entries_without_allow_mode_and_bad_entries_are_refused() {
+        let mut policy = NetworkPolicy::none();
+        policy.allow = vec!["pkg.test".into()];
+        assert!(matches!(
+            NetworkSetup::new(&policy),
+            Err(Error::BadNetworkPolicy { message }) if message.contains("--net allow")
+        ));
+        assert!(matches!(
+            NetworkSetup::new(&NetworkPolicy::allow(["exa mple.org"])),
+            Err(Error::BadNetworkPolicy { message }) if message.contains("exa mple.org")
+        ));
     }
 }

@@ -10,8 +10,9 @@ use std::path::PathBuf;
 use hako_core::ExitStatus;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
-/// The protocol version the guest speaks.
-pub const VERSION: u32 = 1;
+/// The protocol version the guest speaks. Version 2 added the network
+/// spec: a guest that would ignore it must refuse the handshake instead.
+pub const VERSION: u32 = 2;
 /// The largest frame either side accepts: 16 MiB.
 pub const MAX_FRAME: u32 = 16 << 20;
 
