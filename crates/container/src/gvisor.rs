@@ -10,7 +10,8 @@
 //!
 //! What it enforces: every system call of the sandbox is served by gVisor's
 //! own kernel (the Sentry), itself confined by seccomp on the host
-//! (Isolation Kernel); network none. What it does not: a bug in the Sentry
+//! (Isolation Kernel); network none (or, with `allow`, only the egress
+//! proxy's socket, the one host socket gVisor is let open). What it does not: a bug in the Sentry
 //! or the host kernel calls it makes is still an escape, and file access
 //! goes through a gofer that runs on the host.
 

@@ -6,8 +6,11 @@
 //! own path, `pivot_root`s into it, loads the seccomp filter on itself, and
 //! then serves every command of the sandbox (`hako-guest`'s protocol): each
 //! runs under a supervisor with rlimits, Landlock, `no_new_privs` and no
-//! capabilities. The network namespace has only loopback. See README.md
-//! beside this file for the order in which each protection is applied.
+//! capabilities. The network namespace has only loopback; in network mode
+//! `allow` the guest's forwarder passes connections to an egress proxy
+//! outside (see [`hako_guest::network`]), and in mode `host` the sandbox
+//! stays in the host's network namespace. See README.md beside this file
+//! for the order in which each protection is applied.
 
 mod cgroup;
 pub mod plan;
