@@ -773,3 +773,52 @@ fn net_modes_a_backend_cannot_enforce_are_refused_by_name() {
     assert_eq!(text(&out.stdout).trim(), "[]");
     assert_eq!(out.status.code(), Some(0));
 }
+
+#[test]
+fn profile_keys_set_the_sandbox_and_flags_win_or_add() {
+    let d = dirs();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.write_all(b"profiled\n").unwrap();
+    });
+    let profile = d.ws.join("hako.toml");
+    std::fs::write(
+        &profile,
+        format!(
+            "backend = \"host\"\nnet = \"allow\"\nallow = [\"localhost:{port}\"]\nenv = {{ FROM_PROFILE = \"p\" }}\nmax_output = \"1K\"\n"
+        ),
+    )
+    .unwrap();
+    let profile = profile.to_str().unwrap();
+    // --backend on the command line wins over the profile's `host` (which
+    // would refuse `allow`); --env adds to the profile's table.
+    let out = run_in(
+        &d.ws,
+        &[
+            "--profile", profile, "--backend", "linux", "--env", "FROM_FLAG=f", "--json", "--",
+            "sh", "-c",
+            &format!("echo $FROM_PROFILE$FROM_FLAG; busybox nc 127.0.0.1 {port} </dev/null; head -c 5000 /dev/zero"),
+        ],
+    );
+    server.join().unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let stdout = json["stdout"].as_str().unwrap();
+    assert!(stdout.starts_with("pf\nprofiled\n"), "{json}");
+    assert_eq!(
+        json["stdout_truncated"], true,
+        "max_output from the profile: {json}"
+    );
+    assert_eq!(json["backend"], "linux");
+    // An unknown key is named, and nothing runs.
+    let bad = d.ws.join("bad.toml");
+    std::fs::write(&bad, "netwrok = \"allow\"\n").unwrap();
+    let out = run_in(&d.ws, &["--profile", bad.to_str().unwrap(), "--", "true"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        text(&out.stderr).contains("netwrok"),
+        "{}",
+        text(&out.stderr)
+    );
+}

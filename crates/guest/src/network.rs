@@ -72,11 +72,13 @@ impl NetworkSetup {
         } else {
             Resolver::with_overrides(policy.resolve.clone())
         };
-        let proxy =
-            Proxy::start(ProxyConfig::new(allow, resolver)).map_err(|source| Error::Io {
-                op: "start the egress proxy",
-                source,
-            })?;
+        // Bound now, served once the guest is up (see `GuestSandbox::new`):
+        // a caller that forks the guest from itself must still have one
+        // thread then.
+        let proxy = Proxy::bind(ProxyConfig::new(allow, resolver)).map_err(|source| Error::Io {
+            op: "start the egress proxy",
+            source,
+        })?;
         let mut listeners = vec![NetListener {
             port: proxy_port,
             forward: None,

@@ -292,6 +292,19 @@ impl GuestSandbox {
                 return Err(err);
             }
         };
+        if let Some(proxy) = &config.proxy {
+            // The guest is up (forked, where it was, from a process that
+            // had one thread): the proxy may have its threads now.
+            if let Err(source) = proxy.serve() {
+                guest.close();
+                config.launcher.close(guest.exited_cleanly());
+                proxy.shutdown();
+                return Err(Error::Io {
+                    op: "start the egress proxy",
+                    source,
+                });
+            }
+        }
         let life = Arc::new(Life {
             guest,
             launcher: config.launcher,

@@ -247,6 +247,8 @@ pub struct Proxy {
     shared: Arc<Shared>,
     dir: Mutex<Option<tempfile::TempDir>>,
     dir_path: PathBuf,
+    /// The socket, until [`Proxy::serve`] hands it to the accept thread.
+    listener: Mutex<Option<UnixListener>>,
     accept: Mutex<Option<JoinHandle<()>>>,
     shut: Mutex<bool>,
 }
@@ -263,6 +265,16 @@ impl Proxy {
     /// Makes a fresh private directory (mode 0700) holding the socket
     /// [`SOCKET_NAME`], starts accepting on a thread of its own, and returns.
     pub fn start(config: ProxyConfig) -> io::Result<Proxy> {
+        let proxy = Proxy::bind(config)?;
+        proxy.serve()?;
+        Ok(proxy)
+    }
+
+    /// [`Proxy::start`] without the accept thread: the socket exists and
+    /// connections wait in its backlog until [`Proxy::serve`]. For a
+    /// caller that must stay single-threaded a little longer (one that
+    /// forks the sandbox's guest from itself).
+    pub fn bind(config: ProxyConfig) -> io::Result<Proxy> {
         let mut builder = tempfile::Builder::new();
         builder
             .prefix("hako-net-")
@@ -287,17 +299,27 @@ impl Proxy {
             stopping: AtomicBool::new(false),
             refusing: AtomicUsize::new(0),
         });
-        let for_thread = Arc::clone(&shared);
-        let accept = thread::Builder::new()
-            .name("hako-net-accept".into())
-            .spawn(move || accept_loop(&listener, &for_thread))?;
         Ok(Proxy {
             shared,
             dir: Mutex::new(Some(dir)),
             dir_path,
-            accept: Mutex::new(Some(accept)),
+            listener: Mutex::new(Some(listener)),
+            accept: Mutex::new(None),
             shut: Mutex::new(false),
         })
+    }
+
+    /// Starts accepting (once; later calls do nothing).
+    pub fn serve(&self) -> io::Result<()> {
+        let Some(listener) = lock(&self.listener).take() else {
+            return Ok(());
+        };
+        let for_thread = Arc::clone(&self.shared);
+        let accept = thread::Builder::new()
+            .name("hako-net-accept".into())
+            .spawn(move || accept_loop(&listener, &for_thread))?;
+        *lock(&self.accept) = Some(accept);
+        Ok(())
     }
 
     /// The proxy's private directory (to bind-mount into the sandbox).
@@ -336,6 +358,8 @@ impl Proxy {
         self.shared.stopping.store(true, Ordering::SeqCst);
         // Wake the accept thread: it sees `stopping` on its next connection.
         let woke = UnixStream::connect(self.socket_path()).is_ok();
+        // Never served: nothing accepts; the backlog goes with the socket.
+        lock(&self.listener).take();
         if let Some(handle) = lock(&self.accept).take() {
             if woke {
                 let _ = handle.join();

@@ -487,12 +487,9 @@ fn bench_fence(
 /// Bytes each transfer of the proxy benchmark moves.
 const TRANSFER_BYTES: u64 = 100 << 20;
 
-/// A loopback server that sends [`TRANSFER_BYTES`] to each connection and
-/// closes it; runs until the process ends.
-fn start_transfer_server() -> Result<u16, String> {
-    let listener =
-        std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(|e| format!("bind: {e}"))?;
-    let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+/// Serves [`TRANSFER_BYTES`] to each connection `listener` accepts, on a
+/// thread of its own, until the process ends.
+fn serve_transfers(listener: std::net::TcpListener) {
     std::thread::spawn(move || {
         let chunk = vec![0x5au8; 1 << 20];
         for conn in listener.incoming() {
@@ -508,7 +505,6 @@ fn start_transfer_server() -> Result<u16, String> {
             });
         }
     });
-    Ok(port)
 }
 
 /// 100 MiB from a host service to a client inside a `linux` sandbox
@@ -517,13 +513,18 @@ fn start_transfer_server() -> Result<u16, String> {
 /// `bash` and `cat` both times, measured alternately.
 fn bench_proxy_transfer(n: usize, workspace: &Path) -> Result<Throughput, String> {
     let bash = find_in_path("bash").ok_or("bash is not installed")?;
-    let port = start_transfer_server()?;
+    let listener =
+        std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(|e| format!("bind: {e}"))?;
+    let port = listener.local_addr().map_err(|e| e.to_string())?.port();
     let script = format!("cat </dev/tcp/127.0.0.1/{port} >/dev/null");
     let mut spec = SandboxSpec::new(workspace.to_path_buf());
     spec.network = Some(hako_core::NetworkPolicy::allow([format!(
         "localhost:{port}"
     )]));
+    // Opened while this process has one thread, so that the guest runs in
+    // a fork of it (no hako-guest binary needed); the server starts after.
     let sandbox = backend::open(BackendKind::Linux, &spec).map_err(|e| e.to_string())?;
+    serve_transfers(listener);
     let command = Command::new([bash.display().to_string(), "-c".into(), script.clone()]);
     let (through, direct) = measure_pair(
         n.clamp(3, 20),

@@ -157,14 +157,10 @@ fn print_json(value: &impl Serialize) {
 
 /// Runs `hako fs`.
 pub fn run(args: FsArgs) -> u8 {
-    let opened = args
-        .sandbox
-        .spec()
-        .map_err(|e| e.to_string())
-        .and_then(|spec| {
-            let kind = backend::resolve(args.sandbox.backend).map_err(|e| e.to_string())?;
-            backend::open(kind, &spec).map_err(|e| e.to_string())
-        });
+    let opened = args.sandbox.spec().and_then(|(backend_arg, spec)| {
+        let kind = backend::resolve(backend_arg).map_err(|e| e.to_string())?;
+        backend::open(kind, &spec).map_err(|e| e.to_string())
+    });
     let sandbox = match opened {
         Ok(sb) => sb,
         Err(e) => {

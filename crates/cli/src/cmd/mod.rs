@@ -5,6 +5,7 @@ mod doctor;
 mod fs;
 mod gc;
 mod image;
+mod profile;
 mod run;
 mod shell;
 
@@ -17,7 +18,9 @@ use hako_core::units;
 use hako_core::{NetMode, NetworkPolicy};
 
 use crate::backend::{BackendArg, SandboxSpec};
+use clap::ValueEnum;
 use hako_linux::Limits;
+use profile::Profile;
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
@@ -55,9 +58,14 @@ pub fn dispatch(command: Command) -> ExitCode {
 /// Flags that pick and shape a sandbox, shared by `run` and `fs`.
 #[derive(Debug, Clone, Args)]
 pub struct SandboxArgs {
-    /// Backend to use.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub backend: BackendArg,
+    /// Read sandbox settings from a TOML profile (every flag below is a key
+    /// of the same name, `-` written `_`); flags given here win, and list
+    /// flags add to the profile's lists.
+    #[arg(long, value_name = "FILE")]
+    pub profile: Option<PathBuf>,
+    /// Backend to use [default: auto].
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendArg>,
     /// Sandbox root [default: the current directory].
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
@@ -67,9 +75,9 @@ pub struct SandboxArgs {
     /// Pass a host variable (repeatable; `PREFIX*` passes non-secret names).
     #[arg(long = "pass-env", value_name = "NAME")]
     pub pass_env: Vec<String>,
-    /// Bytes kept of each of stdout and stderr (e.g. 512K, 10M).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1M")]
-    pub max_output: usize,
+    /// Bytes kept of each of stdout and stderr (e.g. 512K, 10M) [default: 1M].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_output: Option<usize>,
     /// Memory limit (e.g. 256M).
     #[arg(long, value_name = "SIZE", value_parser = parse_size_u64)]
     pub memory: Option<u64>,
@@ -128,50 +136,103 @@ pub struct SandboxArgs {
 }
 
 impl SandboxArgs {
-    /// The backend-neutral settings these flags describe.
-    pub fn spec(&self) -> std::io::Result<SandboxSpec> {
-        let workspace = match &self.workspace {
-            Some(dir) => dir.clone(),
-            None => std::env::current_dir()?,
+    /// The backend and the backend-neutral settings these flags (and the
+    /// profile, if one is given) describe.
+    pub fn spec(&self) -> Result<(BackendArg, SandboxSpec), String> {
+        let p = match &self.profile {
+            Some(path) => Profile::load(path)?,
+            None => Profile::default(),
         };
-        Ok(SandboxSpec {
+        let key = |name: &str, e: String| format!("profile key `{name}`: {e}");
+        let backend = match (self.backend, &p.backend) {
+            (Some(b), _) => b,
+            (None, Some(name)) => {
+                BackendArg::from_str(name, false).map_err(|e| key("backend", e))?
+            }
+            (None, None) => BackendArg::Auto,
+        };
+        let workspace = match self.workspace.clone().or(p.workspace) {
+            Some(dir) => dir,
+            None => std::env::current_dir()
+                .map_err(|e| format!("cannot read the current directory: {e}"))?,
+        };
+        let mut set = Vec::new();
+        for (k, v) in p.env {
+            if !hako_core::env::valid_name(&k) {
+                return Err(key("env", format!("invalid variable name {k:?}")));
+            }
+            set.push((k, v));
+        }
+        set.extend(self.env.iter().cloned());
+        let size = |name: &str, v: Option<profile::Scalar>| -> Result<Option<u64>, String> {
+            v.map(|v| parse_size_u64(&v.text()).map_err(|e| key(name, e)))
+                .transpose()
+        };
+        let max_output = match self.max_output {
+            Some(n) => n,
+            None => match size("max_output", p.max_output)? {
+                Some(n) => usize::try_from(n).map_err(|e| key("max_output", e.to_string()))?,
+                None => hako_core::DEFAULT_MAX_OUTPUT,
+            },
+        };
+        let cpus = match (self.cpus, p.cpus) {
+            (Some(c), _) => Some(c),
+            (None, Some(c)) => Some(parse_cpus(&c.text()).map_err(|e| key("cpus", e))?),
+            (None, None) => None,
+        };
+        let mut resolve = Vec::new();
+        for (name, addr) in p.resolve {
+            resolve.push(parse_resolve(&format!("{name}={addr}")).map_err(|e| key("resolve", e))?);
+        }
+        resolve.extend(self.resolve.iter().cloned());
+        let mut allow = p.allow;
+        allow.extend(self.allow.iter().cloned());
+        let net = match (self.net, p.net) {
+            (Some(mode), _) => Some(mode),
+            (None, Some(mode)) => Some(mode.parse::<NetMode>().map_err(|e| key("net", e))?),
+            (None, None) => None,
+        };
+        let network = match net {
+            Some(mode) => Some(NetworkPolicy {
+                mode,
+                allow,
+                resolve,
+            }),
+            None if !allow.is_empty() || !resolve.is_empty() => Some(NetworkPolicy {
+                mode: NetMode::Allow,
+                allow,
+                resolve,
+            }),
+            None => None,
+        };
+        let mut pass = p.pass_env;
+        pass.extend(self.pass_env.iter().cloned());
+        let mut ro = p.ro;
+        ro.extend(self.ro.iter().cloned());
+        let mut rw = p.rw;
+        rw.extend(self.rw.iter().cloned());
+        let spec = SandboxSpec {
             workspace,
-            env: EnvPolicy {
-                pass: self.pass_env.clone(),
-                set: self.env.clone(),
-            },
+            env: EnvPolicy { pass, set },
             limits: Limits {
-                memory: self.memory,
-                pids: self.pids,
-                cpus_milli: self.cpus,
-                file_size: self.max_file_size,
-                open_files: self.max_open_files,
+                memory: self.memory.or(size("memory", p.memory)?),
+                pids: self.pids.or(p.pids),
+                cpus_milli: cpus,
+                file_size: self
+                    .max_file_size
+                    .or(size("max_file_size", p.max_file_size)?),
+                open_files: self.max_open_files.or(p.max_open_files),
             },
-            ro: self.ro.clone(),
-            rw: self.rw.clone(),
-            best_effort: self.best_effort,
-            max_output: self.max_output,
-            image: self.image.clone(),
-            runtime: self.runtime.clone(),
-            no_guest: self.no_guest,
-            network: self.network(),
-        })
-    }
-
-    /// The network policy the flags ask for; `None` leaves the backend's
-    /// default.
-    fn network(&self) -> Option<NetworkPolicy> {
-        let given = !self.allow.is_empty() || !self.resolve.is_empty();
-        let mode = match self.net {
-            Some(mode) => mode,
-            None if given => NetMode::Allow,
-            None => return None,
+            ro,
+            rw,
+            best_effort: self.best_effort || p.best_effort.unwrap_or(false),
+            max_output,
+            image: self.image.clone().or(p.image),
+            runtime: self.runtime.clone().or(p.runtime),
+            no_guest: self.no_guest || p.no_guest.unwrap_or(false),
+            network,
         };
-        Some(NetworkPolicy {
-            mode,
-            allow: self.allow.clone(),
-            resolve: self.resolve.clone(),
-        })
+        Ok((backend, spec))
     }
 }
 

@@ -85,11 +85,11 @@ fn fail(json: bool, backend: Option<&str>, err: &dyn std::fmt::Display, code: u8
 /// Runs `hako run`.
 pub fn run(args: RunArgs) -> u8 {
     let json = args.json;
-    let spec = match args.sandbox.spec() {
+    let (backend_arg, spec) = match args.sandbox.spec() {
         Ok(spec) => spec,
         Err(e) => return fail(json, None, &e, exit::SANDBOX_FAILED),
     };
-    let kind = match backend::resolve(args.sandbox.backend) {
+    let kind = match backend::resolve(backend_arg) {
         Ok(kind) => kind,
         Err(e) => return fail(json, None, &e, exit::SANDBOX_FAILED),
     };

@@ -86,11 +86,11 @@ pub fn run(args: ShellArgs) -> u8 {
         Ok(s) => s,
         Err(e) => return fail(&e),
     };
-    let spec = match args.sandbox.spec() {
+    let (backend_arg, spec) = match args.sandbox.spec() {
         Ok(spec) => spec,
         Err(e) => return fail(&e),
     };
-    let kind = match backend::resolve(args.sandbox.backend) {
+    let kind = match backend::resolve(backend_arg) {
         Ok(kind) => kind,
         Err(e) => return fail(&e),
     };

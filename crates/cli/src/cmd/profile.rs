@@ -1,0 +1,175 @@
+//! Profiles: the sandbox flags as TOML keys (`--profile FILE`), so that a
+//! harness writes its policy once. Every flag of [`SandboxArgs`] has a key
+//! of the same name (with `_` for `-`); a flag given on the command line
+//! wins over the key, and list flags (`env`, `pass_env`, `ro`, `rw`,
+//! `allow`, `resolve`) add to the profile's lists. An unknown key is an
+//! error that names it.
+//!
+//! ```toml
+//! backend = "linux"
+//! net = "allow"
+//! allow = ["pypi.org", "files.pythonhosted.org", "localhost:11434"]
+//! memory = "2G"
+//! pids = 512
+//! cpus = 2
+//! env = { PIP_NO_INPUT = "1" }
+//! ```
+//!
+//! [`SandboxArgs`]: super::SandboxArgs
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// A number or a string with a unit (`"512M"`, `2`, `"0.5"`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Scalar {
+    /// A whole number.
+    Int(u64),
+    /// A decimal number.
+    Float(f64),
+    /// Text, parsed as the flag would be.
+    Text(String),
+}
+
+impl Scalar {
+    /// The value as the flag's text.
+    pub fn text(&self) -> String {
+        match self {
+            Scalar::Int(n) => n.to_string(),
+            Scalar::Float(f) => f.to_string(),
+            Scalar::Text(s) => s.clone(),
+        }
+    }
+}
+
+/// The keys of a profile, one per sandbox flag.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// `--backend`.
+    pub backend: Option<String>,
+    /// `--workspace` (relative to the profile's directory).
+    pub workspace: Option<PathBuf>,
+    /// `--env K=V`, as a table.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// `--pass-env`.
+    #[serde(default)]
+    pub pass_env: Vec<String>,
+    /// `--max-output`.
+    pub max_output: Option<Scalar>,
+    /// `--memory`.
+    pub memory: Option<Scalar>,
+    /// `--pids`.
+    pub pids: Option<u64>,
+    /// `--cpus`.
+    pub cpus: Option<Scalar>,
+    /// `--max-file-size`.
+    pub max_file_size: Option<Scalar>,
+    /// `--max-open-files`.
+    pub max_open_files: Option<u64>,
+    /// `--ro`.
+    #[serde(default)]
+    pub ro: Vec<PathBuf>,
+    /// `--rw`.
+    #[serde(default)]
+    pub rw: Vec<PathBuf>,
+    /// `--best-effort`.
+    pub best_effort: Option<bool>,
+    /// `--image`.
+    pub image: Option<String>,
+    /// `--runtime`.
+    pub runtime: Option<String>,
+    /// `--no-guest`.
+    pub no_guest: Option<bool>,
+    /// `--net`.
+    pub net: Option<String>,
+    /// `--allow`.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// `--resolve NAME=ADDR`, as a table.
+    #[serde(default)]
+    pub resolve: BTreeMap<String, String>,
+}
+
+impl Profile {
+    /// Reads and checks a profile file; relative paths in it are taken
+    /// from the file's directory.
+    pub fn load(path: &Path) -> Result<Profile, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the profile {}: {e}", path.display()))?;
+        let mut profile: Profile = toml::from_str(&text)
+            .map_err(|e| format!("profile {}: {}", path.display(), e.message()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let absolute = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        if let Some(ws) = profile.workspace.as_mut() {
+            absolute(ws);
+        }
+        profile.ro.iter_mut().for_each(absolute);
+        profile.rw.iter_mut().for_each(absolute);
+        Ok(profile)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn parse(text: &str) -> Result<Profile, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.toml");
+        std::fs::write(&path, text).unwrap();
+        Profile::load(&path)
+    }
+
+    #[test]
+    fn every_key_parses_and_relative_paths_follow_the_file() {
+        let p = parse(
+            r#"
+            backend = "linux"
+            workspace = "ws"
+            env = { A = "1" }
+            pass_env = ["LANG"]
+            max_output = "2M"
+            memory = "1G"
+            pids = 64
+            cpus = 0.5
+            max_file_size = 1048576
+            max_open_files = 256
+            ro = ["/opt", "tools"]
+            rw = []
+            best_effort = true
+            image = "img"
+            runtime = "runsc"
+            no_guest = false
+            net = "allow"
+            allow = ["pypi.org", "localhost:11434"]
+            resolve = { "pkg.test" = "198.51.100.2" }
+            "#,
+        )
+        .unwrap();
+        assert_eq!(p.backend.as_deref(), Some("linux"));
+        assert!(p.workspace.unwrap().ends_with("ws"));
+        assert_eq!(p.ro[0], PathBuf::from("/opt"));
+        assert!(p.ro[1].is_absolute() && p.ro[1].ends_with("tools"));
+        assert_eq!(p.cpus.unwrap().text(), "0.5");
+        assert_eq!(p.max_file_size.unwrap().text(), "1048576");
+        assert_eq!(p.allow.len(), 2);
+        assert_eq!(p.resolve["pkg.test"], "198.51.100.2");
+    }
+
+    #[test]
+    fn an_unknown_key_is_named() {
+        let err = parse("netwrok = \"allow\"\n").unwrap_err();
+        assert!(err.contains("netwrok"), "{err}");
+    }
+}
