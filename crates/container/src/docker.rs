@@ -732,6 +732,27 @@ mod tests {
     }
 
     #[test]
+    fn network_modes_render_as_network_flags_and_the_proxy_socket_bind() {
+        let mut p = plan();
+        p.network = RunNetwork::Proxy("/tmp/hako-net-x".into());
+        let argv = run_argv(&docker(), &p).join(" ");
+        assert!(argv.contains("--network none"), "{argv}");
+        assert!(
+            argv.contains("--mount type=bind,src=/tmp/hako-net-x,dst=/run/hako-net,readonly"),
+            "{argv}"
+        );
+        p.network = RunNetwork::Host;
+        let argv = run_argv(&docker(), &p).join(" ");
+        assert!(
+            argv.contains("--network host") && !argv.contains("hako-net"),
+            "{argv}"
+        );
+        // A socket directory is a bind path like any other.
+        p.network = RunNetwork::Proxy("/tmp/a,dst=/etc".into());
+        assert!(check_run_plan(&p).is_err());
+    }
+
+    #[test]
     fn docker_run_argv_is_locked_down_by_default() {
         let argv = run_argv(&docker(), &plan());
         let expected: Vec<&str> = vec![

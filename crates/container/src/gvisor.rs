@@ -700,6 +700,52 @@ mod tests {
     }
 
     #[test]
+    fn network_modes_render_in_the_bundle_and_the_runsc_flags() {
+        let mut p = plan();
+        let has_netns = |v: &Value| {
+            v["linux"]["namespaces"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|n| n["type"] == "network")
+        };
+        assert!(has_netns(&config_json(&p)));
+        p.network = RunNetwork::Proxy("/tmp/hako-net-x".into());
+        let config = config_json(&p);
+        assert!(has_netns(&config));
+        let mount = config["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["destination"] == NET_DIR)
+            .cloned()
+            .unwrap();
+        assert_eq!(mount["source"], "/tmp/hako-net-x");
+        assert!(mount["options"].to_string().contains("\"ro\""));
+        let argv = |network: &RunNetwork| {
+            run_argv(
+                Path::new("runsc"),
+                Path::new("/s"),
+                Path::new("/b"),
+                "id",
+                false,
+                false,
+                network,
+            )
+        };
+        let proxied = argv(&p.network);
+        assert!(
+            proxied.contains(&"--host-uds=open".to_string()),
+            "{proxied:?}"
+        );
+        assert!(proxied.contains(&"--network=none".to_string()));
+        assert!(!argv(&RunNetwork::None).contains(&"--host-uds=open".to_string()));
+        p.network = RunNetwork::Host;
+        assert!(!has_netns(&config_json(&p)));
+        assert!(argv(&RunNetwork::Host).contains(&"--network=host".to_string()));
+    }
+
+    #[test]
     fn runsc_argv_has_no_network_and_applies_seccomp() {
         let argv = |rootless, cgroups| {
             run_argv(

@@ -95,3 +95,73 @@ fn a_docker_sandbox_makes_exactly_the_recorded_calls() {
         "the seccomp profile outlived the sandbox"
     );
 }
+
+/// An engine argv of its own, so that the daemon's runtimes this test
+/// scripts are not the ones another test cached.
+fn engine(name: &str) -> Engine {
+    Engine {
+        argv: vec![name.into()],
+        kind: EngineKind::Docker,
+    }
+}
+
+#[test]
+fn allow_mode_is_refused_where_nothing_inside_could_reach_the_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().canonicalize().unwrap();
+    // docker exec mode: no guest, so no forwarder inside.
+    let recorder = Arc::new(Recorder::default());
+    let mut config = DockerConfig::new(&ws);
+    config.engine = Some(engine("docker-exec-mode"));
+    config.runner = recorder.clone();
+    config.network = hako_core::NetworkPolicy::allow(["pkg.test"]);
+    match hako_container::DockerExecSandbox::new(config) {
+        Err(hako_core::Error::NetworkUnavailable {
+            mode: "allow",
+            reason,
+            ..
+        }) => {
+            assert!(reason.contains("--no-guest"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(recorder.calls().is_empty(), "{:?}", recorder.calls());
+    // A gVisor runtime registered without --host-uds=open.
+    let runtimes =
+        r#"{"runsc":{"path":"/usr/bin/runsc","runtimeArgs":["--network=none","--oci-seccomp"]}}"#;
+    let recorder = Arc::new(Recorder {
+        script: vec![(
+            vec!["info".into()],
+            hako_container::runner::RunOutput {
+                success: true,
+                stdout: runtimes.as_bytes().to_vec(),
+                ..Default::default()
+            },
+        )],
+        ..Recorder::default()
+    });
+    let mut config = DockerConfig::new(&ws);
+    config.engine = Some(engine("docker-no-host-uds"));
+    config.runner = recorder.clone();
+    config.runtime = Some("runsc".into());
+    config.guest = Some(PathBuf::from(STATIC_STAND_IN));
+    config.network = hako_core::NetworkPolicy::allow(["pkg.test"]);
+    match DockerSandbox::new(config) {
+        Err(hako_core::Error::NetworkUnavailable {
+            mode: "allow",
+            reason,
+            ..
+        }) => {
+            assert!(reason.contains("--host-uds=open"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        !recorder
+            .calls()
+            .iter()
+            .any(|c| c.get(1).map(String::as_str) == Some("run")),
+        "a container was started: {:?}",
+        recorder.calls()
+    );
+}
