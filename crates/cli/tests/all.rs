@@ -686,6 +686,7 @@ fn net_flags_reach_the_sandbox_and_json_lists_every_proxy_decision() {
         stdout.contains("from-the-host") && stdout.contains("refused"),
         "{json}"
     );
+    assert_eq!(json["network_access"], "allowlist", "{json}");
     let events = json["network"].as_array().unwrap();
     assert!(
         events
@@ -764,14 +765,20 @@ fn net_modes_a_backend_cannot_enforce_are_refused_by_name() {
             "linux",
             "--net",
             "host",
+            "--json",
             "--",
             "sh",
             "-c",
             "echo \"[$HTTP_PROXY]\"",
         ],
     );
-    assert_eq!(text(&out.stdout).trim(), "[]");
-    assert_eq!(out.status.code(), Some(0));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["stdout"], "[]\n", "{json}");
+    assert_eq!(json["network_access"], "host", "{json}");
+    assert!(json.get("network").is_none(), "{json}");
+    let out = run_in(&d.ws, &["--backend", "linux", "--json", "--", "true"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["network_access"], "none", "{json}");
 }
 
 #[test]

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use hako_core::{Command, Isolation, NetDecision, NetEvent, Output, Sandbox, Stream};
+use hako_core::{
+    Command, Isolation, NetDecision, NetEvent, NetworkAccess, Output, Sandbox, Stream,
+};
 use serde::Serialize;
 
 use super::{parse_duration, SandboxArgs};
@@ -53,6 +55,9 @@ struct JsonResult<'a> {
     timed_out: bool,
     backend: &'a str,
     isolation: Isolation,
+    /// What the sandbox could reach (`none`, `allowlist`, `host`), as
+    /// enforced.
+    network_access: NetworkAccess,
     /// The egress proxy's decisions during the run (`--net allow`).
     #[serde(skip_serializing_if = "Option::is_none")]
     network: Option<Vec<NetEvent>>,
@@ -147,6 +152,7 @@ pub fn run(args: RunArgs) -> u8 {
             timed_out: output.timed_out,
             backend: &caps.backend,
             isolation: caps.isolation,
+            network_access: caps.network,
             network_dropped: network.as_ref().map(|(_, d)| *d).filter(|&d| d > 0),
             network: network.map(|(events, _)| events),
         };
