@@ -829,3 +829,52 @@ fn profile_keys_set_the_sandbox_and_flags_win_or_add() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn kill_9_of_hako_leaves_an_egress_proxy_directory_that_gc_removes() {
+    let d = dirs();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = hako()
+        .env("TMPDIR", tmp.path())
+        .args([
+            "run",
+            "--backend",
+            "linux",
+            "--allow",
+            "localhost:1",
+            "--workspace",
+        ])
+        .arg(&d.ws)
+        .args(["--", "sleep", "60"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let prefix = format!("hako-net-{}-", child.id());
+    let listed = || -> Vec<PathBuf> {
+        std::fs::read_dir(tmp.path())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .map(|e| e.path())
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while listed().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let dirs_left = listed();
+    assert_eq!(dirs_left.len(), 1, "no proxy directory appeared");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(dirs_left[0].exists());
+    let out = hako().env("TMPDIR", tmp.path()).arg("gc").output().unwrap();
+    assert!(
+        text(&out.stdout).contains("removed egress proxy directory"),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(!dirs_left[0].exists());
+}

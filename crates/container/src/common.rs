@@ -125,26 +125,17 @@ impl Owner {
         let pid = std::process::id();
         Owner {
             pid,
-            start: start_time(pid).unwrap_or(0),
+            start: hako_sys::proc::start_time(pid).unwrap_or(0),
         }
     }
 
     /// Whether the process the labels name still runs.
     pub fn alive(&self) -> bool {
-        match start_time(self.pid) {
+        match hako_sys::proc::start_time(self.pid) {
             Some(start) => self.start == 0 || start == self.start,
             None => false,
         }
     }
-}
-
-/// Field 22 of `/proc/PID/stat`.
-fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces and parentheses: count
-    // from the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// A name no other sandbox of any process has: owner pid, a counter and

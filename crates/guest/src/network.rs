@@ -59,6 +59,11 @@ impl NetworkSetup {
             }
             return Ok(setup);
         }
+        // What a killed hako left behind, once per process.
+        static COLLECT: std::sync::Once = std::sync::Once::new();
+        COLLECT.call_once(|| {
+            hako_net::remove_stale_dirs(None);
+        });
         let allow = Allowlist::parse(&policy.allow).map_err(|e| Error::BadNetworkPolicy {
             message: e.to_string(),
         })?;

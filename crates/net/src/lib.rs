@@ -31,6 +31,7 @@ mod proxy;
 mod relay;
 mod resolve;
 mod socks;
+mod stale;
 
 pub use allow::{AllowEntry, AllowError, Allowlist, EntryHost, DEFAULT_PORTS};
 pub use classify::classify;
@@ -47,3 +48,4 @@ pub use proxy::{
 pub use relay::{relay, RelaySocket};
 pub use resolve::Resolver;
 pub use socks::socks5_connect;
+pub use stale::remove_stale_dirs;

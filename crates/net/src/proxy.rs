@@ -275,9 +275,12 @@ impl Proxy {
     /// caller that must stay single-threaded a little longer (one that
     /// forks the sandbox's guest from itself).
     pub fn bind(config: ProxyConfig) -> io::Result<Proxy> {
+        // Named after this process, so that what a killed hako leaves is
+        // found and removed (see `remove_stale_dirs`).
+        let prefix = crate::stale::own_prefix();
         let mut builder = tempfile::Builder::new();
         builder
-            .prefix("hako-net-")
+            .prefix(&prefix)
             .permissions(std::fs::Permissions::from_mode(0o700));
         let dir = match &config.dir_parent {
             Some(parent) => builder.tempdir_in(parent),

@@ -34,6 +34,17 @@ fn parse_pid(s: &str) -> Option<Pid> {
     s.parse::<i32>().ok().and_then(Pid::from_raw)
 }
 
+/// When process `pid` started, in clock ticks since boot (field 22 of
+/// `/proc/PID/stat`); `None` when no such process runs. With the pid it
+/// names one process for good (a pid alone may be reused).
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count
+    // from the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
 /// The parent pid from the text of `/proc/N/stat`.
 pub fn ppid_from_stat(stat: &str) -> Option<i32> {
     // The command name is in parentheses and may contain spaces and ')', so

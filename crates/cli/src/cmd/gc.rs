@@ -1,6 +1,6 @@
 //! `hako gc`: removes what hako processes that no longer run left behind
-//! (containers after a `kill -9`, gVisor bundles). Each sandbox opening
-//! does the same once per process.
+//! (containers after a `kill -9`, gVisor bundles, egress proxies' socket
+//! directories). Each sandbox opening does the same once per process.
 
 use clap::Args;
 use hako_container::runner::CliRunner;
@@ -27,6 +27,9 @@ pub fn run(_args: GcArgs) -> u8 {
             }
         },
         Err(e) => tracing::info!("no container runtime to collect from: {e}"),
+    }
+    for dir in hako_net::remove_stale_dirs(None) {
+        println!("removed egress proxy directory {}", dir.display());
     }
     for bundle in hako_container::gvisor::stale_bundles() {
         match hako_container::gvisor::remove_bundle(&bundle) {
