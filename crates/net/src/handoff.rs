@@ -16,9 +16,11 @@
 //! `1` taken, `0` not.
 //!
 //! Anything inside the sandbox can connect to the proxy's socket and send
-//! a descriptor: the proxy takes only a connected TCP stream socket (of
-//! the sandbox's loopback), and applies the same policy to what it then
-//! asks for.
+//! a descriptor: the proxy takes only one descriptor, and only if it is an
+//! IPv4 or IPv6 stream socket that is not listening; it makes it blocking
+//! (the sandbox may have left it non-blocking) and applies the same policy
+//! to what it then asks for. A descriptor it does not take is closed at
+//! once: a refused handover is never served.
 
 use std::io::{self, IoSlice, IoSliceMut, Write};
 use std::net::TcpStream;
@@ -27,7 +29,7 @@ use std::os::unix::net::UnixStream;
 
 use rustix::net::{
     recvmsg, sendmsg, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags,
-    SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketType,
+    ReturnFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketType,
 };
 
 /// The first byte of a handover.
@@ -115,8 +117,10 @@ pub(crate) enum First {
 }
 
 /// The proxy's side: the first read of a connection, which may carry a
-/// descriptor. A handover whose descriptor is missing or is not a TCP
-/// stream socket is answered "not taken" and reported as `Err`.
+/// descriptor. A handover whose header is malformed, whose descriptor is
+/// missing, or that carries more than one descriptor or one that is not a
+/// connectable TCP stream socket is answered "not taken" and reported as
+/// `Err`; every descriptor that came with it is closed.
 pub(crate) fn first_read(unix: &UnixStream) -> io::Result<First> {
     let mut buf = vec![0u8; 16 * 1024];
     let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
@@ -159,13 +163,15 @@ pub(crate) fn first_read(unix: &UnixStream) -> io::Result<First> {
         }
         _ => return refuse(format!("a handover of kind {kind} for port {port}")),
     };
+    // Descriptors beyond the room for one were closed by the kernel
+    // (`MSG_CTRUNC`); those that fit are closed here.
+    if fds.len() > 1 || got.flags.contains(ReturnFlags::CTRUNC) {
+        return refuse("more than one descriptor came with the handover".into());
+    }
     let Some(fd) = fds.pop() else {
         // gVisor's sockets cannot cross to the host: relay instead.
         return refuse("no descriptor came with the handover".into());
     };
-    if !fds.is_empty() {
-        return refuse("more than one descriptor came with the handover".into());
-    }
     let stream_socket = rustix::net::sockopt::socket_type(fd.as_fd())
         .is_ok_and(|t| t == SocketType::STREAM)
         && rustix::net::sockopt::socket_domain(fd.as_fd())
@@ -173,9 +179,22 @@ pub(crate) fn first_read(unix: &UnixStream) -> io::Result<First> {
     if !stream_socket {
         return refuse("the handed-over descriptor is not a TCP socket".into());
     }
+    // A listening socket would be "served" by a proxy that never reads a
+    // byte from it, yet (for a forwarded port) connects upstream.
+    if !rustix::net::sockopt::socket_acceptconn(fd.as_fd()).is_ok_and(|listening| !listening) {
+        return refuse("the handed-over socket is a listening socket".into());
+    }
+    // The sandbox shares this socket's open file description and may have
+    // left it non-blocking or with timeouts of its own; the proxy's reads,
+    // deadlines and relay expect a blocking socket without them.
+    let client = TcpStream::from(fd);
+    let normalised = client
+        .set_nonblocking(false)
+        .and_then(|()| client.set_read_timeout(None))
+        .and_then(|()| client.set_write_timeout(None));
+    if let Err(e) = normalised {
+        return refuse(format!("cannot make the handed-over socket blocking: {e}"));
+    }
     (&mut &*unix).write_all(&[TAKEN])?;
-    Ok(First::HandedOver {
-        client: TcpStream::from(fd),
-        forward,
-    })
+    Ok(First::HandedOver { client, forward })
 }
