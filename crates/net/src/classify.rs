@@ -34,7 +34,8 @@ const METADATA_V6: [Ipv6Addr; 1] = [Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 
 ///   100::/64 (discard-only).
 ///
 /// An IPv6 address that embeds an IPv4 one (v4-mapped `::ffff:a.b.c.d`,
-/// v4-compatible `::a.b.c.d`, NAT64 `64:ff9b::/96`, 6to4 `2002::/16`) is
+/// v4-compatible `::a.b.c.d`, IPv4-translated `::ffff:0:a.b.c.d`, NAT64
+/// `64:ff9b::/96`, 6to4 `2002::/16`) is
 /// classified as the embedded address, so `::ffff:127.0.0.1` is loopback.
 /// The documentation ranges (192.0.2/24, 198.51.100/24, 203.0.113/24,
 /// 2001:db8::/32) count as public.
@@ -104,8 +105,9 @@ fn classify_v6(ip: Ipv6Addr) -> Option<&'static str> {
     None
 }
 
-/// The IPv4 address an IPv6 one carries, for the forms a host may route as
-/// IPv4: v4-mapped, v4-compatible, NAT64 (well-known prefix) and 6to4.
+/// The IPv4 address an IPv6 one carries, for the forms a host or a
+/// translator on its path may route as IPv4: v4-mapped, v4-compatible,
+/// IPv4-translated, NAT64 (well-known prefix) and 6to4.
 fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
     let s = ip.segments();
     let o = ip.octets();
@@ -114,6 +116,10 @@ fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
     if first_five_zero && (s[5] == 0xffff || s[5] == 0) {
         // ::ffff:a.b.c.d and the deprecated ::a.b.c.d (:: and ::1 are
         // handled before this is asked).
+        return Some(low);
+    }
+    if s[..4].iter().all(|&x| x == 0) && s[4] == 0xffff && s[5] == 0 {
+        // ::ffff:0:a.b.c.d, IPv4-translated (SIIT, RFC 2765).
         return Some(low);
     }
     if s[0] == 0x64 && s[1] == 0xff9b && s[2..6].iter().all(|&x| x == 0) {
@@ -228,6 +234,14 @@ mod tests {
         ] {
             assert_eq!(c(a), Some("multicast-or-reserved"), "{a}");
         }
+    }
+
+    #[test]
+    fn ipv4_translated_embedding_of_a_refused_address_is_refused_as_that_address() {
+        assert_eq!(c("::ffff:0:127.0.0.1"), Some("loopback-address"));
+        assert_eq!(c("::ffff:0:a9fe:a9fe"), Some("metadata-address"));
+        assert_eq!(c("::ffff:0:10.1.2.3"), Some("private-address"));
+        assert_eq!(c("::ffff:0:203.0.113.9"), None);
     }
 
     #[test]

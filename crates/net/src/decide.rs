@@ -477,6 +477,84 @@ mod tests {
     }
 
     #[test]
+    fn spellings_that_try_to_slip_past_the_allowlist_are_refused() {
+        let l = list(&["*.example.org", "pkg.example", "localhost:80"]);
+        // Every name resolves, so a refusal is the policy's, not DNS's.
+        let names = [
+            "evilexample.org",
+            "example.org.evil.test",
+            "a.example.org.evil.test",
+            "example.org",
+            "pkg.example.evil.test",
+            "evilpkg.example",
+            "localhost.localdomain",
+            "a.localhost",
+        ];
+        let pairs: Vec<(&str, &str)> = names.iter().map(|n| (*n, "203.0.113.1")).collect();
+        let r = resolver(&pairs);
+        for host in names {
+            assert_eq!(
+                rule(&decide(&l, &r, host, 80)),
+                RULE_NOT_ON_ALLOWLIST,
+                "{host}"
+            );
+        }
+        for host in [
+            "a.example.org..",
+            ".a.example.org",
+            "a%2eexample.org",
+            "a.example.org%00",
+            "a.example.org\0",
+            "user@a.example.org",
+            "a.example.org:80",
+            "a.example.org/",
+            "a.example.org\\",
+            "*.example.org",
+            "\u{ff41}.example.org",
+            "a.exa\u{301}mple.org",
+            "fe80::1%eth0",
+            "[fe80::1%25eth0]",
+            "[fe80::1%eth0]",
+            "127.1",
+            "0177.0.0.1",
+            "0x7f000001",
+            "0",
+            "0x0",
+            "[127.0.0.1]",
+            "[::1",
+            "::1]",
+        ] {
+            assert_eq!(rule(&decide(&l, &r, host, 80)), RULE_BAD_HOST, "{host:?}");
+        }
+        // The host's own addresses other than 127.0.0.1 and ::1 by the
+        // localhost entry: unspecified, other loopback, embeddings.
+        for host in [
+            "0.0.0.0",
+            "::",
+            "[::]",
+            "::ffff:0.0.0.0",
+            "127.0.0.2",
+            "::127.0.0.1",
+            "::ffff:0:127.0.0.1",
+            "64:ff9b::7f00:1",
+            "2002:7f00:1::",
+            "169.254.169.254",
+            "[fd00:ec2::254]",
+        ] {
+            assert_eq!(
+                rule(&decide(&l, &r, host, 80)),
+                RULE_NOT_ON_ALLOWLIST,
+                "{host}"
+            );
+        }
+        // Case and one trailing dot are the same name.
+        assert_eq!(
+            rule(&decide(&l, &r, "A.Example.ORG.", 80)),
+            RULE_NAME_NOT_RESOLVED
+        );
+    }
+
+    #[test]
     fn unresolvable_name_is_refused() {
         let l = list(&["pkg.example"]);
         let v = decide(&l, &no_dns(), "pkg.example", 443);

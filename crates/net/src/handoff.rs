@@ -118,9 +118,9 @@ pub(crate) enum First {
 
 /// The proxy's side: the first read of a connection, which may carry a
 /// descriptor. A handover whose header is malformed, whose descriptor is
-/// missing, or that carries more than one descriptor or one that is not a
-/// connectable TCP stream socket is answered "not taken" and reported as
-/// `Err`; every descriptor that came with it is closed.
+/// missing, or that carries more than one descriptor, or one that is not a
+/// TCP stream socket or is listening, is answered "not taken" and reported
+/// as `Err`; every descriptor that came with it is closed.
 pub(crate) fn first_read(unix: &UnixStream) -> io::Result<First> {
     let mut buf = vec![0u8; 16 * 1024];
     let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];

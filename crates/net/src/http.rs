@@ -384,6 +384,13 @@ pub(crate) enum Framing {
     Chunked,
 }
 
+/// The elements of a comma-separated field value, each without the
+/// optional whitespace (space and tab only) around it. Nothing else is
+/// trimmed: what the proxy reads must be what the upstream reads.
+fn list_elements(v: &[u8]) -> impl Iterator<Item = &[u8]> {
+    v.split(|&b| b == b',').map(trim_ows)
+}
+
 /// The request's body framing, or why it is ambiguous.
 pub(crate) fn framing(head: &Head) -> Result<Framing, String> {
     let te: Vec<&[u8]> = head.values("transfer-encoding").collect();
@@ -397,12 +404,8 @@ pub(crate) fn framing(head: &Head) -> Result<Framing, String> {
         }
         let codings: Vec<String> = te
             .iter()
-            .flat_map(|v| {
-                String::from_utf8_lossy(v)
-                    .split(',')
-                    .map(|c| c.trim().to_ascii_lowercase())
-                    .collect::<Vec<_>>()
-            })
+            .flat_map(|v| list_elements(v))
+            .map(|c| String::from_utf8_lossy(c).to_ascii_lowercase())
             .collect();
         let chunked = codings.iter().filter(|c| *c == "chunked").count();
         if chunked != 1 || codings.last().map(String::as_str) != Some("chunked") {
@@ -412,14 +415,14 @@ pub(crate) fn framing(head: &Head) -> Result<Framing, String> {
     }
     let mut length: Option<u64> = None;
     for v in cl {
-        for part in String::from_utf8_lossy(v).split(',') {
-            let part = part.trim();
+        for part in list_elements(v) {
+            let part = String::from_utf8_lossy(part);
             if part.is_empty() || part.len() > 19 || !part.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(format!("bad Content-Length `{}`", printable(part)));
+                return Err(format!("bad Content-Length `{}`", printable(&part)));
             }
             let n: u64 = part
                 .parse()
-                .map_err(|_| format!("bad Content-Length `{}`", printable(part)))?;
+                .map_err(|_| format!("bad Content-Length `{}`", printable(&part)))?;
             if length.is_some_and(|l| l != n) {
                 return Err("disagreeing Content-Length values".into());
             }
@@ -704,6 +707,31 @@ mod tests {
         ] {
             assert!(f(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn smuggling_with_non_ascii_whitespace_around_framing_values_is_refused() {
+        // `str::trim` would strip these (NBSP, NEL, ideographic space) and
+        // read `chunked` or `5`, while the upstream sees other bytes and
+        // may frame the body differently.
+        for ws in ["\u{a0}", "\u{85}", "\u{3000}", "\u{b}", "\u{c}"] {
+            for bad in [
+                format!("POST / HTTP/1.1\r\nTransfer-Encoding: {ws}chunked\r\n\r\n"),
+                format!("POST / HTTP/1.1\r\nTransfer-Encoding: chunked{ws}\r\n\r\n"),
+                format!("POST / HTTP/1.1\r\nContent-Length: {ws}5\r\n\r\n"),
+                format!("POST / HTTP/1.1\r\nContent-Length: 5, {ws}5\r\n\r\n"),
+            ] {
+                // A control character is refused by the head parser already.
+                if let Ok(h) = head(&bad) {
+                    assert!(framing(&h).is_err(), "{bad:?}");
+                }
+            }
+        }
+        // Spaces and tabs around list elements are fine.
+        let h = head("POST / HTTP/1.1\r\nTransfer-Encoding: gzip ,\tchunked\r\n\r\n").unwrap();
+        assert_eq!(framing(&h).unwrap(), Framing::Chunked);
+        let h = head("POST / HTTP/1.1\r\nContent-Length: 5 ,\t5\r\n\r\n").unwrap();
+        assert_eq!(framing(&h).unwrap(), Framing::Length(5));
     }
 
     #[test]

@@ -359,10 +359,12 @@ impl Proxy {
         }
         *shut = true;
         self.shared.stopping.store(true, Ordering::SeqCst);
+        // Never served: nothing accepts; the backlog goes with the socket.
+        // Closed before the wake-up below, which would otherwise wait
+        // forever for room in a backlog the sandbox filled.
+        lock(&self.listener).take();
         // Wake the accept thread: it sees `stopping` on its next connection.
         let woke = UnixStream::connect(self.socket_path()).is_ok();
-        // Never served: nothing accepts; the backlog goes with the socket.
-        lock(&self.listener).take();
         if let Some(handle) = lock(&self.accept).take() {
             if woke {
                 let _ = handle.join();
@@ -749,6 +751,10 @@ fn serve_port(ctx: &Ctx, client: &Sock, port: u16) {
     } else {
         None
     };
+    // The handshake's timeouts (set on the proxy's own socket before its
+    // first read) must not cut an idle relay.
+    let _ = client.set_read_timeout(None);
+    let _ = client.set_write_timeout(None);
     let (up, down) = match (&message, client.try_clone()) {
         (None, Ok(client)) => relay(client, upstream),
         _ => (0, 0),

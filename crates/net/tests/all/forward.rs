@@ -346,3 +346,68 @@ fn upstream_that_answers_nothing_gives_an_empty_close() {
     assert_eq!(answer, "");
     srv.join().unwrap();
 }
+
+#[test]
+fn smuggling_heads_the_upstream_could_frame_otherwise_never_reach_it() {
+    let target = Untouched::new();
+    let port = target.port;
+    let p = proxy(&entry(format!("127.0.0.1:{port}")));
+    let url = format!("http://127.0.0.1:{port}/");
+    let host = format!("Host: 127.0.0.1:{port}\r\n");
+    for (fields, status) in [
+        // Obsolete line folding hiding a second field.
+        (
+            format!("{host}X: a\r\n Transfer-Encoding: chunked\r\n"),
+            400,
+        ),
+        // Bare CR inside a field.
+        (format!("{host}X: a\rTransfer-Encoding: chunked\r\n"), 400),
+        // A NUL inside a value.
+        (format!("{host}Content-Length: 5\0\r\n"), 400),
+        // Two Host fields, either of which an upstream may pick.
+        (format!("{host}Host: internal.example\r\n"), 400),
+        (format!("{host}{host}"), 400),
+        // Disagreeing lengths, a signed or hex length.
+        (
+            format!("{host}Content-Length: 4\r\nContent-Length: 40\r\n"),
+            400,
+        ),
+        (format!("{host}Content-Length: 4, 40\r\n"), 400),
+        (format!("{host}Content-Length: +4\r\n"), 400),
+        (format!("{host}Content-Length: 0x4\r\n"), 400),
+        // Chunked that is not last or not alone, or hidden by non-ASCII
+        // whitespace the upstream would not strip.
+        (
+            format!("{host}Transfer-Encoding: chunked, identity\r\n"),
+            400,
+        ),
+        (
+            format!("{host}Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n"),
+            400,
+        ),
+        (format!("{host}Transfer-Encoding: \u{a0}chunked\r\n"), 400),
+        (format!("{host}Transfer-Encoding: chunked\u{85}\r\n"), 400),
+        (format!("{host}Content-Length: \u{3000}4\r\n"), 400),
+        // A space before the colon.
+        (format!("{host}Transfer-Encoding : chunked\r\n"), 400),
+        // The URL's host and the Host field disagree.
+        ("Host: internal.example\r\n".to_string(), 403),
+        (format!("Host: 127.0.0.1:{port}@internal.example\r\n"), 403),
+    ] {
+        let request =
+            format!("POST {url} HTTP/1.1\r\n{fields}\r\n0\r\n\r\nGET /admin HTTP/1.1\r\n\r\n");
+        let answer = roundtrip(&p, request.as_bytes());
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{fields:?}: {answer}"
+        );
+        assert_eq!(one_event(&p).decision, NetDecision::Refused, "{fields:?}");
+    }
+    // Transfer-Encoding in HTTP/1.0, which has no chunked framing.
+    let answer = roundtrip(
+        &p,
+        format!("POST {url} HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n").as_bytes(),
+    );
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    target.assert_untouched();
+}

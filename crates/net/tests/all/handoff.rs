@@ -158,7 +158,13 @@ fn raw_handover(p: &hako_net::Proxy, header: &[u8], fds: &[BorrowedFd<'_>]) -> u
     let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
     let mut ancillary = SendAncillaryBuffer::new(&mut space);
     assert!(ancillary.push(SendAncillaryMessage::ScmRights(fds)));
-    let sent = sendmsg(&c, &[IoSlice::new(header)], &mut ancillary, SendFlags::NOSIGNAL).unwrap();
+    let sent = sendmsg(
+        &c,
+        &[IoSlice::new(header)],
+        &mut ancillary,
+        SendFlags::NOSIGNAL,
+    )
+    .unwrap();
     assert_eq!(sent, header.len());
     let mut answer = [9u8; 1];
     (&c).read_exact(&mut answer).unwrap();

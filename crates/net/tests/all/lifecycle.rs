@@ -209,3 +209,51 @@ fn event_queue_is_bounded_and_counts_what_it_dropped() {
     assert_eq!(hosts, ["host3.example", "host4.example"]);
     assert_eq!(p.take_events(), (vec![], 0));
 }
+
+#[test]
+fn a_backlog_flooded_before_serving_cannot_hang_shutdown() {
+    use rustix::net::{
+        connect, socket_with, AddressFamily, SocketAddrUnix, SocketFlags, SocketType,
+    };
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let p = Proxy::bind(config(&entry("pkg.example"), &[])).unwrap();
+    // The backlog is as long as the kernel allows (`somaxconn`): make room
+    // for that many descriptors.
+    let limit = getrlimit(Resource::Nofile);
+    let _ = setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        },
+    );
+    let addr = SocketAddrUnix::new(p.socket_path()).unwrap();
+    let mut held = Vec::new();
+    loop {
+        let flags = SocketFlags::NONBLOCK | SocketFlags::CLOEXEC;
+        let fd = match socket_with(AddressFamily::UNIX, SocketType::STREAM, flags, None) {
+            Ok(fd) => fd,
+            Err(e) => {
+                eprintln!(
+                    "skipped: cannot fill the backlog ({e} after {} sockets)",
+                    held.len()
+                );
+                return;
+            }
+        };
+        match connect(&fd, &addr) {
+            Ok(()) => held.push(fd),
+            Err(rustix::io::Errno::AGAIN) => break,
+            Err(e) => panic!("connect: {e}"),
+        }
+        assert!(held.len() < 1 << 20, "the backlog never filled");
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        p.shutdown();
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(TIMEOUT)
+        .expect("shutdown hung waking an accept thread that never ran");
+    drop(held);
+}

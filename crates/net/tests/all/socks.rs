@@ -172,3 +172,52 @@ fn socks4_is_refused() {
         (NetDecision::Refused, "socks4-unsupported")
     );
 }
+
+#[test]
+fn socks5_domain_with_nul_dots_or_bad_length_and_port_zero_never_connect() {
+    let target = Untouched::new();
+    // The allowed name resolves to the listener, so only the checks stand
+    // between each request and a connection.
+    let p = proxy_with(
+        &[format!("ok.example:{}", target.port), "localhost:1".into()],
+        &[("ok.example", "127.0.0.1")],
+    );
+    let domain = |name: &[u8]| {
+        let mut a = vec![3, u8::try_from(name.len()).unwrap()];
+        a.extend_from_slice(name);
+        a
+    };
+    for (addr, port) in [
+        (domain(b"ok.example\0.evil.test"), target.port),
+        (domain(b"ok.example\0"), target.port),
+        (domain(b"\0ok.example"), target.port),
+        (domain(b""), target.port),
+        (domain(b"."), target.port),
+        (domain(b"ok..example"), target.port),
+        (domain(b"ok.example.."), target.port),
+        (domain(b"ok.example:80"), target.port),
+        (domain(b"127.0.0.1"), target.port),
+        (domain(b"[::1]"), target.port),
+        (domain(b"ok.example"), 0),
+        (domain(b"localhost"), 0),
+        (vec![1, 127, 0, 0, 1], 0),
+        (vec![1, 0, 0, 0, 0], target.port),
+        (domain(&[0xff; 255]), target.port),
+    ] {
+        let mut c = client(&p);
+        greet(&mut c);
+        socks_request(&mut c, &addr, port);
+        assert_eq!(reply(&mut c)[1], 2, "{addr:?} port {port}");
+        let ev = one_event(&p);
+        assert_eq!(ev.decision, NetDecision::Refused, "{addr:?}");
+    }
+    // A domain length longer than what follows: the proxy waits for the
+    // rest, then gives up at the handshake deadline, never connecting.
+    let mut c = client(&p);
+    greet(&mut c);
+    c.write_all(&[5, 1, 0, 3, 200, b'o', b'k']).unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    assert_eq!(read_to_end(&mut c), b"");
+    assert_eq!(one_event(&p).decision, NetDecision::Refused);
+    target.assert_untouched();
+}
