@@ -624,31 +624,44 @@ fn hako_alone_needs_no_guest_binary_beside_it() {
     let lone = dir.path().join("hako");
     std::fs::copy(env!("CARGO_BIN_EXE_hako"), &lone).unwrap();
     let d = dirs();
-    let out = Command::new(&lone)
-        .args(["run", "--backend", "linux", "--workspace"])
+    let mut out = Command::new(&lone);
+    out.args(["run", "--backend", "linux", "--workspace"])
         .arg(&d.ws)
         .args(["--", "echo", "alone"])
-        .env_remove("HAKO_GUEST")
-        .output()
-        .unwrap();
+        .env_remove("HAKO_GUEST");
+    let out = output_of_fresh_copy(&mut out);
     assert_eq!(text(&out.stdout), "alone\n", "{}", text(&out.stderr));
-    let out = Command::new(&lone)
-        .args([
-            "bench",
-            "--json",
-            "--iterations",
-            "2",
-            "--backend",
-            "host",
-            "--backend",
-            "linux",
-        ])
-        .env_remove("HAKO_GUEST")
-        .output()
-        .unwrap();
+    let mut out = Command::new(&lone);
+    out.args([
+        "bench",
+        "--json",
+        "--iterations",
+        "2",
+        "--backend",
+        "host",
+        "--backend",
+        "linux",
+    ])
+    .env_remove("HAKO_GUEST");
+    let out = output_of_fresh_copy(&mut out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["errors"], serde_json::json!([]), "{v}");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+/// Runs a program that was just copied: another test's fork may still
+/// hold the copy's write descriptor for a moment (until its exec), and
+/// the kernel refuses to execute a file open for writing.
+fn output_of_fresh_copy(cmd: &mut Command) -> Output {
+    for _ in 0..100 {
+        match cmd.output() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => return other.unwrap(),
+        }
+    }
+    panic!("the copy stayed busy");
 }
 
 #[test]

@@ -56,7 +56,8 @@ impl Verdict {
 /// - `localhost` is allowed only by a `localhost:PORT` entry.
 /// - Any other name must be covered by a name or wildcard entry with the port
 ///   (else `port-not-allowed` or `not-on-allowlist`); it is then resolved, and
-///   every address that [`classify`] refuses is dropped unless an IP entry
+///   every address that [`classify`] refuses, and every address of the host
+///   itself ([`Resolver::host_addresses`]), is dropped unless an IP entry
 ///   lists that address with the port. None left: `resolves-to-refused-address`
 ///   (the DNS-rebinding defence). No address at all: `name-not-resolved`.
 /// - A host that is neither a valid name nor a strict IP literal (`127.1`,
@@ -174,10 +175,22 @@ fn decide_name(allow: &Allowlist, resolver: &Resolver, name: &str, port: u16) ->
             )
         }
     };
+    // Fail closed: without the host's own addresses, none can be told
+    // apart from them.
+    let host = match resolver.host_addresses() {
+        Ok(host) => host,
+        Err(e) => {
+            return Verdict::refuse(
+                RULE_RESOLVES_TO_REFUSED,
+                format!("cannot list the host's own addresses to check {name} against: {e}"),
+            )
+        }
+    };
     let mut kept: Vec<SocketAddr> = Vec::new();
     let mut dropped: Vec<String> = Vec::new();
     for ip in resolved {
-        match classify(ip) {
+        let class = classify(ip).or_else(|| host.contains(&ip).then_some("host-address"));
+        match class {
             Some(class) if allow.match_ip(ip, port).is_none() => {
                 dropped.push(format!("{ip} ({class})"));
             }
@@ -207,6 +220,38 @@ fn decide_name(allow: &Allowlist, resolver: &Resolver, name: &str, port: u16) ->
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn dns_rebinding_to_the_hosts_own_public_address_is_refused() {
+        let r = resolver(&[
+            ("self.test", "203.0.113.50"),
+            ("mixed.test", "203.0.113.50"),
+        ])
+        .with_host_addresses(vec!["203.0.113.50".parse().unwrap()]);
+        match decide(&list(&["self.test"]), &r, "self.test", 443) {
+            Verdict::Refuse { rule, message } => {
+                assert_eq!(rule, RULE_RESOLVES_TO_REFUSED);
+                assert!(message.contains("host-address"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Listed as an address itself, it is allowed.
+        assert!(matches!(
+            decide(
+                &list(&["self.test", "203.0.113.50:443"]),
+                &r,
+                "self.test",
+                443
+            ),
+            Verdict::Allow { .. }
+        ));
+    }
+
+    #[test]
+    fn the_system_resolver_checks_against_the_interfaces_addresses() {
+        let host = Resolver::system().host_addresses().unwrap();
+        assert!(host.contains(&IpAddr::V4(Ipv4Addr::LOCALHOST)), "{host:?}");
+    }
 
     fn list(entries: &[&str]) -> Allowlist {
         Allowlist::parse(entries).unwrap()

@@ -41,6 +41,34 @@ pub const RULE_SOCKS_METHOD: &str = "socks-no-acceptable-method";
 /// IPv4 address, IPv6 address or name.
 pub const RULE_SOCKS_REQUEST: &str = "socks-unsupported-request";
 
+/// Descriptors one proxied connection may hold at once: its two sockets,
+/// the clones that let shutdown and the relay reach them, and a splice
+/// pipe per direction.
+const FDS_PER_CONNECTION: u64 = 12;
+/// Descriptors left to everything else the process does (its sandboxes,
+/// its files) whatever the proxies take.
+const FDS_RESERVED: u64 = 256;
+/// Live connections of every proxy of this process.
+static LIVE_IN_PROCESS: AtomicUsize = AtomicUsize::new(0);
+
+/// The most connections all proxies of this process may hold at once, from
+/// its descriptor limit: a sandbox that opens connections without end runs
+/// into `too-many-connections`, and the process (and its other sandboxes)
+/// never into "too many open files".
+fn process_budget() -> usize {
+    use rustix::process::{getrlimit, Resource};
+    budget_for(getrlimit(Resource::Nofile).current)
+}
+
+/// [`process_budget`] for a soft descriptor limit (`None`: unlimited).
+fn budget_for(soft: Option<u64>) -> usize {
+    match soft {
+        Some(soft) => usize::try_from(soft.saturating_sub(FDS_RESERVED) / FDS_PER_CONNECTION)
+            .unwrap_or(usize::MAX),
+        None => usize::MAX,
+    }
+}
+
 /// At most this many over-the-limit connections are answered at once (each
 /// on a short-lived thread); more are closed without an answer.
 const MAX_REFUSING: usize = 16;
@@ -233,6 +261,7 @@ struct ConnGuard {
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
+        LIVE_IN_PROCESS.fetch_sub(1, Ordering::SeqCst);
         let mut conns = lock(&self.shared.conns);
         conns.live.remove(&self.id);
         if conns.live.is_empty() {
@@ -446,13 +475,16 @@ fn admit(shared: &Arc<Shared>, stream: UnixStream) {
         if conns.closed {
             return;
         }
-        if conns.live.len() >= shared.config.max_connections {
+        if conns.live.len() >= shared.config.max_connections
+            || LIVE_IN_PROCESS.load(Ordering::SeqCst) >= process_budget()
+        {
             None
         } else {
             match stream.try_clone() {
                 Ok(client) => {
                     let id = conns.next_id;
                     conns.next_id += 1;
+                    LIVE_IN_PROCESS.fetch_add(1, Ordering::SeqCst);
                     conns.live.insert(
                         id,
                         Live {
@@ -530,8 +562,10 @@ fn admit(shared: &Arc<Shared>, stream: UnixStream) {
 
 fn too_many(shared: &Shared) -> String {
     format!(
-        "the proxy already serves {} connections (the limit)",
-        shared.config.max_connections
+        "the proxy already serves {} connections (the limit is {} for this sandbox, {} for every sandbox of this process, from its descriptor limit)",
+        lock(&shared.conns).live.len(),
+        shared.config.max_connections,
+        process_budget()
     )
 }
 
@@ -1443,6 +1477,16 @@ fn serve_forward(ctx: &Ctx, client: &Sock, mut reader: Client<'_>, head: &http::
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_connection_budget_keeps_descriptors_free_for_the_process() {
+        // The usual soft limit: 64 connections, 768 descriptors at most.
+        assert_eq!(budget_for(Some(1024)), 64);
+        const { assert!(64 * FDS_PER_CONNECTION + FDS_RESERVED <= 1024) };
+        // A limit below the reserve: nothing is proxied, nothing fails.
+        assert_eq!(budget_for(Some(100)), 0);
+        assert_eq!(budget_for(None), usize::MAX);
+    }
 
     #[test]
     fn proxy_env_sets_both_cases() {

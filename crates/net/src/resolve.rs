@@ -23,6 +23,9 @@ use crate::classify::normalize;
 pub struct Resolver {
     overrides: HashMap<String, Vec<IpAddr>>,
     no_system: bool,
+    /// The host's own addresses, if fixed; `None` asks the system each
+    /// time (see [`Resolver::host_addresses`]).
+    host: Option<Vec<IpAddr>>,
 }
 
 impl Resolver {
@@ -46,6 +49,7 @@ impl Resolver {
         Resolver {
             overrides: map,
             no_system: false,
+            host: None,
         }
     }
 
@@ -56,7 +60,31 @@ impl Resolver {
     ) -> Resolver {
         Resolver {
             no_system: true,
+            host: Some(Vec::new()),
             ..Resolver::with_overrides(overrides)
+        }
+    }
+
+    /// The same resolver, with these as the host's own addresses instead
+    /// of the interfaces' (tests).
+    pub fn with_host_addresses(self, addrs: Vec<IpAddr>) -> Resolver {
+        Resolver {
+            host: Some(addrs.into_iter().map(normalize).collect()),
+            ..self
+        }
+    }
+
+    /// The host's own addresses: a name that resolves to one of them would
+    /// reach the host's services listening on every interface, so they are
+    /// refused like loopback unless listed. Asked of the interfaces each
+    /// time (they change), unless fixed.
+    pub fn host_addresses(&self) -> io::Result<Vec<IpAddr>> {
+        match &self.host {
+            Some(addrs) => Ok(addrs.clone()),
+            None => Ok(hako_sys::netif::interface_addresses()?
+                .into_iter()
+                .map(normalize)
+                .collect()),
         }
     }
 

@@ -12,6 +12,7 @@ pub use rustix;
 
 pub mod confine;
 pub mod mount;
+pub mod netif;
 pub mod ns;
 pub mod proc;
 pub mod raw;
