@@ -43,8 +43,18 @@ pub fn remove_stale_dirs(parent: Option<&Path>) -> Vec<PathBuf> {
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        // Only directories (never follow a symlink someone planted there).
-        if !entry.file_type().is_ok_and(|t| t.is_dir()) || !is_stale(name) {
+        // Only directories (never follow a symlink someone planted there)
+        // of this user.
+        let ours = entry.metadata().is_ok_and(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.is_dir() && m.uid() == rustix::process::geteuid().as_raw()
+        });
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) || !ours || !is_stale(name) {
+            continue;
+        }
+        // A proxy that still answers is alive, whatever its pid says (a
+        // process of another pid namespace sharing this directory).
+        if std::os::unix::net::UnixStream::connect(entry.path().join(crate::SOCKET_NAME)).is_ok() {
             continue;
         }
         match std::fs::remove_dir_all(entry.path()) {
@@ -74,8 +84,14 @@ mod tests {
         }
         std::fs::write(gone.join("proxy.sock"), b"").unwrap();
         std::fs::write(&file, b"").unwrap();
+        // A "gone" owner whose proxy still answers is left alone.
+        let answering = parent.path().join(format!("{DIR_PREFIX}4194305-78-live"));
+        std::fs::create_dir(&answering).unwrap();
+        let _listener =
+            std::os::unix::net::UnixListener::bind(answering.join(crate::SOCKET_NAME)).unwrap();
         let removed = remove_stale_dirs(Some(parent.path()));
         assert_eq!(removed, vec![gone.clone()]);
+        assert!(answering.exists());
         assert!(mine.exists() && other.exists() && file.exists() && !gone.exists());
     }
 }
