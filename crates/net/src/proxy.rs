@@ -1140,6 +1140,74 @@ fn serve_http(ctx: &Ctx, client: &Sock, mut reader: Client<'_>) {
     }
 }
 
+/// The decision and the connection of an HTTP request (plain or
+/// `CONNECT`) to `host:port`: refused (answered and recorded) when the
+/// proxy is full or the policy says no, answered `502` (and recorded) when
+/// no checked address accepts; otherwise the rule that allowed it, the
+/// upstream connection (known to shutdown) and its address.
+fn open_upstream(
+    ctx: &Ctx,
+    client: &Sock,
+    proto: NetProtocol,
+    host: &str,
+    port: u16,
+) -> Option<(String, TcpStream, SocketAddr)> {
+    if ctx.overloaded {
+        refuse_http(
+            ctx,
+            client,
+            proto,
+            host,
+            port,
+            RULE_TOO_MANY_CONNECTIONS,
+            too_many(&ctx.shared),
+        );
+        return None;
+    }
+    let cfg = &ctx.shared.config;
+    let (rule, addrs) = match decide(&cfg.allow, &cfg.resolver, host, port) {
+        Verdict::Allow { rule, addrs } => (rule, addrs),
+        Verdict::Refuse { rule, message } => {
+            refuse_http(ctx, client, proto, host, port, rule, message);
+            return None;
+        }
+    };
+    let (upstream, address) = match connect(ctx, &addrs) {
+        Ok(c) => c,
+        Err(e) => {
+            respond(
+                client,
+                502,
+                "Bad Gateway",
+                "connect-failed",
+                &format!(
+                    "hako egress proxy could not connect to {}: {e}",
+                    host_port(host, port)
+                ),
+            );
+            let done = Done {
+                address: None,
+                up: 0,
+                down: 0,
+                message: Some(format!("cannot connect: {e}")),
+            };
+            event_allowed(ctx, proto, host, port, &rule, done);
+            return None;
+        }
+    };
+    if !ctx.shared.register_upstream(ctx.id, &upstream) {
+        let done = Done {
+            address: Some(address),
+            up: 0,
+            down: 0,
+            message: Some("the proxy shut down".into()),
+        };
+        event_allowed(ctx, proto, host, port, &rule, done);
+        return None;
+    }
+    Some((rule, upstream, address))
+}
+
 fn serve_connect(ctx: &Ctx, client: &Sock, reader: Client<'_>, target: &str) {
     let proto = NetProtocol::Connect;
     let (host, port) = match http::split_authority(target) {
@@ -1158,56 +1226,9 @@ fn serve_connect(ctx: &Ctx, client: &Sock, reader: Client<'_>, target: &str) {
             )
         }
     };
-    if ctx.overloaded {
-        return refuse_http(
-            ctx,
-            client,
-            proto,
-            &host,
-            port,
-            RULE_TOO_MANY_CONNECTIONS,
-            too_many(&ctx.shared),
-        );
-    }
-    let cfg = &ctx.shared.config;
-    let (rule, addrs) = match decide(&cfg.allow, &cfg.resolver, &host, port) {
-        Verdict::Allow { rule, addrs } => (rule, addrs),
-        Verdict::Refuse { rule, message } => {
-            return refuse_http(ctx, client, proto, &host, port, rule, message)
-        }
+    let Some((rule, upstream, address)) = open_upstream(ctx, client, proto, &host, port) else {
+        return;
     };
-    let (upstream, address) = match connect(ctx, &addrs) {
-        Ok(c) => c,
-        Err(e) => {
-            let message = format!("cannot connect: {e}");
-            respond(
-                client,
-                502,
-                "Bad Gateway",
-                "connect-failed",
-                &format!(
-                    "hako egress proxy could not connect to {}: {e}",
-                    host_port(&host, port)
-                ),
-            );
-            let done = Done {
-                address: None,
-                up: 0,
-                down: 0,
-                message: Some(message),
-            };
-            return event_allowed(ctx, proto, &host, port, &rule, done);
-        }
-    };
-    if !ctx.shared.register_upstream(ctx.id, &upstream) {
-        let done = Done {
-            address: Some(address),
-            up: 0,
-            down: 0,
-            message: Some("the proxy shut down".into()),
-        };
-        return event_allowed(ctx, proto, &host, port, &rule, done);
-    }
     if let Err(e) = (&mut &*client).write_all(b"HTTP/1.1 200 Connection established\r\n\r\n") {
         let _ = upstream.shutdown(Shutdown::Both);
         let done = Done {
@@ -1339,55 +1360,9 @@ fn serve_forward(ctx: &Ctx, client: &Sock, mut reader: Client<'_>, head: &http::
             )
         }
     };
-    if ctx.overloaded {
-        return refuse_http(
-            ctx,
-            client,
-            proto,
-            &host,
-            port,
-            RULE_TOO_MANY_CONNECTIONS,
-            too_many(&ctx.shared),
-        );
-    }
-    let cfg = &ctx.shared.config;
-    let (rule, addrs) = match decide(&cfg.allow, &cfg.resolver, &host, port) {
-        Verdict::Allow { rule, addrs } => (rule, addrs),
-        Verdict::Refuse { rule, message } => {
-            return refuse_http(ctx, client, proto, &host, port, rule, message)
-        }
+    let Some((rule, upstream, address)) = open_upstream(ctx, client, proto, &host, port) else {
+        return;
     };
-    let (upstream, address) = match connect(ctx, &addrs) {
-        Ok(c) => c,
-        Err(e) => {
-            respond(
-                client,
-                502,
-                "Bad Gateway",
-                "connect-failed",
-                &format!(
-                    "hako egress proxy could not connect to {}: {e}",
-                    host_port(&host, port)
-                ),
-            );
-            let done = Done {
-                address: None,
-                up: 0,
-                down: 0,
-                message: Some(format!("cannot connect: {e}")),
-            };
-            return event_allowed(ctx, proto, &host, port, &rule, done);
-        }
-    };
-    if !ctx.shared.register_upstream(ctx.id, &upstream) {
-        let done = Done {
-            address: Some(address),
-            up: 0,
-            down: 0,
-            message: Some("the proxy shut down".into()),
-        };
-        return event_allowed(ctx, proto, &host, port, &rule, done);
-    }
     // The response flows back while the body goes up (so `Expect:
     // 100-continue` and early answers work).
     let _ = client.set_write_timeout(None);
