@@ -3,10 +3,12 @@
 //! carrying the SHA-256 of the line before it, so that editing, removing,
 //! reordering or cutting off lines is found by [`verify`].
 //!
-//! A line is a JSON object with, first, `seq` (1, 2, ...), `at_ms` (Unix
-//! milliseconds), `kind`, then the record's own fields, and last `prev`:
-//! the hex SHA-256 of the previous line's bytes (without its newline), or of
-//! the empty string for the first line. A log that was closed cleanly ends
+//! A line is a JSON object: `seq` (1, 2, ...), `at_ms` (Unix milliseconds),
+//! `kind`, the record's own fields, `prev` (the previous line's `hash`, or
+//! the SHA-256 of the empty string for the first line) and `hash`: the hex
+//! SHA-256 of the line's JSON without `hash`. An edited line no longer
+//! matches its own hash; a removed, added or moved line breaks the `seq`
+//! count or the `prev` link. A log that was closed cleanly ends
 //! with a record of kind `end`; one without it was cut off (or its writer
 //! was killed).
 //!
@@ -67,6 +69,16 @@ pub struct Verified {
     pub records: u64,
     /// Whether it ends with its closing record.
     pub closed: bool,
+    /// The last line's hash: kept elsewhere, it also shows whole runs cut
+    /// off the end of the log.
+    pub head: String,
+}
+
+/// The hash of a record: of its JSON without `hash`.
+fn record_hash(obj: &Map<String, Value>) -> String {
+    let mut without = obj.clone();
+    without.remove("hash");
+    sha256_hex(Value::Object(without).to_string().as_bytes())
 }
 
 struct Tail {
@@ -136,7 +148,8 @@ impl AuditLog {
     }
 
     /// Appends one record of `kind` with `fields` (an object; its `seq`,
-    /// `at_ms`, `kind` and `prev` keys, if any, are replaced) and flushes it.
+    /// `at_ms`, `kind`, `prev` and `hash` keys, if any, are replaced) and
+    /// flushes it.
     pub fn record(&self, kind: &str, fields: Value) -> Result<(), AuditError> {
         let io = |source| AuditError::Io {
             path: self.path.clone(),
@@ -155,20 +168,21 @@ impl AuditLog {
         obj.insert("kind".into(), Value::from(kind));
         if let Value::Object(fields) = fields {
             for (k, v) in fields {
-                if !matches!(k.as_str(), "seq" | "at_ms" | "kind" | "prev") {
+                if !matches!(k.as_str(), "seq" | "at_ms" | "kind" | "prev" | "hash") {
                     obj.insert(k, v);
                 }
             }
         }
         obj.insert("prev".into(), Value::from(tail.prev.clone()));
-        let line = serde_json::to_string(&Value::Object(obj))
-            .map_err(|e| io(io::Error::other(e.to_string())))?;
+        let hash = record_hash(&obj);
+        obj.insert("hash".into(), Value::from(hash.clone()));
+        let line = Value::Object(obj).to_string();
         let mut bytes = line.clone().into_bytes();
         bytes.push(b'\n');
         tail.file.write_all(&bytes).map_err(io)?;
         tail.file.flush().map_err(io)?;
         tail.seq += 1;
-        tail.prev = sha256_hex(line.as_bytes());
+        tail.prev = hash;
         if kind == END {
             tail.ended = true;
         }
@@ -197,7 +211,10 @@ impl Drop for AuditLog {
 
 /// Walks a log: every record, the next `seq` and the last hash. Checks
 /// each line follows from the one before.
-fn walk(path: &Path) -> Result<(Vec<Map<String, Value>>, u64, String), AuditError> {
+/// One record of a log.
+pub type Record = Map<String, Value>;
+
+fn walk(path: &Path) -> Result<(Vec<Record>, u64, String), AuditError> {
     let broken = |line: u64, reason: String| AuditError::Broken {
         path: path.to_path_buf(),
         line,
@@ -238,6 +255,13 @@ fn walk(path: &Path) -> Result<(Vec<Map<String, Value>>, u64, String), AuditErro
         let Value::Object(obj) = value else {
             return Err(broken(n, "the line is not a JSON object".into()));
         };
+        let hash = obj.get("hash").and_then(Value::as_str).unwrap_or("");
+        if hash != record_hash(&obj) {
+            return Err(broken(
+                n,
+                "the line does not match its own hash: it was edited".into(),
+            ));
+        }
         if obj.get("seq").and_then(Value::as_u64) != Some(n) {
             return Err(broken(
                 n,
@@ -252,10 +276,10 @@ fn walk(path: &Path) -> Result<(Vec<Map<String, Value>>, u64, String), AuditErro
         if obj.get("prev").and_then(Value::as_str) != Some(prev.as_str()) {
             return Err(broken(
                 n,
-                "its prev hash is not the hash of the line before (that line was edited, or lines were reordered)".into(),
+                "it does not follow the line before it (lines were removed, added or reordered, or the line before was rewritten whole)".into(),
             ));
         }
-        prev = sha256_hex(line.as_bytes());
+        prev = hash.to_string();
         records.push(obj);
     }
     Ok((records, n, prev))
@@ -265,7 +289,7 @@ fn walk(path: &Path) -> Result<(Vec<Map<String, Value>>, u64, String), AuditErro
 /// follow from those before it; a log whose last record is not `end` is
 /// reported as cut off at the line after its last.
 pub fn verify(path: &Path) -> Result<Verified, AuditError> {
-    let (records, n, _) = walk(path)?;
+    let (records, n, head) = walk(path)?;
     let closed = records
         .last()
         .and_then(|r| r.get("kind"))
@@ -278,11 +302,140 @@ pub fn verify(path: &Path) -> Result<Verified, AuditError> {
             reason: "the log ends without its closing record: lines were cut off the end, or the hako that wrote it was killed".into(),
         });
     }
-    Ok(Verified { records: n, closed })
+    Ok(Verified {
+        records: n,
+        closed,
+        head,
+    })
 }
 
 /// Every record of a log, in order, after [`verify`]ing the chain (a log
 /// without its closing record is shown too).
-pub fn records(path: &Path) -> Result<Vec<Map<String, Value>>, AuditError> {
+pub fn records(path: &Path) -> Result<Vec<Record>, AuditError> {
     walk(path).map(|(records, _, _)| records)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// A closed log of five records (four and `end`), and its lines.
+    fn log() -> (tempfile::TempDir, PathBuf, Vec<String>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        let log = AuditLog::open(&path).unwrap();
+        for i in 0..4 {
+            log.record(
+                "exec",
+                serde_json::json!({"argv": ["echo", i], "exit_code": 0}),
+            )
+            .unwrap();
+        }
+        drop(log);
+        let lines = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect();
+        (dir, path, lines)
+    }
+
+    fn write(path: &Path, lines: &[String]) {
+        let mut text = lines.join("\n");
+        text.push('\n');
+        std::fs::write(path, text).unwrap();
+    }
+
+    fn broken_at(path: &Path) -> (u64, String) {
+        match verify(path) {
+            Err(AuditError::Broken { line, reason, .. }) => (line, reason),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_sound_log_verifies_and_continues_after_reopening() {
+        let (_dir, path, lines) = log();
+        assert_eq!(lines.len(), 5);
+        let v = verify(&path).unwrap();
+        assert_eq!((v.records, v.closed), (5, true));
+        let log = AuditLog::open(&path).unwrap();
+        log.record("write", serde_json::json!({"path": "a", "size": 1}))
+            .unwrap();
+        drop(log);
+        let v2 = verify(&path).unwrap();
+        assert_eq!(v2.records, 7);
+        assert_ne!(v.head, v2.head);
+    }
+
+    #[test]
+    fn an_edited_line_is_named() {
+        let (_dir, path, mut lines) = log();
+        lines[2] = lines[2].replace("\"exit_code\":0", "\"exit_code\":1");
+        write(&path, &lines);
+        let (line, reason) = broken_at(&path);
+        assert_eq!(line, 3, "{reason}");
+        assert!(reason.contains("edited"), "{reason}");
+        // Reopening a tampered log for appending is refused.
+        assert!(matches!(
+            AuditLog::open(&path),
+            Err(AuditError::Broken { line: 3, .. })
+        ));
+    }
+
+    #[test]
+    fn an_edited_line_with_its_hash_recomputed_breaks_the_next_link() {
+        let (_dir, path, mut lines) = log();
+        let mut obj: Map<String, Value> = serde_json::from_str(&lines[1]).unwrap();
+        obj.insert("exit_code".into(), Value::from(7));
+        let hash = record_hash(&obj);
+        obj.insert("hash".into(), Value::from(hash));
+        lines[1] = Value::Object(obj).to_string();
+        write(&path, &lines);
+        assert_eq!(broken_at(&path).0, 3);
+    }
+
+    #[test]
+    fn a_removed_line_is_named() {
+        let (_dir, path, mut lines) = log();
+        lines.remove(1);
+        write(&path, &lines);
+        let (line, reason) = broken_at(&path);
+        assert_eq!(line, 2, "{reason}");
+        assert!(reason.contains("seq"), "{reason}");
+    }
+
+    #[test]
+    fn reordered_lines_are_named() {
+        let (_dir, path, mut lines) = log();
+        lines.swap(1, 2);
+        write(&path, &lines);
+        assert_eq!(broken_at(&path).0, 2);
+    }
+
+    #[test]
+    fn a_truncated_log_is_named() {
+        let (_dir, path, lines) = log();
+        // Cut in the middle of the last line.
+        let mut text = lines.join("\n");
+        text.truncate(text.len() - 10);
+        std::fs::write(&path, text).unwrap();
+        let (line, reason) = broken_at(&path);
+        assert_eq!(line, 5, "{reason}");
+        // Whole lines cut off the end: no closing record.
+        write(&path, &lines[..3]);
+        let (line, reason) = broken_at(&path);
+        assert_eq!(line, 4, "{reason}");
+        assert!(reason.contains("closing record"), "{reason}");
+    }
+
+    #[test]
+    fn a_line_that_is_not_a_record_is_named() {
+        let (_dir, path, mut lines) = log();
+        lines.insert(2, "not json".into());
+        write(&path, &lines);
+        assert_eq!(broken_at(&path).0, 3);
+    }
 }

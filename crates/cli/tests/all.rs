@@ -891,3 +891,73 @@ fn kill_9_of_hako_leaves_an_egress_proxy_directory_that_gc_removes() {
     );
     assert!(!dirs_left[0].exists());
 }
+
+#[test]
+fn audit_log_records_runs_and_verify_names_an_edited_removed_or_reordered_line() {
+    let d = dirs();
+    let log = d.ws.join("audit.log");
+    let log_s = log.to_str().unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.write_all(b"x").unwrap();
+    });
+    let allow = format!("localhost:{port}");
+    let nc = format!("busybox nc 127.0.0.1 {port} </dev/null");
+    for args in [
+        vec!["--audit", log_s, "--", "echo", "one"],
+        vec![
+            "--backend",
+            "linux",
+            "--allow",
+            &allow,
+            "--audit",
+            log_s,
+            "--",
+            "sh",
+            "-c",
+            &nc,
+        ],
+        vec!["--min-isolation", "vm", "--audit", log_s, "--", "true"],
+    ] {
+        run_in(&d.ws, &args);
+    }
+    server.join().unwrap();
+    let verify = |path: &Path| hako().args(["audit", "verify"]).arg(path).output().unwrap();
+    let out = verify(&log);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    let show = hako().args(["audit", "show"]).arg(&log).output().unwrap();
+    let shown = text(&show.stdout);
+    assert!(shown.contains("exec") && shown.contains("echo"), "{shown}");
+    assert!(
+        shown.contains("net") && shown.contains(&format!("port={port}")),
+        "{shown}"
+    );
+    assert!(shown.contains("refusal") && shown.contains("vm"), "{shown}");
+    let lines: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert!(lines.len() >= 6, "{lines:?}");
+    let tampered = d.ws.join("tampered.log");
+    let check = |lines: &[String], want: usize| {
+        std::fs::write(&tampered, lines.join("\n") + "\n").unwrap();
+        let out = verify(&tampered);
+        let said = text(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{said}");
+        assert!(said.contains(&format!("line {want}:")), "{said}");
+    };
+    let at = lines.iter().position(|l| l.contains("\"echo\"")).unwrap();
+    let mut edited = lines.clone();
+    edited[at] = edited[at].replace("\"echo\"", "\"ecko\"");
+    check(&edited, at + 1);
+    let mut removed = lines.clone();
+    removed.remove(2);
+    check(&removed, 3);
+    let mut reordered = lines.clone();
+    reordered.swap(0, 1);
+    check(&reordered, 1);
+    check(&lines[..lines.len() - 1], lines.len());
+}

@@ -1,5 +1,6 @@
 //! Subcommands, one file each.
 
+mod audit;
 mod bench;
 mod doctor;
 mod fs;
@@ -39,12 +40,15 @@ pub enum Command {
     Image(image::ImageArgs),
     /// Remove containers and bundles left by hako processes that are gone.
     Gc(gc::GcArgs),
+    /// Check or show an audit log (`--audit FILE`).
+    Audit(audit::AuditArgs),
 }
 
 /// Runs a subcommand and returns the process exit code.
 pub fn dispatch(command: Command) -> ExitCode {
     let code = match command {
         Command::Run(args) => run::run(args),
+        Command::Audit(args) => audit::run(args),
         Command::Shell(args) => shell::run(args),
         Command::Fs(args) => fs::run(args),
         Command::Doctor(args) => doctor::run(args),

@@ -36,6 +36,11 @@ pub struct RunArgs {
     /// Print one JSON object with the result instead of streaming output.
     #[arg(long)]
     json: bool,
+    /// Append what the run did (the command, how it ended, every network
+    /// decision, a refusal) to this hash-chained audit log (`hako audit
+    /// verify FILE` checks it).
+    #[arg(long, value_name = "FILE")]
+    audit: Option<PathBuf>,
     /// The command and its arguments.
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     command: Vec<String>,
@@ -90,13 +95,29 @@ fn fail(json: bool, backend: Option<&str>, err: &dyn std::fmt::Display, code: u8
 /// Runs `hako run`.
 pub fn run(args: RunArgs) -> u8 {
     let json = args.json;
+    let audit = match args.audit.as_deref().map(hako_audit::AuditLog::open) {
+        None => None,
+        Some(Ok(log)) => Some(log),
+        // A log that does not verify is not written to: fail closed.
+        Some(Err(e)) => return fail(json, None, &e, exit::SANDBOX_FAILED),
+    };
+    let argv = args.command.clone();
+    let refuse = |backend: Option<&str>, err: &dyn std::fmt::Display, code: u8| {
+        if let Some(log) = &audit {
+            let _ = log.record(
+                "refusal",
+                serde_json::json!({"argv": argv, "backend": backend, "error": err.to_string(), "exit_code": code}),
+            );
+        }
+        fail(json, backend, err, code)
+    };
     let (backend_arg, spec) = match args.sandbox.spec() {
         Ok(spec) => spec,
-        Err(e) => return fail(json, None, &e, exit::SANDBOX_FAILED),
+        Err(e) => return refuse(None, &e, exit::SANDBOX_FAILED),
     };
     let kind = match backend::resolve(backend_arg) {
         Ok(kind) => kind,
-        Err(e) => return fail(json, None, &e, exit::SANDBOX_FAILED),
+        Err(e) => return refuse(None, &e, exit::SANDBOX_FAILED),
     };
     // The policy gate comes first: a run that needs a stronger boundary
     // than this backend has never starts.
@@ -106,14 +127,14 @@ pub fn run(args: RunArgs) -> u8 {
             actual: kind.isolation(),
             backend: kind.name().into(),
         };
-        return fail(json, Some(kind.name()), &err, exit::SANDBOX_FAILED);
+        return refuse(Some(kind.name()), &err, exit::SANDBOX_FAILED);
     }
     let sandbox = match backend::open(kind, &spec) {
         Ok(sb) => sb,
-        Err(e) => return fail(json, Some(kind.name()), &e, exit::SANDBOX_FAILED),
+        Err(e) => return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED),
     };
     if let Err(e) = hako_core::require_isolation(sandbox.as_ref(), args.min_isolation) {
-        return fail(json, Some(kind.name()), &e, exit::SANDBOX_FAILED);
+        return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED);
     }
     let mut command = Command::new(args.command).max_output(spec.max_output);
     command.cwd = args.cwd;
@@ -123,10 +144,10 @@ pub fn run(args: RunArgs) -> u8 {
         match std::io::stdin().take(MAX_STDIN + 1).read_to_end(&mut data) {
             Ok(n) if n as u64 > MAX_STDIN => {
                 let err = format!("standard input is larger than {MAX_STDIN} bytes; pass large inputs as files in the workspace");
-                return fail(json, Some(kind.name()), &err, exit::SANDBOX_FAILED);
+                return refuse(Some(kind.name()), &err, exit::SANDBOX_FAILED);
             }
             Ok(_) => command.stdin = Some(data),
-            Err(e) => return fail(json, Some(kind.name()), &e, exit::SANDBOX_FAILED),
+            Err(e) => return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED),
         }
     }
     let result = execute(sandbox.as_ref(), &command, json);
@@ -135,9 +156,12 @@ pub fn run(args: RunArgs) -> u8 {
     let network = sandbox.network_events().map(|n| n.take_network_events());
     let output = match result {
         Ok(output) => output,
-        Err(e) => return fail(json, Some(kind.name()), &e, exit::for_error(&e)),
+        Err(e) => return refuse(Some(kind.name()), &e, exit::for_error(&e)),
     };
     let caps = sandbox.capabilities();
+    if let Some(log) = &audit {
+        record_run(log, &command, &caps.backend, &output, network.as_ref());
+    }
     if json {
         let obj = JsonResult {
             exit_code: output.status.code(),
@@ -168,6 +192,48 @@ pub fn run(args: RunArgs) -> u8 {
         }
     }
     exit::for_output(&output)
+}
+
+/// The run's records: every network decision, then the command and how it
+/// ended. A record that cannot be written is reported, not fatal (the
+/// command has run).
+fn record_run(
+    log: &hako_audit::AuditLog,
+    command: &Command,
+    backend: &str,
+    output: &Output,
+    network: Option<&(Vec<NetEvent>, u64)>,
+) {
+    let mut records = Vec::new();
+    if let Some((events, dropped)) = network {
+        for e in events {
+            records.push(("net", serde_json::to_value(e).unwrap_or_default()));
+        }
+        if *dropped > 0 {
+            records.push(("net", serde_json::json!({"dropped": dropped})));
+        }
+    }
+    let argv = command.program.argv();
+    records.push((
+        "exec",
+        serde_json::json!({
+            "argv": argv,
+            "cwd": command.cwd,
+            "backend": backend,
+            "exit_code": output.status.code(),
+            "signal": output.status.signal(),
+            "timed_out": output.timed_out,
+            "duration_ms": u64::try_from(output.duration.as_millis()).unwrap_or(u64::MAX),
+            "stdout_bytes": output.stdout_total,
+            "stderr_bytes": output.stderr_total,
+        }),
+    ));
+    for (kind, fields) in records {
+        if let Err(e) = log.record(kind, fields) {
+            eprintln!("hako: {e}");
+            return;
+        }
+    }
 }
 
 /// Runs the command, streaming its output live when not printing JSON.
