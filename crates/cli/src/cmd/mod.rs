@@ -8,6 +8,7 @@ mod gc;
 mod image;
 mod profile;
 mod run;
+mod serve;
 mod shell;
 
 use std::path::PathBuf;
@@ -42,6 +43,8 @@ pub enum Command {
     Gc(gc::GcArgs),
     /// Check or show an audit log (`--audit FILE`).
     Audit(audit::AuditArgs),
+    /// Serve the HTTP/JSON API to remote clients (a bearer token required).
+    Serve(serve::ServeArgs),
 }
 
 /// Runs a subcommand and returns the process exit code.
@@ -49,6 +52,7 @@ pub fn dispatch(command: Command) -> ExitCode {
     let code = match command {
         Command::Run(args) => run::run(args),
         Command::Audit(args) => audit::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::Shell(args) => shell::run(args),
         Command::Fs(args) => fs::run(args),
         Command::Doctor(args) => doctor::run(args),

@@ -1,0 +1,82 @@
+//! `hako serve`: the HTTP/JSON API (see the `hako-serve` crate and its
+//! `openapi.json`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+
+use super::SandboxArgs;
+use crate::{backend, exit};
+
+/// Flags of `hako serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Every sandbox a client opens has these settings (the server's
+    /// policy; clients cannot change it).
+    #[command(flatten)]
+    sandbox: SandboxArgs,
+    /// Address to listen on, e.g. 127.0.0.1:8700.
+    #[arg(long, value_name = "ADDR")]
+    listen: String,
+    /// A file holding the bearer token clients must send; without it a
+    /// token is generated and printed once on stderr.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Record every effect in this hash-chained audit log.
+    #[arg(long, value_name = "FILE")]
+    audit: Option<PathBuf>,
+}
+
+/// Runs `hako serve`.
+pub fn run(args: ServeArgs) -> u8 {
+    let fail = |e: &dyn std::fmt::Display| {
+        eprintln!("hako: {e}");
+        exit::SANDBOX_FAILED
+    };
+    let (backend_arg, spec) = match args.sandbox.spec() {
+        Ok(s) => s,
+        Err(e) => return fail(&e),
+    };
+    let kind = match backend::resolve(backend_arg) {
+        Ok(k) => k,
+        Err(e) => return fail(&e),
+    };
+    let token = match &args.token_file {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
+            Ok(_) => return fail(&format!("{} is empty", path.display())),
+            Err(e) => return fail(&format!("cannot read {}: {e}", path.display())),
+        },
+        None => match hako_serve::generate_token() {
+            Ok(t) => {
+                eprintln!("hako serve: token {t}");
+                t
+            }
+            Err(e) => return fail(&format!("cannot generate a token: {e}")),
+        },
+    };
+    let audit = match args.audit.as_deref().map(hako_audit::AuditLog::open) {
+        None => None,
+        Some(Ok(log)) => Some(Arc::new(log)),
+        Some(Err(e)) => return fail(&e),
+    };
+    let server = match tiny_http::Server::http(&args.listen) {
+        Ok(s) => s,
+        Err(e) => return fail(&format!("cannot listen on {}: {e}", args.listen)),
+    };
+    eprintln!(
+        "hako serve: listening on {} ({} backend)",
+        args.listen,
+        kind.name()
+    );
+    let config = hako_serve::ServeConfig {
+        make_sandbox: Box::new(move || backend::open(kind, &spec)),
+        token,
+        audit,
+    };
+    match hako_serve::serve(server, config) {
+        Ok(()) => 0,
+        Err(e) => fail(&e),
+    }
+}
