@@ -6,6 +6,7 @@ mod doctor;
 mod fs;
 mod gc;
 mod image;
+mod mcp;
 mod profile;
 mod run;
 mod serve;
@@ -45,6 +46,8 @@ pub enum Command {
     Audit(audit::AuditArgs),
     /// Serve the HTTP/JSON API to remote clients (a bearer token required).
     Serve(serve::ServeArgs),
+    /// Serve an agent's tools over MCP on stdio, each acting inside a sandbox.
+    Mcp(mcp::McpArgs),
 }
 
 /// Runs a subcommand and returns the process exit code.
@@ -59,6 +62,7 @@ pub fn dispatch(command: Command) -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Image(args) => image::run(args),
         Command::Gc(args) => gc::run(args),
+        Command::Mcp(args) => mcp::run(args),
     };
     ExitCode::from(code)
 }

@@ -1,0 +1,131 @@
+//! `hako mcp` driven by a client hako did not write: the official Python
+//! MCP SDK (`mcp_client.py` beside this file), on the `linux` and `host`
+//! backends; then the audit log it left is checked.
+//!
+//! Needs `python3` with the `mcp` package and the `hako-guest` binary
+//! beside `hako` (`cargo build --workspace`); without them the tests skip
+//! with the reason, unless `HAKO_MUST_WORK=1`, which makes that a failure.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn must_work() -> bool {
+    std::env::var_os("HAKO_MUST_WORK").is_some_and(|v| v == "1")
+}
+
+/// Skips (returns `false`) with `reason` printed, or fails under
+/// `HAKO_MUST_WORK=1`.
+fn skip(reason: &str) -> bool {
+    assert!(!must_work(), "{reason} and HAKO_MUST_WORK=1");
+    eprintln!("SKIPPED: {reason}");
+    false
+}
+
+fn ready() -> bool {
+    let python = Command::new("python3").args(["-c", "import mcp"]).output();
+    match python {
+        Err(e) => return skip(&format!("python3 cannot run ({e})")),
+        Ok(out) if !out.status.success() => {
+            return skip(&format!(
+                "the Python mcp package is missing (python3 -m pip install mcp): {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+        Ok(_) => {}
+    }
+    // Under tokio the server starts the guest from its own binary.
+    let guest = Path::new(env!("CARGO_BIN_EXE_hako")).with_file_name("hako-guest");
+    if std::env::var_os("HAKO_GUEST").is_none() && !guest.is_file() {
+        return skip(&format!(
+            "{} is missing; run `cargo build --workspace` first",
+            guest.display()
+        ));
+    }
+    true
+}
+
+/// One client at a time: the check that nothing outlives a server looks
+/// for the script's commands among every process.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn drive(backend: &str) {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if !ready() {
+        return;
+    }
+    if backend == "linux" {
+        if let Err(reason) = hako_sys::ns::user_namespaces_allowed() {
+            skip(&format!("the linux backend cannot run here: {reason}"));
+            return;
+        }
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let audit: PathBuf = tmp.path().join("audit.log");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_client.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg(env!("CARGO_BIN_EXE_hako"))
+        .arg(backend)
+        .arg(&ws)
+        .arg(&audit)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("all checks passed"),
+        "the MCP client failed on {backend} ({}):\n{stdout}\n--- stderr ---\n{stderr}",
+        out.status
+    );
+
+    // The server closed its log when the client went away: the chain
+    // verifies and ends with its closing record.
+    let verified = hako_audit::verify(&audit).unwrap_or_else(|e| panic!("{e}"));
+    assert!(verified.closed);
+    let records = hako_audit::records(&audit).unwrap();
+    let has = |kind: &str, key: &str, value: &str| {
+        records
+            .iter()
+            .any(|r| r["kind"] == kind && r.get(key).and_then(|v| v.as_str()) == Some(value))
+    };
+    assert!(has("sandbox", "op", "open"), "{records:?}");
+    assert!(has("exec", "command", "echo still here"), "{records:?}");
+    assert!(has("file", "op", "write"), "{records:?}");
+    assert!(has("file", "op", "edit"), "{records:?}");
+    assert!(has("refusal", "tool", "read_file"), "{records:?}");
+    assert!(has("sandbox", "op", "close"), "{records:?}");
+    let write = records
+        .iter()
+        .find(|r| r["kind"] == "file" && r["op"] == "write" && r["path"] == "src/hello.txt")
+        .expect("the write of src/hello.txt is recorded");
+    assert_eq!(
+        write["sha256"],
+        hako_audit::sha256_hex(b"one\ntwo\nthree\n")
+    );
+    let timed_out = records
+        .iter()
+        .find(|r| r["kind"] == "exec" && r["command"] == "sleep 30" && r["timed_out"] == true);
+    assert!(timed_out.is_some(), "{records:?}");
+    // Nothing the sandbox started outlives the server.
+    let leftover = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains("echo started; sleep 30") || c.contains("read line; echo got"))
+        .collect::<Vec<_>>();
+    assert!(leftover.is_empty(), "{leftover:?}");
+}
+
+#[test]
+fn python_mcp_client_drives_every_tool_on_linux() {
+    drive("linux");
+}
+
+#[test]
+fn python_mcp_client_drives_every_tool_on_host() {
+    drive("host");
+}
