@@ -34,6 +34,7 @@
 
 mod exec;
 mod files;
+mod http;
 mod search;
 mod server;
 mod state;
@@ -47,6 +48,8 @@ use std::time::Duration;
 use hako_audit::AuditLog;
 use hako_core::Sandbox;
 use rmcp::ServiceExt;
+
+pub use http::{serve_http, HttpConfig, MAX_BODY_BYTES, MCP_PATH};
 
 /// Opens the sandbox the server acts in.
 pub type MakeSandbox = dyn Fn() -> hako_core::Result<Box<dyn Sandbox>> + Send + Sync;

@@ -1,13 +1,15 @@
-//! `hako mcp`: an MCP server on stdio whose tools (files, search,
-//! commands, sessions, processes) act inside one sandbox.
+//! `hako mcp`: an MCP server on stdio, or on streamable HTTP with
+//! `--http ADDR`, whose tools (files, search, commands, sessions,
+//! processes) act inside one sandbox.
 //!
-//! The flags are checked and the backend picked before serving; the
-//! sandbox itself is opened on the first tool call (a failure to open it
-//! is then that call's error, with the reason) and closed when the client
-//! disconnects. stdout carries the protocol: everything else goes to
-//! stderr.
+//! The flags are checked, the backend picked and (with `--http`) the
+//! address bound before serving; the sandbox itself is opened on the first
+//! tool call (a failure to open it is then that call's error, with the
+//! reason) and closed when the client disconnects (stdio) or the server is
+//! stopped (HTTP). On stdio, stdout carries the protocol: everything else
+//! goes to stderr.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Args;
@@ -28,6 +30,14 @@ pub struct McpArgs {
     /// Refuse to open a sandbox weaker than this.
     #[arg(long, value_name = "LEVEL", default_value = "none")]
     min_isolation: Isolation,
+    /// Serve MCP's streamable HTTP transport on ADDR (e.g. 127.0.0.1:8701),
+    /// path /mcp, instead of stdio; every request needs the bearer token.
+    #[arg(long, value_name = "ADDR")]
+    http: Option<String>,
+    /// With --http: a file holding the bearer token clients must send;
+    /// without it a token is generated and printed once on stderr.
+    #[arg(long, value_name = "FILE", requires = "http")]
+    token_file: Option<PathBuf>,
 }
 
 /// Runs `hako mcp`.
@@ -60,6 +70,15 @@ pub fn run(args: McpArgs) -> u8 {
             backend: kind.name().into(),
         });
     }
+    // With --http: the token and the bound socket, before the audit log is
+    // opened, so a port in use leaves no log behind.
+    let http = match args.http.as_deref() {
+        Some(addr) => match http_config(addr, args.token_file.as_deref()) {
+            Ok(http) => Some(http),
+            Err(e) => return fail(&e),
+        },
+        None => None,
+    };
     let audit = match &args.audit {
         Some(path) => match hako_audit::AuditLog::open(path) {
             Ok(log) => Some(Arc::new(log)),
@@ -73,11 +92,28 @@ pub fn run(args: McpArgs) -> u8 {
         hako_core::require_isolation(sandbox.as_ref(), min_isolation)?;
         Ok(sandbox)
     });
-    tracing::info!(backend = kind.name(), "serving MCP on stdio");
-    match hako_mcp::serve_stdio(hako_mcp::McpConfig {
+    let config = hako_mcp::McpConfig {
         make_sandbox,
         audit,
-    }) {
+    };
+    if let Some(http) = http {
+        if let Ok(local) = http.listener.local_addr() {
+            eprintln!(
+                "hako mcp: listening on http://{local}{} ({} backend)",
+                hako_mcp::MCP_PATH,
+                kind.name()
+            );
+        }
+        return match hako_mcp::serve_http(config, http) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("hako: mcp: {e}");
+                1
+            }
+        };
+    }
+    tracing::info!(backend = kind.name(), "serving MCP on stdio");
+    match hako_mcp::serve_stdio(config) {
         Ok(()) => 0,
         // The protocol failed (the client went away before initializing);
         // the sandbox, if it was opened, is closed all the same.
@@ -86,4 +122,34 @@ pub fn run(args: McpArgs) -> u8 {
             1
         }
     }
+}
+
+/// The token (read from `token_file`, or generated and printed once on
+/// stderr) and the socket bound on `addr`, or what went wrong.
+fn http_config(addr: &str, token_file: Option<&Path>) -> Result<hako_mcp::HttpConfig, String> {
+    let from_file = match token_file {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(t) if !t.trim().is_empty() => Some(t.trim().to_string()),
+            Ok(_) => return Err(format!("the token file {} is empty", path.display())),
+            Err(e) => {
+                return Err(format!(
+                    "cannot read the token file {}: {e}",
+                    path.display()
+                ))
+            }
+        },
+        None => None,
+    };
+    let listener =
+        std::net::TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let token = match from_file {
+        Some(t) => t,
+        None => {
+            let t = hako_serve::generate_token()
+                .map_err(|e| format!("cannot generate a token: {e}"))?;
+            eprintln!("hako mcp: token {t}");
+            t
+        }
+    };
+    Ok(hako_mcp::HttpConfig { listener, token })
 }

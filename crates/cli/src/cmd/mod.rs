@@ -46,7 +46,7 @@ pub enum Command {
     Audit(audit::AuditArgs),
     /// Serve the HTTP/JSON API to remote clients (a bearer token required).
     Serve(serve::ServeArgs),
-    /// Serve an agent's tools over MCP on stdio, each acting inside a sandbox.
+    /// Serve an agent's tools over MCP (stdio, or HTTP with --http), each acting inside a sandbox.
     Mcp(mcp::McpArgs),
 }
 
