@@ -17,7 +17,7 @@ use hako_core::{
 };
 use serde_json::json;
 
-use crate::state::{Reply, State, ToolError};
+use crate::state::{Owner, Reply, State, ToolError};
 use crate::text::{shorten, HeadTail};
 
 /// Bytes kept from the start of each stream.
@@ -161,11 +161,15 @@ fn timeout_message(timeout: Duration) -> String {
 /// `run_command`.
 pub fn run_command(
     state: &State,
+    owner: &Owner,
     sandbox: &dyn Sandbox,
     req: RunRequest,
 ) -> Result<Reply, ToolError> {
     if req.command.trim().is_empty() {
         return Err(ToolError::new("command is empty"));
+    }
+    if let Some(session) = req.session {
+        owner.check_session(session)?;
     }
     let mut command = Command::shell(req.command.clone()).timeout(req.timeout);
     let start = Instant::now();
@@ -186,7 +190,7 @@ pub fn run_command(
         None => {
             command.cwd = req.cwd.clone();
             match sandbox.processes() {
-                Some(p) => run_detachable(p, &command, req.wait, req.keep_stdin_open),
+                Some(p) => run_detachable(p, owner, &command, req.wait, req.keep_stdin_open),
                 None if req.keep_stdin_open => Err(ToolError::new(format!(
                     "keep_stdin_open needs long-lived processes, which the {} backend does not offer",
                     sandbox.capabilities().backend
@@ -238,7 +242,7 @@ pub fn run_command(
             }
         }
         Outcome::Running { id, captured } => {
-            state.hand_out(*id);
+            owner.hand_out(*id);
             state.record(
                 "exec",
                 json!({
@@ -297,6 +301,7 @@ enum Outcome {
 /// waiting up to `wait` for it.
 fn run_detachable(
     p: &dyn Processes,
+    owner: &Owner,
     command: &Command,
     wait: Duration,
     keep_stdin_open: bool,
@@ -311,6 +316,7 @@ fn run_detachable(
             pty: None,
         },
     )?;
+    owner.started(id);
     let deadline = start + wait;
     let mut captured = Captured::new();
     // Drained often at first: the sandbox keeps only the last RING bytes,
@@ -407,14 +413,15 @@ fn run_whole(
 /// `read_output`.
 pub fn read_output(
     state: &State,
+    owner: &Owner,
     sandbox: &dyn Sandbox,
     process: u64,
     offset: Option<u64>,
     stream: Stream,
     wait: Duration,
 ) -> Result<Reply, ToolError> {
+    let id = owner.check_process(process)?;
     let p = processes(sandbox)?;
-    let id = ProcessId(process);
     let slice = p.read_output(id, stream, offset.unwrap_or(0), READ_OUTPUT_MAX, Some(wait))?;
     let st = p.wait(id, Some(Duration::ZERO))?;
     let mut text = String::new();
@@ -434,7 +441,7 @@ pub fn read_output(
         text,
         "--- {name} bytes {}..{} ---",
         slice.offset,
-        slice.offset + slice.data.len() as u64
+        slice.offset.saturating_add(slice.data.len() as u64)
     );
     text.push_str(&String::from_utf8_lossy(&slice.data));
     if !slice.data.is_empty() && !text.ends_with('\n') {
@@ -472,13 +479,14 @@ pub fn read_output(
 /// `send_input`.
 pub fn send_input(
     state: &State,
+    owner: &Owner,
     sandbox: &dyn Sandbox,
     process: u64,
     data: &str,
     close: bool,
 ) -> Result<Reply, ToolError> {
+    let id = owner.check_process(process)?;
     let p = processes(sandbox)?;
-    let id = ProcessId(process);
     if !data.is_empty() {
         p.write_stdin(id, data.as_bytes())?;
     }
@@ -506,11 +514,12 @@ pub fn send_input(
 /// `kill_process`.
 pub fn kill_process(
     state: &State,
+    owner: &Owner,
     sandbox: &dyn Sandbox,
     process: u64,
 ) -> Result<Reply, ToolError> {
+    let id = owner.check_process(process)?;
     let p = processes(sandbox)?;
-    let id = ProcessId(process);
     p.kill(id)?;
     let st = p.wait(id, Some(Duration::from_secs(5)))?;
     state.drain_network(sandbox);
@@ -531,13 +540,13 @@ pub fn kill_process(
     .into())
 }
 
-/// `list_processes`.
-pub fn list_processes(state: &State, sandbox: &dyn Sandbox) -> Result<Reply, ToolError> {
+/// `list_processes`: this client's processes.
+pub fn list_processes(owner: &Owner, sandbox: &dyn Sandbox) -> Result<Reply, ToolError> {
     let p = processes(sandbox)?;
     let all = p.list()?;
     let shown: Vec<&ProcessState> = all
         .iter()
-        .filter(|st| !st.finished() || state.was_handed_out(st.id))
+        .filter(|st| owner.owns(st.id) && (!st.finished() || owner.was_handed_out(st.id)))
         .collect();
     if shown.is_empty() {
         return Ok(String::from(
@@ -586,7 +595,11 @@ fn processes(sandbox: &dyn Sandbox) -> Result<&dyn Processes, ToolError> {
 }
 
 /// `open_session`.
-pub fn open_session(state: &State, sandbox: &dyn Sandbox) -> Result<Reply, ToolError> {
+pub fn open_session(
+    state: &State,
+    owner: &Owner,
+    sandbox: &dyn Sandbox,
+) -> Result<Reply, ToolError> {
     let sessions = sandbox.sessions().ok_or_else(|| {
         ToolError::new(format!(
             "the {} backend does not offer sessions",
@@ -594,6 +607,7 @@ pub fn open_session(state: &State, sandbox: &dyn Sandbox) -> Result<Reply, ToolE
         ))
     })?;
     let id = sessions.open_session(&Default::default())?;
+    owner.opened_session(id);
     state.record("session", json!({ "op": "open", "session": id.0 }));
     Ok(format!(
         "session {id} is open: pass \"session\": {id} to run_command to run commands in it; they share its working directory, environment and shell variables. close_session ends it."
@@ -604,16 +618,130 @@ pub fn open_session(state: &State, sandbox: &dyn Sandbox) -> Result<Reply, ToolE
 /// `close_session`.
 pub fn close_session(
     state: &State,
+    owner: &Owner,
     sandbox: &dyn Sandbox,
     session: u64,
 ) -> Result<Reply, ToolError> {
+    let id = owner.check_session(session)?;
     let sessions = sandbox.sessions().ok_or_else(|| {
         ToolError::new(format!(
             "the {} backend does not offer sessions",
             sandbox.capabilities().backend
         ))
     })?;
-    sessions.close_session(SessionId(session))?;
+    // Still owned after: closing it again does nothing, as documented.
+    sessions.close_session(id)?;
     state.record("session", json!({ "op": "close", "session": session }));
     Ok(format!("session {session} is closed; everything started in it was killed").into())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use hako_host::{HostConfig, HostSandbox};
+
+    fn handle_in(text: &str) -> u64 {
+        let at = text.find("process handle: ").expect(text) + "process handle: ".len();
+        text[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn one_client_cannot_use_the_process_or_shell_handles_of_another() {
+        let tmp = tempfile::tempdir().unwrap();
+        let sb = HostSandbox::new(HostConfig::new(tmp.path())).unwrap();
+        let state = State::new(Box::new(|| Err(hako_core::Error::Closed)), None);
+        let (mine, theirs) = (Owner::default(), Owner::default());
+        let started = run_command(
+            &state,
+            &mine,
+            &sb,
+            RunRequest {
+                command: "cat".into(),
+                cwd: None,
+                timeout: Duration::from_secs(60),
+                wait: Duration::ZERO,
+                session: None,
+                keep_stdin_open: true,
+            },
+        )
+        .unwrap();
+        let id = handle_in(&started.text);
+        // Another client: every tool that takes the handle refuses it,
+        // before touching the process.
+        let refusals = [
+            read_output(
+                &state,
+                &theirs,
+                &sb,
+                id,
+                None,
+                Stream::Stdout,
+                Duration::ZERO,
+            )
+            .err(),
+            send_input(&state, &theirs, &sb, id, "x\n", true).err(),
+            kill_process(&state, &theirs, &sb, id).err(),
+        ];
+        for err in refusals {
+            let err = err.expect("another client's handle was accepted");
+            assert!(err.message.contains("no process"), "{}", err.message);
+        }
+        let listed = list_processes(&theirs, &sb).unwrap().text;
+        assert!(listed.starts_with("no processes"), "{listed}");
+        // Its owner still has it, untouched.
+        let listed = list_processes(&mine, &sb).unwrap().text;
+        assert!(
+            listed.contains(&format!("process {id}: running")),
+            "{listed}"
+        );
+        send_input(&state, &mine, &sb, id, "still mine\n", true).unwrap();
+        let out = read_output(
+            &state,
+            &mine,
+            &sb,
+            id,
+            None,
+            Stream::Stdout,
+            Duration::from_secs(10),
+        );
+        assert!(out.unwrap().text.contains("still mine"));
+        // Shell sessions likewise.
+        let opened = open_session(&state, &mine, &sb).unwrap().text;
+        let session: u64 = opened
+            .strip_prefix("session ")
+            .and_then(|t| t.split(' ').next())
+            .unwrap()
+            .parse()
+            .unwrap();
+        let run_in = |owner: &Owner| {
+            run_command(
+                &state,
+                owner,
+                &sb,
+                RunRequest {
+                    command: "echo hi".into(),
+                    cwd: None,
+                    timeout: Duration::from_secs(60),
+                    wait: Duration::from_secs(60),
+                    session: Some(session),
+                    keep_stdin_open: false,
+                },
+            )
+        };
+        let err = run_in(&theirs).unwrap_err();
+        assert!(err.message.contains("no shell session"), "{}", err.message);
+        let err = close_session(&state, &theirs, &sb, session).unwrap_err();
+        assert!(err.message.contains("no shell session"), "{}", err.message);
+        assert!(run_in(&mine).unwrap().text.contains("hi"));
+        close_session(&state, &mine, &sb, session).unwrap();
+        // Closing again does nothing, as documented.
+        close_session(&state, &mine, &sb, session).unwrap();
+        sb.close().unwrap();
+    }
 }

@@ -214,7 +214,8 @@ pub fn edit_file(
             "{name} is not UTF-8 text; edit_file edits text files only (use write_file, or run_command)"
         ))
     })?;
-    let (after, count) = replace_exact(before, old, new, replace_all)
+    let cap = usize::try_from(EDIT_CAP).unwrap_or(usize::MAX);
+    let (after, count) = replace_exact(before, old, new, replace_all, cap)
         .map_err(|e| ToolError::new(e.message(&name)))?;
     sandbox.write_file(path, after.as_bytes())?;
     state.record(
@@ -302,8 +303,17 @@ fn walk_notes(out: &mut String, report: &search::WalkReport) {
     if report.stopped {
         let _ = writeln!(
             out,
-            "[the search stopped after {} entries; narrow it with path]",
-            search::MAX_VISITED
+            "[the search stopped early (it looks at most {} entries, and at most {} bytes of directory paths at once); narrow it with path]",
+            search::MAX_VISITED,
+            search::MAX_PENDING_BYTES
+        );
+    }
+    if report.ignore_budget_hit {
+        let _ = writeln!(
+            out,
+            "[ignore files past the first {} bytes or {} patterns were not read; some files they exclude may be listed]",
+            search::IGNORE_TOTAL_CAP,
+            search::IGNORE_TOTAL_LINES
         );
     }
     if report.cut_listings > 0 {
@@ -570,6 +580,40 @@ mod tests {
             std::fs::read_to_string(f.ws.join("c.py")).unwrap(),
             "x = 3\ny = 5\nx = 3\n"
         );
+    }
+
+    #[test]
+    fn edit_file_refuses_an_edit_that_would_grow_the_file_past_the_cap() {
+        let f = fixture();
+        let text = "a".repeat(1 << 20);
+        std::fs::write(f.ws.join("a.txt"), &text).unwrap();
+        // A million matches, each made 32 bytes: 32 MiB, past the 16 MiB cap.
+        let new = "b".repeat(32);
+        let err = edit_file(&f.state, &f.sb, Path::new("a.txt"), "a", &new, true).unwrap_err();
+        assert!(
+            err.message.contains("nothing was changed"),
+            "{}",
+            err.message
+        );
+        assert_eq!(std::fs::read_to_string(f.ws.join("a.txt")).unwrap(), text);
+    }
+
+    #[test]
+    fn read_file_offsets_and_limits_at_their_extremes_answer_without_panicking() {
+        let f = fixture();
+        std::fs::write(f.ws.join("a.txt"), "one\ntwo\n").unwrap();
+        for (offset, limit) in [
+            (Some(u64::MAX), Some(u64::MAX)),
+            (Some(0), Some(u64::MAX)),
+            (Some(2), Some(u64::MAX)),
+            (Some(u64::MAX - 1), Some(1)),
+            (None, Some(1)),
+        ] {
+            let out = read_file(&f.state, &f.sb, Path::new("a.txt"), offset, limit).unwrap();
+            assert!(!out.text.is_empty(), "{offset:?} {limit:?}");
+        }
+        let err = read_file(&f.state, &f.sb, Path::new("a.txt"), None, Some(0)).unwrap_err();
+        assert!(err.message.contains("limit"), "{}", err.message);
     }
 
     #[test]

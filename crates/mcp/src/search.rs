@@ -32,6 +32,15 @@ pub const GREP_FILE_CAP: u64 = 4 << 20;
 pub const GREP_TOTAL_CAP: u64 = 512 << 20;
 /// Longest ignore file read.
 const IGNORE_FILE_CAP: u64 = 1 << 20;
+/// Most bytes of ignore files one walk reads, all directories together.
+pub const IGNORE_TOTAL_CAP: u64 = 4 << 20;
+/// Most ignore patterns one walk compiles (each costs memory while the
+/// walk is below its directory).
+pub const IGNORE_TOTAL_LINES: usize = 100_000;
+/// Most bytes of directory paths a walk keeps waiting to be listed: a
+/// tree of long names, wide at every level of a deep path, would
+/// otherwise hold hundreds of megabytes of paths at once.
+pub const MAX_PENDING_BYTES: usize = 32 << 20;
 /// Longest line `grep` shows, in characters.
 pub const GREP_LINE_CHARS: usize = 400;
 /// Most bytes of `grep` output.
@@ -51,12 +60,48 @@ pub struct Found {
 /// How a walk ended.
 #[derive(Debug, Default, Clone)]
 pub struct WalkReport {
-    /// Whether it stopped at [`MAX_VISITED`] entries.
+    /// Whether it stopped early: at [`MAX_VISITED`] entries, or with more
+    /// than [`MAX_PENDING_BYTES`] of directory paths waiting.
     pub stopped: bool,
     /// Directories that could not be listed, with why (the first few).
     pub unreadable: Vec<String>,
     /// Directories whose listing was cut at the sandbox's entry limit.
     pub cut_listings: usize,
+    /// Whether ignore files were left unread past [`IGNORE_TOTAL_CAP`]
+    /// bytes or [`IGNORE_TOTAL_LINES`] patterns (files they would have
+    /// excluded may be listed).
+    pub ignore_budget_hit: bool,
+}
+
+/// What one walk may spend: the defaults are the constants above; tests
+/// use smaller ones.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Most directory entries looked at.
+    pub visited: usize,
+    /// Most bytes of directory paths waiting to be listed.
+    pub pending_bytes: usize,
+    /// Most bytes of ignore files read.
+    pub ignore_bytes: u64,
+    /// Most ignore patterns compiled.
+    pub ignore_lines: usize,
+}
+
+impl Limits {
+    /// The limits every tool call walks with.
+    pub const DEFAULT: Limits = Limits {
+        visited: MAX_VISITED,
+        pending_bytes: MAX_PENDING_BYTES,
+        ignore_bytes: IGNORE_TOTAL_CAP,
+        ignore_lines: IGNORE_TOTAL_LINES,
+    };
+}
+
+/// What one walk may still spend on ignore files.
+struct IgnoreBudget {
+    bytes: u64,
+    lines: usize,
+    hit: bool,
 }
 
 /// The rules of one directory's ignore files.
@@ -82,26 +127,41 @@ fn join(dir: &Path, name: &Path) -> PathBuf {
     }
 }
 
-/// Reads the `.gitignore` and `.ignore` of `dir` (relative), if any.
-fn load_rules(sandbox: &dyn Sandbox, dir: &Path, names: &[&str]) -> Option<Rules> {
+/// Reads the `.gitignore` and `.ignore` of `dir` (relative), if any,
+/// within what the walk may still spend on them.
+fn load_rules(
+    sandbox: &dyn Sandbox,
+    dir: &Path,
+    names: &[&str],
+    budget: &mut IgnoreBudget,
+) -> Option<Rules> {
     let mut builder = GitignoreBuilder::new(anchored(dir));
     let mut any = false;
     for file in [".gitignore", ".ignore"] {
         if !names.contains(&file) {
             continue;
         }
+        let cap = IGNORE_FILE_CAP.min(budget.bytes);
+        if cap == 0 || budget.lines == 0 {
+            budget.hit = true;
+            continue;
+        }
         let path = join(dir, Path::new(file));
         let data = match sandbox.read_limit() {
-            Some(r) => r
-                .read_file_limit(&path, IGNORE_FILE_CAP)
-                .map(|o| o.data)
-                .ok(),
+            Some(r) => r.read_file_limit(&path, cap).map(|o| o.data).ok(),
+            // Without bounded reads, the sandbox's own read limit applies.
             None => sandbox.read_file(&path).ok(),
         };
         let Some(data) = data else { continue };
+        budget.bytes = budget.bytes.saturating_sub(data.len() as u64);
         for line in String::from_utf8_lossy(&data).lines() {
+            if budget.lines == 0 {
+                budget.hit = true;
+                break;
+            }
             // A line that is not a valid pattern is skipped, as git does.
             if builder.add_line(Some(path.clone()), line).is_ok() {
+                budget.lines -= 1;
                 any = true;
             }
         }
@@ -141,8 +201,25 @@ pub fn walk(
     base: &Path,
     visit: &mut dyn FnMut(Found) -> bool,
 ) -> Result<WalkReport, ToolError> {
+    walk_within(sandbox, base, &Limits::DEFAULT, visit)
+}
+
+/// [`walk`] within `limits`. Whatever the tree (deep, wide, long names,
+/// huge ignore files), it holds at most about `pending_bytes` of paths
+/// and `ignore_bytes` of ignore rules, and looks at `visited` entries.
+pub fn walk_within(
+    sandbox: &dyn Sandbox,
+    base: &Path,
+    limits: &Limits,
+    visit: &mut dyn FnMut(Found) -> bool,
+) -> Result<WalkReport, ToolError> {
     let base = normalise(sandbox, base)?;
     let mut report = WalkReport::default();
+    let mut budget = IgnoreBudget {
+        bytes: limits.ignore_bytes,
+        lines: limits.ignore_lines,
+        hit: false,
+    };
     // The rules of the directories above `base` apply too.
     let mut stack: Vec<Rules> = Vec::new();
     let mut dir = PathBuf::from(".");
@@ -150,7 +227,7 @@ pub fn walk(
         if let Ok(listing) = sandbox.list_dir(&dir) {
             let names = names(&listing);
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
-            stack.extend(load_rules(sandbox, &dir, &names));
+            stack.extend(load_rules(sandbox, &dir, &names, &mut budget));
         }
         dir = join(&dir, Path::new(part.as_os_str()));
     }
@@ -158,10 +235,13 @@ pub fn walk(
     let listing = sandbox.list_dir(&base)?;
     let mut visited = 0usize;
     // Each directory to expand, its listing if already read, and how many
-    // rules (those of the directories above it) apply to it.
+    // rules (those of the directories above it) apply to it; and the bytes
+    // of the paths waiting.
     let mut todo: Vec<(PathBuf, Option<hako_core::DirListing>, usize)> =
         vec![(base.clone(), Some(listing), stack.len())];
+    let mut pending = 0usize;
     while let Some((dir, listing, depth)) = todo.pop() {
+        pending = pending.saturating_sub(dir.as_os_str().len());
         stack.truncate(depth);
         let listing = match listing {
             Some(l) => l,
@@ -180,12 +260,13 @@ pub fn walk(
         }
         let names = names(&listing);
         let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        stack.extend(load_rules(sandbox, &dir, &name_refs));
+        stack.extend(load_rules(sandbox, &dir, &name_refs, &mut budget));
         let mut subdirs = Vec::new();
         for entry in listing.entries {
             visited += 1;
-            if visited > MAX_VISITED {
+            if visited > limits.visited {
                 report.stopped = true;
+                report.ignore_budget_hit = budget.hit;
                 return Ok(report);
             }
             let rel = join(&dir, Path::new(&entry.name));
@@ -197,6 +278,14 @@ pub fn walk(
                 continue;
             }
             if is_dir {
+                // Counted as each is found: one listing alone can hold a
+                // hundred thousand long paths.
+                pending += rel.as_os_str().len();
+                if pending > limits.pending_bytes {
+                    report.stopped = true;
+                    report.ignore_budget_hit = budget.hit;
+                    return Ok(report);
+                }
                 subdirs.push(rel);
                 continue;
             }
@@ -212,6 +301,7 @@ pub fn walk(
                 below,
                 kind: entry.kind,
             }) {
+                report.ignore_budget_hit = budget.hit;
                 return Ok(report);
             }
         }
@@ -220,6 +310,7 @@ pub fn walk(
             todo.push((sub, None, stack.len()));
         }
     }
+    report.ignore_budget_hit = budget.hit;
     Ok(report)
 }
 
@@ -442,7 +533,8 @@ pub fn grep(sandbox: &dyn Sandbox, query: &GrepQuery<'_>) -> Result<GrepResult, 
         search(&base, &mut result);
         return Ok(result);
     }
-    let mut files = Vec::new();
+    // Each file is searched as the walk finds it: nothing but the current
+    // file is held, however many the walk sees.
     let report = walk(sandbox, &base, &mut |found| {
         // Symlinks are not followed; FIFOs and devices are not read.
         if found.kind != FileKind::File {
@@ -451,14 +543,8 @@ pub fn grep(sandbox: &dyn Sandbox, query: &GrepQuery<'_>) -> Result<GrepResult, 
         if filter.as_ref().is_some_and(|f| !f.matches(&found.below)) {
             return true;
         }
-        files.push(found.path);
-        files.len() < MAX_VISITED
+        search(&found.path, &mut result)
     })?;
-    for path in files {
-        if !search(&path, &mut result) {
-            break;
-        }
-    }
     result.report = report;
     Ok(result)
 }
@@ -657,6 +743,141 @@ mod tests {
             "{}",
             err.message
         );
+    }
+
+    fn small(limits: impl FnOnce(&mut Limits)) -> Limits {
+        let mut l = Limits::DEFAULT;
+        limits(&mut l);
+        l
+    }
+
+    #[test]
+    fn a_wide_tree_of_long_names_stops_the_walk_instead_of_holding_all_its_paths() {
+        let tmp = tempfile::tempdir().unwrap();
+        let long = "d".repeat(200);
+        for i in 0..40 {
+            std::fs::create_dir_all(tmp.path().join(format!("{long}{i:02}/{long}"))).unwrap();
+        }
+        let sb = FenceBox::new(tmp.path());
+        let mut seen = 0;
+        let report = walk_within(
+            &sb,
+            Path::new("."),
+            &small(|l| l.pending_bytes = 20 * 202),
+            &mut |_| {
+                seen += 1;
+                true
+            },
+        )
+        .unwrap();
+        assert!(report.stopped);
+        // Within the default limits the same tree is walked whole.
+        let report = walk(&sb, Path::new("."), &mut |_| true).unwrap();
+        assert!(!report.stopped);
+    }
+
+    #[test]
+    fn ignore_files_past_the_walk_budget_are_not_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        // Each directory's rules would be held while the walk is below it.
+        let rules: String = (0..1000).map(|i| format!("pattern{i}*\n")).collect();
+        for i in 0..5 {
+            let dir = tmp.path().join(format!("d{i}"));
+            std::fs::create_dir(&dir).unwrap();
+            std::fs::write(dir.join(".gitignore"), &rules).unwrap();
+            std::fs::write(dir.join("pattern7.txt"), "x").unwrap();
+        }
+        let sb = FenceBox::new(tmp.path());
+        let limits = small(|l| l.ignore_lines = 2500);
+        let mut found = Vec::new();
+        let report = walk_within(&sb, Path::new("."), &limits, &mut |f| {
+            found.push(f.path);
+            true
+        })
+        .unwrap();
+        assert!(report.ignore_budget_hit);
+        // The first directories' rules applied; past the budget, they did not.
+        assert!(
+            !found.contains(&PathBuf::from("d0/pattern7.txt")),
+            "{found:?}"
+        );
+        assert!(
+            found.contains(&PathBuf::from("d4/pattern7.txt")),
+            "{found:?}"
+        );
+        let limits = small(|l| l.ignore_bytes = 10);
+        let report = walk_within(&sb, Path::new("."), &limits, &mut |_| true).unwrap();
+        assert!(report.ignore_budget_hit);
+        let report = walk(&sb, Path::new("."), &mut |_| true).unwrap();
+        assert!(!report.ignore_budget_hit);
+    }
+
+    /// The fence over a directory, counting the directories listed.
+    struct Counting {
+        inner: FenceBox,
+        listed: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Sandbox for Counting {
+        fn capabilities(&self) -> &hako_core::Capabilities {
+            self.inner.capabilities()
+        }
+        fn exec(&self, c: &hako_core::Command) -> hako_core::Result<hako_core::Output> {
+            self.inner.exec(c)
+        }
+        fn read_file(&self, p: &Path) -> hako_core::Result<Vec<u8>> {
+            self.inner.read_file(p)
+        }
+        fn write_file(&self, p: &Path, d: &[u8]) -> hako_core::Result<()> {
+            self.inner.write_file(p, d)
+        }
+        fn remove(&self, p: &Path) -> hako_core::Result<()> {
+            self.inner.remove(p)
+        }
+        fn list_dir(&self, p: &Path) -> hako_core::Result<hako_core::DirListing> {
+            self.listed
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.list_dir(p)
+        }
+        fn close(&self) -> hako_core::Result<()> {
+            Ok(())
+        }
+        fn stat(&self) -> Option<&dyn hako_core::StatPath> {
+            self.inner.stat()
+        }
+        fn workdir(&self) -> Option<&dyn hako_core::Workdir> {
+            self.inner.workdir()
+        }
+    }
+
+    #[test]
+    fn grep_searches_as_it_walks_and_stops_walking_once_it_has_enough() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("a.txt"), "needle\n").unwrap();
+        for i in 0..100 {
+            std::fs::create_dir(tmp.path().join(format!("z{i:03}"))).unwrap();
+            std::fs::write(tmp.path().join(format!("z{i:03}/f.txt")), "needle\n").unwrap();
+        }
+        let sb = Counting {
+            inner: FenceBox::new(tmp.path()),
+            listed: Default::default(),
+        };
+        let result = grep(
+            &sb,
+            &GrepQuery {
+                pattern: "needle",
+                base: Path::new("."),
+                glob: None,
+                case_insensitive: false,
+                max_results: 3,
+            },
+        )
+        .unwrap();
+        assert!(result.more);
+        assert_eq!(result.lines.len(), 3);
+        // It did not list the whole tree (collecting every path) first.
+        let listed = sb.listed.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(listed < 10, "{listed} directories listed");
     }
 
     #[test]

@@ -21,7 +21,11 @@ use serde::Deserialize;
 
 use crate::exec::{self, RunRequest};
 use crate::files::{self, GrepArgs};
-use crate::state::{Reply, State, ToolError};
+use crate::state::{Owner, Reply, State, ToolError};
+use crate::text::shorten;
+
+/// Longest quote of a deserialization error shown for invalid arguments.
+const DETAIL_CHARS: usize = 300;
 
 /// Arguments of `read_file`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -215,7 +219,7 @@ const SEND_INPUT: &str = "Write text to the stdin of a process that run_command 
 
 const KILL_PROCESS: &str = "Kill a process that run_command returned a handle for, and everything it started. Killing one that has ended does nothing. Returns how it ended.";
 
-const LIST_PROCESSES: &str = "List the processes run_command handed out handles for, and any still running: handle, state (running, exit code, timed out), bytes of output, command.";
+const LIST_PROCESSES: &str = "List the processes run_command handed out handles for in this session, and any of this session's still running: handle, state (running, exit code, timed out), bytes of output, command. Handles (of processes and of shell sessions) work only in the session that got them.";
 
 /// The server's instructions to the client.
 const INSTRUCTIONS: &str = "Every tool acts inside a hako sandbox: a workspace directory and commands run behind its boundary. Paths are relative to the workspace root and cannot leave it. Use read_file, write_file and edit_file for files, list_dir, glob and grep to find things, run_command for commands (open_session for state kept between commands), and read_output, send_input, kill_process and list_processes for commands that outlive a call.";
@@ -224,6 +228,10 @@ const INSTRUCTIONS: &str = "Every tool acts inside a hako sandbox: a workspace d
 #[derive(Clone)]
 pub struct HakoServer {
     state: Arc<State>,
+    /// The processes and shell sessions this client started: one server
+    /// per client (per MCP session over HTTP), so handles stay with the
+    /// client that got them.
+    owner: Arc<Owner>,
     tool_router: ToolRouter<HakoServer>,
 }
 
@@ -284,6 +292,7 @@ impl HakoServer {
     pub fn new(state: Arc<State>) -> Self {
         HakoServer {
             state,
+            owner: Arc::new(Owner::default()),
             tool_router: Self::tool_router(),
         }
     }
@@ -402,6 +411,7 @@ impl HakoServer {
         annotations(title = "Run command", read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = true)
     )]
     async fn run_command(&self, Parameters(args): Parameters<RunCommandArgs>) -> CallToolResult {
+        let owner = self.owner.clone();
         self.blocking("run_command", move |state, sandbox| {
             let timeout = secs(
                 args.timeout_secs,
@@ -420,6 +430,7 @@ impl HakoServer {
             )?;
             exec::run_command(
                 state,
+                &owner,
                 sandbox,
                 RunRequest {
                     command: args.command,
@@ -440,7 +451,11 @@ impl HakoServer {
         annotations(title = "Open shell session", read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false)
     )]
     async fn open_session(&self) -> CallToolResult {
-        self.blocking("open_session", exec::open_session).await
+        let owner = self.owner.clone();
+        self.blocking("open_session", move |state, sandbox| {
+            exec::open_session(state, &owner, sandbox)
+        })
+        .await
     }
 
     #[tool(
@@ -449,8 +464,9 @@ impl HakoServer {
         annotations(title = "Close shell session", read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
     )]
     async fn close_session(&self, Parameters(args): Parameters<SessionArgs>) -> CallToolResult {
+        let owner = self.owner.clone();
         self.blocking("close_session", move |state, sandbox| {
-            exec::close_session(state, sandbox, args.session)
+            exec::close_session(state, &owner, sandbox, args.session)
         })
         .await
     }
@@ -461,13 +477,22 @@ impl HakoServer {
         annotations(title = "Read process output", read_only_hint = true, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
     )]
     async fn read_output(&self, Parameters(args): Parameters<ReadOutputArgs>) -> CallToolResult {
+        let owner = self.owner.clone();
         self.blocking("read_output", move |state, sandbox| {
             let wait = secs(args.wait_secs, 0, exec::MAX_WAIT_SECS, "wait_secs")?;
             let stream = match args.stream.unwrap_or_default() {
                 StreamArg::Stdout => Stream::Stdout,
                 StreamArg::Stderr => Stream::Stderr,
             };
-            exec::read_output(state, sandbox, args.process, args.offset, stream, wait)
+            exec::read_output(
+                state,
+                &owner,
+                sandbox,
+                args.process,
+                args.offset,
+                stream,
+                wait,
+            )
         })
         .await
     }
@@ -478,8 +503,16 @@ impl HakoServer {
         annotations(title = "Send input to process", read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = false)
     )]
     async fn send_input(&self, Parameters(args): Parameters<SendInputArgs>) -> CallToolResult {
+        let owner = self.owner.clone();
         self.blocking("send_input", move |state, sandbox| {
-            exec::send_input(state, sandbox, args.process, &args.data, args.close_stdin)
+            exec::send_input(
+                state,
+                &owner,
+                sandbox,
+                args.process,
+                &args.data,
+                args.close_stdin,
+            )
         })
         .await
     }
@@ -490,8 +523,9 @@ impl HakoServer {
         annotations(title = "Kill process", read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
     )]
     async fn kill_process(&self, Parameters(args): Parameters<ProcessArgs>) -> CallToolResult {
+        let owner = self.owner.clone();
         self.blocking("kill_process", move |state, sandbox| {
-            exec::kill_process(state, sandbox, args.process)
+            exec::kill_process(state, &owner, sandbox, args.process)
         })
         .await
     }
@@ -502,7 +536,11 @@ impl HakoServer {
         annotations(title = "List processes", read_only_hint = true, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
     )]
     async fn list_processes(&self) -> CallToolResult {
-        self.blocking("list_processes", exec::list_processes).await
+        let owner = self.owner.clone();
+        self.blocking("list_processes", move |_, sandbox| {
+            exec::list_processes(&owner, sandbox)
+        })
+        .await
     }
 }
 
@@ -528,8 +566,11 @@ impl ServerHandler for HakoServer {
                 let Some(detail) = text.strip_prefix("failed to deserialize parameters: ") else {
                     return Ok(CallToolResponse::Complete(result));
                 };
+                // The detail can quote a whole argument (a value of the
+                // wrong type): a few hundred characters say what is wrong.
                 let err = ToolError::new(format!(
-                    "invalid arguments for {name}: {detail}; see the tool's input schema"
+                    "invalid arguments for {name}: {}; see the tool's input schema",
+                    shorten(detail, DETAIL_CHARS)
                 ));
                 self.state.record_failure(&name, &err);
                 Ok(CallToolResult::error(vec![ContentBlock::text(err.message)]).into())

@@ -2,12 +2,13 @@
 //! the audit log, and the error every tool failure becomes.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use hako_audit::AuditLog;
-use hako_core::{FenceError, ProcessId, Sandbox};
+use hako_core::{FenceError, ProcessId, Sandbox, SessionId};
 use serde_json::{json, Value};
 
+use crate::text::shorten;
 use crate::MakeSandbox;
 
 /// A tool call that failed: returned to the client as a tool result with
@@ -65,6 +66,92 @@ fn hint(err: &hako_core::Error) -> Option<&'static str> {
     }
 }
 
+/// What one client (one MCP session) started: its processes and shell
+/// sessions.
+///
+/// Handles are the sandbox's, numbered in one sequence for every client
+/// of it, and over HTTP several sessions share one sandbox: a handle
+/// mistyped, guessed or remembered from another conversation must not
+/// read, feed, kill or run in what another client started. Each tool that
+/// takes a handle checks it here first.
+#[derive(Debug, Default)]
+pub struct Owner {
+    owned: Mutex<Owned>,
+}
+
+#[derive(Debug, Default)]
+struct Owned {
+    processes: BTreeSet<u64>,
+    /// Of `processes`, those whose handle a tool gave the client:
+    /// `list_processes` shows these and the ones still running, not every
+    /// finished command.
+    handed_out: BTreeSet<u64>,
+    sessions: BTreeSet<u64>,
+}
+
+/// Adds `id` to `set`, forgetting the oldest past [`MAX_OWNED`].
+fn remember(set: &mut BTreeSet<u64>, id: u64) {
+    set.insert(id);
+    while set.len() > MAX_OWNED {
+        set.pop_first();
+    }
+}
+
+impl Owner {
+    fn owned(&self) -> MutexGuard<'_, Owned> {
+        // Every change is one set operation: a panic cannot leave it torn.
+        self.owned.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// This client started the process.
+    pub fn started(&self, id: ProcessId) {
+        remember(&mut self.owned().processes, id.0);
+    }
+
+    /// This client was given the process's handle.
+    pub fn hand_out(&self, id: ProcessId) {
+        let mut owned = self.owned();
+        remember(&mut owned.processes, id.0);
+        remember(&mut owned.handed_out, id.0);
+    }
+
+    /// Whether this client started the process.
+    pub fn owns(&self, id: ProcessId) -> bool {
+        self.owned().processes.contains(&id.0)
+    }
+
+    /// Whether this client was given the process's handle.
+    pub fn was_handed_out(&self, id: ProcessId) -> bool {
+        self.owned().handed_out.contains(&id.0)
+    }
+
+    /// The process, if this client started it; otherwise the error the
+    /// model reads (the same whether or not another client has one).
+    pub fn check_process(&self, id: u64) -> Result<ProcessId, ToolError> {
+        if self.owned().processes.contains(&id) {
+            return Ok(ProcessId(id));
+        }
+        Err(ToolError::new(format!(
+            "no process {id} was started in this session; list_processes shows the handles run_command gave you"
+        )))
+    }
+
+    /// This client opened the shell session.
+    pub fn opened_session(&self, id: SessionId) {
+        remember(&mut self.owned().sessions, id.0);
+    }
+
+    /// The shell session, if this client opened it.
+    pub fn check_session(&self, id: u64) -> Result<SessionId, ToolError> {
+        if self.owned().sessions.contains(&id) {
+            return Ok(SessionId(id));
+        }
+        Err(ToolError::new(format!(
+            "no shell session {id} was opened in this session; open_session opens one"
+        )))
+    }
+}
+
 /// The result of a tool that ran: its text, and whether it counts as an
 /// error (a command that timed out).
 #[derive(Debug, Clone)]
@@ -84,8 +171,14 @@ impl From<String> for Reply {
     }
 }
 
-/// Most process handles remembered for `list_processes`.
-const MAX_HANDED_OUT: usize = 4096;
+/// Most process and shell-session handles one client is remembered to
+/// own (the oldest are forgotten first; the sandbox forgets old ended
+/// processes too).
+const MAX_OWNED: usize = 1 << 16;
+/// Longest error message written to the audit log, in characters: an
+/// error can quote what the client sent (a value of the wrong type), and a
+/// record says what failed, not what was sent.
+pub const AUDIT_MESSAGE_CHARS: usize = 500;
 
 enum Slot {
     /// Not opened yet (or opening it failed: the next call tries again).
@@ -100,9 +193,6 @@ pub struct State {
     make: Box<MakeSandbox>,
     slot: Mutex<Slot>,
     audit: Option<Arc<AuditLog>>,
-    /// Processes whose handle a tool gave the client: `list_processes`
-    /// shows these and the ones still running, not every finished command.
-    handed_out: Mutex<BTreeSet<u64>>,
 }
 
 impl State {
@@ -112,7 +202,6 @@ impl State {
             make,
             slot: Mutex::new(Slot::Idle),
             audit,
-            handed_out: Mutex::new(BTreeSet::new()),
         }
     }
 
@@ -120,10 +209,7 @@ impl State {
     /// from a blocking thread. Concurrent first calls open it once (the
     /// lock is held while it opens).
     pub fn sandbox(&self) -> Result<Arc<dyn Sandbox>, ToolError> {
-        let mut slot = self
-            .slot
-            .lock()
-            .map_err(|_| ToolError::new("internal error: the sandbox's lock is poisoned"))?;
+        let mut slot = self.slot();
         match &*slot {
             Slot::Open(sandbox) => Ok(sandbox.clone()),
             Slot::Closed => Err(ToolError::new(
@@ -158,6 +244,14 @@ impl State {
         }
     }
 
+    /// The slot, even if a call panicked holding its lock (opening the
+    /// sandbox runs a factory that might): the slot is only ever replaced
+    /// whole, so what it holds is always one of its states, and one panic
+    /// must not make every later call fail.
+    fn slot(&self) -> MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Appends one audit record, if there is a log. A record that cannot
     /// be written is logged: the effect has already happened.
     pub fn record(&self, kind: &str, fields: Value) {
@@ -172,7 +266,10 @@ impl State {
     /// otherwise.
     pub fn record_failure(&self, tool: &str, err: &ToolError) {
         let kind = if err.refused { "refusal" } else { "error" };
-        self.record(kind, json!({ "tool": tool, "error": err.message }));
+        self.record(
+            kind,
+            json!({ "tool": tool, "error": shorten(&err.message, AUDIT_MESSAGE_CHARS) }),
+        );
     }
 
     /// Records the egress proxy's decisions since the last call (kind
@@ -209,34 +306,11 @@ impl State {
         refused
     }
 
-    /// Remembers that the client holds this process's handle.
-    pub fn hand_out(&self, id: ProcessId) {
-        if let Ok(mut set) = self.handed_out.lock() {
-            set.insert(id.0);
-            // Bounded: the oldest handles go first (the sandbox forgets
-            // old processes too).
-            while set.len() > MAX_HANDED_OUT {
-                set.pop_first();
-            }
-        }
-    }
-
-    /// Whether the client was given this process's handle.
-    pub fn was_handed_out(&self, id: ProcessId) -> bool {
-        self.handed_out
-            .lock()
-            .map(|set| set.contains(&id.0))
-            .unwrap_or(false)
-    }
-
     /// The client went away: closes the sandbox (everything started in it
     /// is killed), records what the egress proxy decided, and closes the
     /// audit log. Idempotent.
     pub fn shutdown(&self) {
-        let previous = match self.slot.lock() {
-            Ok(mut slot) => std::mem::replace(&mut *slot, Slot::Closed),
-            Err(_) => Slot::Closed,
-        };
+        let previous = std::mem::replace(&mut *self.slot(), Slot::Closed);
         if let Slot::Open(sandbox) = previous {
             // What is still running dies with the sandbox: say which.
             if let Some(Ok(list)) = sandbox.processes().map(|p| p.list()) {
@@ -264,5 +338,61 @@ impl State {
                 tracing::error!("cannot close the audit log: {err}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use crate::testbox::FenceBox;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    #[test]
+    fn a_panic_while_opening_the_sandbox_leaves_the_server_usable() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().to_path_buf();
+        let first = Arc::new(AtomicBool::new(true));
+        let state = State::new(
+            Box::new(move || {
+                if first.swap(false, Ordering::SeqCst) {
+                    panic!("the factory failed");
+                }
+                Ok(Box::new(FenceBox::new(&root)) as Box<dyn Sandbox>)
+            }),
+            None,
+        );
+        let state = Arc::new(state);
+        let s = state.clone();
+        assert!(std::thread::spawn(move || s.sandbox().map(|_| ()))
+            .join()
+            .is_err());
+        // The lock was poisoned by the panic; the next call opens it.
+        assert!(state.sandbox().is_ok());
+        state.shutdown();
+        assert!(state.sandbox().is_err());
+    }
+
+    #[test]
+    fn an_audited_failure_never_carries_more_than_a_short_message() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("audit.log");
+        let log = Arc::new(AuditLog::open(&path).unwrap());
+        let state = State::new(Box::new(|| Err(hako_core::Error::Closed)), Some(log));
+        let content = "SECRET ".repeat(100_000);
+        state.record_failure(
+            "edit_file",
+            &ToolError::new(format!(
+                "invalid type: string {content:?}, expected a boolean"
+            )),
+        );
+        state.close_audit();
+        let records = hako_audit::records(&path).unwrap();
+        let message = records[0]["error"].as_str().unwrap();
+        assert!(
+            message.chars().count() <= AUDIT_MESSAGE_CHARS + 3,
+            "{}",
+            message.len()
+        );
     }
 }

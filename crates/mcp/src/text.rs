@@ -184,6 +184,13 @@ pub enum EditError {
     NotFound,
     /// `old_string` occurs this many times and `replace_all` was not set.
     NotUnique(usize),
+    /// The edited text would be this many bytes, more than the most allowed.
+    TooLarge {
+        /// Bytes the result would have.
+        len: u128,
+        /// The most allowed.
+        max: usize,
+    },
 }
 
 impl EditError {
@@ -198,6 +205,9 @@ impl EditError {
             EditError::NotUnique(n) => format!(
                 "old_string matches {n} times in {path}; it must match exactly once: include more of the surrounding lines to make it unique, or set replace_all to true to replace all {n}"
             ),
+            EditError::TooLarge { len, max } => format!(
+                "the edit would make {path} {len} bytes, more than the {max} edit_file writes; nothing was changed (use write_file, or run_command)"
+            ),
         }
     }
 }
@@ -205,11 +215,16 @@ impl EditError {
 /// Replaces `old` by `new` in `content`: exactly one occurrence, or every
 /// (non-overlapping) one with `replace_all`. Returns the new content and
 /// how many were replaced.
+///
+/// The result's size is worked out before it is built and refused past
+/// `max` bytes: a one-byte `old` matching millions of times, each replaced
+/// by a long `new`, would otherwise ask for far more memory than exists.
 pub fn replace_exact(
     content: &str,
     old: &str,
     new: &str,
     replace_all: bool,
+    max: usize,
 ) -> Result<(String, usize), EditError> {
     if old.is_empty() {
         return Err(EditError::EmptyOld);
@@ -218,11 +233,23 @@ pub fn replace_exact(
         return Err(EditError::NoChange);
     }
     let count = content.matches(old).count();
-    match count {
-        0 => Err(EditError::NotFound),
-        1 => Ok((content.replacen(old, new, 1), 1)),
-        n if replace_all => Ok((content.replace(old, new), n)),
-        n => Err(EditError::NotUnique(n)),
+    if count == 0 {
+        return Err(EditError::NotFound);
+    }
+    if count > 1 && !replace_all {
+        return Err(EditError::NotUnique(count));
+    }
+    // In u128, where count * new.len() cannot overflow; the matches do not
+    // overlap, so the subtraction cannot go below zero.
+    let len = content.len() as u128 - count as u128 * old.len() as u128
+        + count as u128 * new.len() as u128;
+    if len > max as u128 {
+        return Err(EditError::TooLarge { len, max });
+    }
+    if count == 1 {
+        Ok((content.replacen(old, new, 1), 1))
+    } else {
+        Ok((content.replace(old, new), count))
     }
 }
 
@@ -410,18 +437,19 @@ mod tests {
 
     #[test]
     fn edit_replaces_a_unique_match() {
-        let (out, n) = replace_exact("fn a() {}\nfn b() {}\n", "fn b", "fn c", false).unwrap();
+        let (out, n) =
+            replace_exact("fn a() {}\nfn b() {}\n", "fn b", "fn c", false, usize::MAX).unwrap();
         assert_eq!((out.as_str(), n), ("fn a() {}\nfn c() {}\n", 1));
     }
 
     #[test]
     fn edit_refuses_zero_and_several_matches_and_counts_them() {
         assert_eq!(
-            replace_exact("x = 1\nx = 1\n", "x = 1", "x = 2", false),
+            replace_exact("x = 1\nx = 1\n", "x = 1", "x = 2", false, usize::MAX),
             Err(EditError::NotUnique(2))
         );
         assert_eq!(
-            replace_exact("abc", "abd", "x", false),
+            replace_exact("abc", "abd", "x", false, usize::MAX),
             Err(EditError::NotFound)
         );
         let msg = EditError::NotUnique(2).message("a.txt");
@@ -431,21 +459,48 @@ mod tests {
 
     #[test]
     fn edit_replace_all_replaces_every_match() {
-        let (out, n) = replace_exact("x = 1\nx = 1\n", "x = 1", "x = 2", true).unwrap();
+        let (out, n) = replace_exact("x = 1\nx = 1\n", "x = 1", "x = 2", true, usize::MAX).unwrap();
         assert_eq!((out.as_str(), n), ("x = 2\nx = 2\n", 2));
         // Matches do not overlap.
-        let (out, n) = replace_exact("aaaa", "aa", "b", true).unwrap();
+        let (out, n) = replace_exact("aaaa", "aa", "b", true, usize::MAX).unwrap();
         assert_eq!((out.as_str(), n), ("bb", 2));
+    }
+
+    #[test]
+    fn an_edit_that_would_grow_past_the_cap_is_refused_before_it_is_built() {
+        // A million one-byte matches, each made a megabyte: a terabyte if
+        // built. Refused by arithmetic, without allocating.
+        let content = "a".repeat(1 << 20);
+        let new = "b".repeat(1 << 20);
+        let err = replace_exact(&content, "a", &new, true, 16 << 20).unwrap_err();
+        assert_eq!(
+            err,
+            EditError::TooLarge {
+                len: 1 << 40,
+                max: 16 << 20
+            }
+        );
+        assert!(err.message("f").contains("nothing was changed"));
+        // One replacement counts too; shrinking or exact fits pass.
+        assert!(replace_exact("abc", "b", "xyz", false, 4).is_err());
+        assert_eq!(
+            replace_exact("abc", "b", "xy", false, 4).unwrap(),
+            ("axyc".to_string(), 1)
+        );
+        assert_eq!(
+            replace_exact(&content, "a", "", true, 0).unwrap(),
+            (String::new(), 1 << 20)
+        );
     }
 
     #[test]
     fn edit_refuses_an_empty_or_unchanged_string() {
         assert_eq!(
-            replace_exact("abc", "", "x", false),
+            replace_exact("abc", "", "x", false, usize::MAX),
             Err(EditError::EmptyOld)
         );
         assert_eq!(
-            replace_exact("abc", "b", "b", false),
+            replace_exact("abc", "b", "b", false, usize::MAX),
             Err(EditError::NoChange)
         );
     }

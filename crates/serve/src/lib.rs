@@ -12,10 +12,10 @@
 //! test keeps the two the same.
 
 use std::collections::HashMap;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use hako_core::{Command, Error, Output, Program, Sandbox, SessionId, SessionOptions, Stream};
@@ -44,12 +44,28 @@ pub const ROUTES: &[(&str, &str)] = &[
 ];
 
 /// The most bytes a request body may carry (a file written, a command's
-/// stdin).
+/// stdin), and the most bytes of a file one read returns.
 pub const MAX_BODY: u64 = 64 << 20;
-/// The most requests served at once; more wait in the listen queue.
-const MAX_IN_FLIGHT: usize = 64;
+/// The most authorized requests (other than exec) served at once; more are
+/// answered `503` at once.
+const MAX_REQUESTS: usize = 64;
+/// The most commands run at once (each holds a thread for up to its
+/// deadline); more are answered `503`. Counted apart from other requests,
+/// so that running commands never lock a client out of closing them.
+const MAX_EXECS: usize = 32;
+/// The most file reads and writes at once: each holds up to [`MAX_BODY`]
+/// bytes in memory.
+const MAX_TRANSFERS: usize = 8;
 /// The most sandboxes open at once.
 pub const MAX_SANDBOXES: usize = 32;
+/// A command's deadline when the request gives none.
+pub const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(600);
+/// The longest deadline a request may give a command (a day).
+pub const MAX_EXEC_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// The most bytes of streamed output waiting for a client that reads
+/// slower than the command writes; output past it is dropped (and the
+/// stream says how much), never buffered.
+const STREAM_BUFFER: usize = 4 << 20;
 
 /// Makes a sandbox with the server's policy.
 pub type Factory = dyn Fn() -> hako_core::Result<Box<dyn Sandbox>> + Send + Sync;
@@ -66,9 +82,59 @@ pub struct ServeConfig {
 
 struct State {
     config: ServeConfig,
-    sandboxes: Mutex<HashMap<u64, Arc<dyn Sandbox>>>,
+    /// SHA-256 of the token: requests are compared digest to digest, so
+    /// the comparison takes the same time whatever the length of what a
+    /// client sends.
+    token_digest: String,
+    sandboxes: Mutex<Table>,
     next: AtomicU64,
-    in_flight: AtomicUsize,
+    requests: Slots,
+    execs: Slots,
+    transfers: Slots,
+    /// Connections given up on (see [`reject_unread`]).
+    abandoned: AtomicUsize,
+}
+
+/// The open sandboxes, and how many are being opened (they count against
+/// [`MAX_SANDBOXES`] already, so that concurrent creates cannot pass it).
+#[derive(Default)]
+struct Table {
+    open: HashMap<u64, Arc<dyn Sandbox>>,
+    opening: usize,
+}
+
+/// A counted resource: at most `max` taken at once, each given back when
+/// its [`Slot`] drops (also when a handler panics).
+struct Slots {
+    used: AtomicUsize,
+    max: usize,
+}
+
+/// One taken slot.
+struct Slot<'a>(&'a AtomicUsize);
+
+impl Slots {
+    const fn new(max: usize) -> Self {
+        Slots {
+            used: AtomicUsize::new(0),
+            max,
+        }
+    }
+
+    fn try_take(&self) -> Option<Slot<'_>> {
+        self.used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Slot(&self.used))
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A fresh random token: 32 bytes from the kernel, in hex.
@@ -79,6 +145,8 @@ pub fn generate_token() -> std::io::Result<String> {
 }
 
 /// Whether `a` equals `b`, in time that depends only on their lengths.
+/// (The server compares SHA-256 digests with it, so that not even the
+/// token's length shows.)
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
@@ -91,38 +159,58 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Serves on `server` until it fails; closes every sandbox when it ends.
+///
+/// Each request gets a thread (tiny_http already holds one per
+/// connection); the token is checked before anything else, and a request
+/// without it holds no slot. Authorized requests take a slot of a bounded
+/// pool or are answered `503` at once: the loop that accepts requests
+/// never waits, so no client can stall the others.
+///
+/// Refuses an empty token: it would let every client in.
 pub fn serve(server: Server, config: ServeConfig) -> std::io::Result<()> {
+    if config.token.trim().is_empty() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the bearer token is empty; every client would be let in",
+        ));
+    }
     let state = Arc::new(State {
+        token_digest: hako_audit::sha256_hex(config.token.as_bytes()),
         config,
-        sandboxes: Mutex::new(HashMap::new()),
+        sandboxes: Mutex::new(Table::default()),
         next: AtomicU64::new(1),
-        in_flight: AtomicUsize::new(0),
+        requests: Slots::new(MAX_REQUESTS),
+        execs: Slots::new(MAX_EXECS),
+        transfers: Slots::new(MAX_TRANSFERS),
+        abandoned: AtomicUsize::new(0),
     });
     for request in server.incoming_requests() {
-        while state.in_flight.load(Ordering::SeqCst) >= MAX_IN_FLIGHT {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        state.in_flight.fetch_add(1, Ordering::SeqCst);
         let state = Arc::clone(&state);
         let spawned = std::thread::Builder::new()
             .name("hako-serve".into())
-            .spawn(move || {
-                handle(&state, request);
-                state.in_flight.fetch_sub(1, Ordering::SeqCst);
-            });
+            .spawn(move || handle(&state, request));
         if let Err(e) = spawned {
+            // The request went with the closure: tiny_http answers 500.
             tracing::warn!("hako serve: cannot start a request thread: {e}");
         }
     }
     Ok(())
 }
 
+/// The table of sandboxes, even if a thread panicked holding its lock
+/// (every change to it is a single map operation, never left half done).
+fn table(state: &State) -> MutexGuard<'_, Table> {
+    state
+        .sandboxes
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+}
+
 /// Closes every sandbox a server opened (at shutdown).
 fn close_all(state: &State) {
-    if let Ok(mut all) = state.sandboxes.lock() {
-        for (_, sb) in all.drain() {
-            let _ = sb.close();
-        }
+    let all: Vec<_> = table(state).open.drain().collect();
+    for (_, sb) in all {
+        let _ = sb.close();
     }
 }
 
@@ -164,52 +252,78 @@ fn from_error(e: &Error) -> Reply {
     error(status, kind, e.to_string())
 }
 
-/// A request path split from its query, with the query's `path=` value.
-fn split(url: &str) -> (&str, Option<String>) {
+/// A request path split from its query, with the query's `path=` value
+/// percent-decoded (or the answer for a value that cannot be a path).
+fn split(url: &str) -> (&str, Result<Option<String>, Reply>) {
     let (path, query) = url.split_once('?').unwrap_or((url, ""));
     let value = query
         .split('&')
         .filter_map(|kv| kv.split_once('='))
         .find(|(k, _)| *k == "path")
-        .map(|(_, v)| percent_decode(v));
+        .map(|(_, v)| percent_decode(v))
+        .transpose()
+        .map_err(|why| error(400, "bad_path", format!("the query's path {why}")));
     (path, value)
 }
 
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
-                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                    Some(b) => {
-                        out.push(b);
-                        i += 3;
-                        continue;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
+/// Decodes `%XX` escapes (and `+`, a space in a query). Strict: a `%` not
+/// followed by two hex digits, a NUL byte or bytes that are not UTF-8 are
+/// an error, never replaced, so that the path used is always the path
+/// sent.
+fn percent_decode(s: &str) -> Result<String, &'static str> {
+    fn hex(b: u8) -> Option<u8> {
+        match b {
+            b'0'..=b'9' => Some(b - b'0'),
+            b'a'..=b'f' => Some(b - b'a' + 10),
+            b'A'..=b'F' => Some(b - b'A' + 10),
+            _ => None,
+        }
+    }
+    let mut out = Vec::with_capacity(s.len());
+    let mut bytes = s.bytes();
+    while let Some(b) = bytes.next() {
+        match b {
+            b'%' => match (bytes.next().and_then(hex), bytes.next().and_then(hex)) {
+                (Some(hi), Some(lo)) => out.push(hi << 4 | lo),
+                _ => return Err("has a % not followed by two hex digits"),
+            },
             b'+' => out.push(b' '),
             b => out.push(b),
         }
-        i += 1;
     }
-    String::from_utf8_lossy(&out).into_owned()
+    if out.contains(&0) {
+        return Err("contains a NUL byte");
+    }
+    String::from_utf8(out).map_err(|_| "is not UTF-8 once decoded")
 }
 
+/// Whether the request carries the server's bearer token. The scheme is
+/// matched without regard to case (RFC 9110); the token is compared by
+/// its SHA-256 digest, in constant time.
 fn authorized(state: &State, request: &Request) -> bool {
     request
         .headers()
         .iter()
         .find(|h| h.field.equiv("Authorization"))
-        .and_then(|h| h.value.as_str().strip_prefix("Bearer "))
-        .is_some_and(|t| constant_time_eq(t.trim().as_bytes(), state.config.token.as_bytes()))
+        .and_then(|h| {
+            let (scheme, token) = h.value.as_str().trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(token)
+        })
+        .is_some_and(|t| {
+            let given = hako_audit::sha256_hex(t.trim().as_bytes());
+            constant_time_eq(given.as_bytes(), state.token_digest.as_bytes())
+        })
 }
 
-fn respond(request: Request, r: Reply) {
+fn unauthorized() -> Reply {
+    error(
+        401,
+        "unauthorized",
+        "a bearer token is required (Authorization: Bearer TOKEN)",
+    )
+}
+
+fn response(r: &Reply) -> Response<std::io::Cursor<Vec<u8>>> {
     let body = r.body.to_string();
     let mut response = Response::from_string(body).with_status_code(StatusCode(r.status));
     if let Ok(h) = Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..]) {
@@ -220,24 +334,117 @@ fn respond(request: Request, r: Reply) {
             response.add_header(h);
         }
     }
-    let _ = request.respond(response);
+    response
+}
+
+fn respond(request: Request, r: Reply) {
+    let _ = request.respond(response(&r));
+}
+
+/// Answers a request whose declared body is larger than the server reads,
+/// without reading it and without dropping the request.
+///
+/// tiny_http 0.12 drains an unread body when its request is dropped, with
+/// one buffer the size of the whole declared `Content-Length`
+/// (tiny-http#252): a client that declares a terabyte and closes early
+/// makes that allocation fail and aborts the whole server, before any
+/// token is checked. So such a request is answered over the raw stream and
+/// its connection is abandoned: it costs one descriptor and tiny_http's
+/// thread for the connection, never the process. The answer has no
+/// length, so the client sees the status and body and then waits for an
+/// end that does not come; it should close.
+fn reject_unread(state: &State, request: Request, r: Reply) {
+    let mut body = r.body.to_string().into_bytes();
+    body.push(b'\n');
+    let mut stream = request.upgrade(
+        "hako-refused",
+        response(&Reply {
+            body: Value::Null,
+            ..r
+        }),
+    );
+    let _ = stream.write_all(&body);
+    let _ = stream.flush();
+    std::mem::forget(stream);
+    let n = state.abandoned.fetch_add(1, Ordering::SeqCst) + 1;
+    tracing::warn!(
+        "hako serve: abandoned a connection whose declared body was over {MAX_BODY} bytes ({n} so far)"
+    );
+}
+
+/// What a route costs: the pool its slot comes from, if any.
+enum Cost {
+    /// Answered from memory (health, the API description).
+    Free,
+    /// Runs a command.
+    Exec,
+    /// Moves a file (up to [`MAX_BODY`] bytes in memory).
+    Transfer,
+    /// Anything else.
+    Request,
+}
+
+fn cost(method: &Method, parts: &[&str]) -> Cost {
+    match (method, parts) {
+        (Method::Get, ["v1", "health" | "openapi.json"]) => Cost::Free,
+        (Method::Post, ["v1", "sandboxes", _, "exec"]) => Cost::Exec,
+        (Method::Get | Method::Put, ["v1", "sandboxes", _, "files"]) => Cost::Transfer,
+        _ => Cost::Request,
+    }
+}
+
+fn busy(what: &str) -> Reply {
+    error(
+        503,
+        "busy",
+        format!("the server is serving as many {what} as it allows; retry shortly"),
+    )
 }
 
 fn handle(state: &State, mut request: Request) {
-    if !authorized(state, &request) {
-        return respond(
-            request,
+    let authorized = authorized(state, &request);
+    // Before anything else: a body that would be refused unread must not
+    // reach tiny_http's drain (see `reject_unread`).
+    if request.body_length().is_some_and(|n| n as u64 > MAX_BODY) {
+        let r = if authorized {
             error(
-                401,
-                "unauthorized",
-                "a bearer token is required (Authorization: Bearer TOKEN)",
-            ),
-        );
+                413,
+                "too_large",
+                format!("the body is over {MAX_BODY} bytes"),
+            )
+        } else {
+            unauthorized()
+        };
+        return reject_unread(state, request, r);
+    }
+    if !authorized {
+        return respond(request, unauthorized());
     }
     let method = request.method().clone();
     let url = request.url().to_string();
     let (path, file) = split(&url);
     let parts: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
+    // A slot for the whole request, answer included (a client that does
+    // not read its answer keeps its slot; the pools bound what they hold).
+    let _slot = match cost(&method, &parts) {
+        Cost::Free => None,
+        Cost::Exec => match state.execs.try_take() {
+            Some(slot) => Some(slot),
+            None => return respond(request, busy("commands")),
+        },
+        Cost::Request => match state.requests.try_take() {
+            Some(slot) => Some(slot),
+            None => return respond(request, busy("requests")),
+        },
+        Cost::Transfer => match state.transfers.try_take() {
+            Some(slot) => Some(slot),
+            None => return respond(request, busy("file transfers")),
+        },
+    };
+    let file = match file {
+        Ok(file) => file,
+        Err(r) => return respond(request, r),
+    };
     let id = |s: &str| s.parse::<u64>().ok();
     match (&method, parts.as_slice()) {
         (Method::Get, ["v1", "health"]) => respond(request, reply(200, json!({"ok": true}))),
@@ -246,17 +453,16 @@ fn handle(state: &State, mut request: Request) {
             respond(request, reply(200, body))
         }
         (Method::Get, ["v1", "sandboxes"]) => {
-            let list: Vec<Value> = state
-                .sandboxes
-                .lock()
-                .map(|all| {
-                    let mut ids: Vec<_> = all.iter().collect();
-                    ids.sort_by_key(|(id, _)| **id);
-                    ids.into_iter()
-                        .map(|(id, sb)| json!({"id": id, "capabilities": sb.capabilities()}))
-                        .collect()
-                })
-                .unwrap_or_default();
+            let mut all: Vec<(u64, Arc<dyn Sandbox>)> = table(state)
+                .open
+                .iter()
+                .map(|(id, sb)| (*id, Arc::clone(sb)))
+                .collect();
+            all.sort_by_key(|(id, _)| *id);
+            let list: Vec<Value> = all
+                .into_iter()
+                .map(|(id, sb)| json!({"id": id, "capabilities": sb.capabilities()}))
+                .collect();
             respond(request, reply(200, json!({"sandboxes": list})))
         }
         (Method::Post, ["v1", "sandboxes"]) => {
@@ -270,7 +476,7 @@ fn handle(state: &State, mut request: Request) {
             respond(request, r)
         }
         (Method::Delete, ["v1", "sandboxes", sid]) => {
-            let removed = id(sid).and_then(|n| state.sandboxes.lock().ok()?.remove(&n));
+            let removed = id(sid).and_then(|n| table(state).open.remove(&n));
             let r = match removed {
                 Some(sb) => match sb.close() {
                     Ok(()) => reply(200, json!({"closed": true})),
@@ -281,12 +487,12 @@ fn handle(state: &State, mut request: Request) {
             respond(request, r)
         }
         (Method::Post, ["v1", "sandboxes", sid, "exec"]) => {
-            let body = match read_body(&mut request) {
-                Ok(b) => b,
-                Err(r) => return respond(request, r),
-            };
             let Some(sb) = id(sid).and_then(|n| lookup(state, n)) else {
                 return respond(request, no_sandbox(sid));
+            };
+            let body = match read_body(&mut request, false) {
+                Ok(b) => b,
+                Err(r) => return respond(request, r),
             };
             exec(state, request, &sb, &body)
         }
@@ -333,7 +539,15 @@ fn handle(state: &State, mut request: Request) {
             }
         }
         (Method::Put, ["v1", "sandboxes", sid, "files"]) => {
-            let body = match read_body(&mut request) {
+            // The sandbox and the path first: a body is read only for a
+            // write that can happen.
+            if let Err(r) = with_file(state, sid, file.clone(), |_, _| Ok(())) {
+                return respond(request, r);
+            }
+            // A body cut short must not replace the file: its length has
+            // to be known to tell (a chunked body that ends early looks
+            // complete).
+            let body = match read_body(&mut request, true) {
                 Ok(b) => b,
                 Err(r) => return respond(request, r),
             };
@@ -416,7 +630,7 @@ fn no_sandbox(sid: &str) -> Reply {
 }
 
 fn lookup(state: &State, id: u64) -> Option<Arc<dyn Sandbox>> {
-    state.sandboxes.lock().ok()?.get(&id).cloned()
+    table(state).open.get(&id).cloned()
 }
 
 fn with_sandbox(
@@ -462,26 +676,31 @@ fn audit(state: &State, kind: &str, fields: Value) {
 }
 
 fn create(state: &State) -> Reply {
-    let open = state
-        .sandboxes
-        .lock()
-        .map(|s| s.len())
-        .unwrap_or(MAX_SANDBOXES);
-    if open >= MAX_SANDBOXES {
-        return error(
-            429,
-            "too_many_sandboxes",
-            format!("{MAX_SANDBOXES} sandboxes are open; close one first"),
-        );
+    // The place is taken under the lock, before the (slow) factory runs:
+    // concurrent creates cannot pass the limit between check and insert.
+    {
+        let mut t = table(state);
+        if t.open.len() + t.opening >= MAX_SANDBOXES {
+            return error(
+                429,
+                "too_many_sandboxes",
+                format!("{MAX_SANDBOXES} sandboxes are open; close one first"),
+            );
+        }
+        t.opening += 1;
     }
-    match (state.config.make_sandbox)() {
+    // Given back if the factory panics, too.
+    let mut place = Opening { state, taken: true };
+    let made = (state.config.make_sandbox)();
+    let mut t = table(state);
+    t.opening -= 1;
+    place.taken = false;
+    match made {
         Ok(sb) => {
             let id = state.next.fetch_add(1, Ordering::SeqCst);
             let caps = sb.capabilities().clone();
-            let sb: Arc<dyn Sandbox> = Arc::from(sb);
-            if let Ok(mut all) = state.sandboxes.lock() {
-                all.insert(id, sb);
-            }
+            t.open.insert(id, Arc::from(sb));
+            drop(t);
             audit(state, "sandbox", json!({"id": id, "backend": caps.backend}));
             reply(201, json!({"id": id, "capabilities": caps}))
         }
@@ -489,7 +708,38 @@ fn create(state: &State) -> Reply {
     }
 }
 
-fn read_body(request: &mut Request) -> Result<Vec<u8>, Reply> {
+/// A place in the table taken by a sandbox being opened.
+struct Opening<'a> {
+    state: &'a State,
+    taken: bool,
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        if self.taken {
+            table(self.state).opening -= 1;
+        }
+    }
+}
+
+/// Reads a request's body: at most [`MAX_BODY`] bytes (a larger declared
+/// length never gets here, see `reject_unread`), and, when the request
+/// declared its length, exactly that many: a body cut short is an error,
+/// not a shorter body. With `need_length`, a body of unknown length
+/// (chunked) is refused.
+fn read_body(request: &mut Request, need_length: bool) -> Result<Vec<u8>, Reply> {
+    let declared = request.body_length();
+    let chunked = request
+        .headers()
+        .iter()
+        .any(|h| h.field.equiv("Transfer-Encoding"));
+    if need_length && declared.is_none() && chunked {
+        return Err(error(
+            411,
+            "length_required",
+            "give the body's Content-Length (a chunked body that ends early could not be told from a whole one)",
+        ));
+    }
     let mut body = Vec::new();
     request
         .as_reader()
@@ -502,6 +752,18 @@ fn read_body(request: &mut Request) -> Result<Vec<u8>, Reply> {
             "too_large",
             format!("the body is over {MAX_BODY} bytes"),
         ));
+    }
+    if let Some(n) = declared {
+        if body.len() != n {
+            return Err(error(
+                400,
+                "body_cut_short",
+                format!(
+                    "the body ended after {} of the {n} bytes its Content-Length declared; nothing was done",
+                    body.len()
+                ),
+            ));
+        }
     }
     Ok(body)
 }
@@ -535,6 +797,27 @@ fn output_json(out: &Output) -> Value {
     })
 }
 
+/// A command's deadline: the request's, at most [`MAX_EXEC_TIMEOUT`], or
+/// [`DEFAULT_EXEC_TIMEOUT`]. Never none: a command without one would hold
+/// its thread and slot for ever.
+fn exec_timeout(timeout_ms: Option<u64>) -> Result<Duration, Reply> {
+    let Some(ms) = timeout_ms else {
+        return Ok(DEFAULT_EXEC_TIMEOUT);
+    };
+    let timeout = Duration::from_millis(ms);
+    if timeout > MAX_EXEC_TIMEOUT {
+        return Err(error(
+            400,
+            "bad_request",
+            format!(
+                "timeout_ms is {ms}; the most allowed is {}",
+                MAX_EXEC_TIMEOUT.as_millis()
+            ),
+        ));
+    }
+    Ok(timeout)
+}
+
 fn exec(state: &State, request: Request, sb: &Arc<dyn Sandbox>, body: &[u8]) {
     let req: ExecRequest = match serde_json::from_slice(body) {
         Ok(r) => r,
@@ -563,7 +846,10 @@ fn exec(state: &State, request: Request, sb: &Arc<dyn Sandbox>, body: &[u8]) {
         program,
         ..Command::new(["true"])
     };
-    command.timeout = req.timeout_ms.map(Duration::from_millis);
+    command.timeout = match exec_timeout(req.timeout_ms) {
+        Ok(t) => Some(t),
+        Err(r) => return respond(request, r),
+    };
     if req.session.is_none() {
         command.cwd = req.cwd;
         command.stdin = req.stdin.map(String::into_bytes);
@@ -618,13 +904,17 @@ fn exec(state: &State, request: Request, sb: &Arc<dyn Sandbox>, body: &[u8]) {
         return respond(request, r);
     }
     // Streamed: JSON lines, written as the output comes (a chunked
-    // response fed through a channel; what it holds is bounded by the
-    // command's output cap).
+    // response fed through a channel). A client that reads slower than the
+    // command writes never slows the command and never makes the server
+    // buffer more than STREAM_BUFFER bytes: past it, chunks are dropped and
+    // a `dropped` line says how many bytes were.
     let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    let queued = Arc::new(AtomicUsize::new(0));
     let reader = ChannelReader {
         rx,
         buf: Vec::new(),
         pos: 0,
+        queued: Arc::clone(&queued),
     };
     let responder = std::thread::spawn(move || {
         let mut response = Response::new(StatusCode(200), Vec::new(), reader, None, None);
@@ -634,31 +924,53 @@ fn exec(state: &State, request: Request, sb: &Arc<dyn Sandbox>, body: &[u8]) {
         let _ = request.respond(response);
     });
     let mut seq: u64 = 0;
-    let line = |v: Value, w: &std::sync::mpsc::Sender<Vec<u8>>| {
+    let mut dropped: u64 = 0;
+    // Sends one line; `bounded` lines are dropped (false) when the client
+    // is that far behind; the last line always goes.
+    let send = |v: Value, bounded: bool| -> bool {
         let mut bytes = v.to_string().into_bytes();
         bytes.push(b'\n');
-        let _ = w.send(bytes);
+        let n = bytes.len();
+        if bounded && queued.load(Ordering::SeqCst) + n > STREAM_BUFFER {
+            return false;
+        }
+        queued.fetch_add(n, Ordering::SeqCst);
+        if tx.send(bytes).is_err() {
+            // The client is gone; nothing more is read.
+            queued.fetch_sub(n, Ordering::SeqCst);
+        }
+        true
     };
     let result = {
         let mut sink = |stream: Stream, chunk: &[u8]| {
-            seq += 1;
+            if dropped > 0 && send(json!({"seq": seq + 1, "dropped": dropped}), true) {
+                seq += 1;
+                dropped = 0;
+            }
             let name = match stream {
                 Stream::Stdout => "stdout",
                 Stream::Stderr => "stderr",
             };
-            line(
-                json!({"seq": seq, "stream": name, "data": String::from_utf8_lossy(chunk)}),
-                &tx,
-            );
+            let line =
+                json!({"seq": seq + 1, "stream": name, "data": String::from_utf8_lossy(chunk)});
+            if dropped == 0 && send(line, true) {
+                seq += 1;
+            } else {
+                dropped += chunk.len() as u64;
+            }
         };
         run(Some(&mut sink))
     };
     record(&result);
+    if dropped > 0 {
+        seq += 1;
+        send(json!({"seq": seq, "dropped": dropped}), false);
+    }
     seq += 1;
     match &result {
-        Ok(out) => line(json!({"seq": seq, "exit": output_json(out)}), &tx),
-        Err(e) => line(json!({"seq": seq, "error": e.to_string()}), &tx),
-    }
+        Ok(out) => send(json!({"seq": seq, "exit": output_json(out)}), false),
+        Err(e) => send(json!({"seq": seq, "error": e.to_string()}), false),
+    };
     drop(tx);
     let _ = responder.join();
 }
@@ -668,6 +980,8 @@ struct ChannelReader {
     rx: std::sync::mpsc::Receiver<Vec<u8>>,
     buf: Vec<u8>,
     pos: usize,
+    /// Bytes sent and not yet taken from the channel.
+    queued: Arc<AtomicUsize>,
 }
 
 impl Read for ChannelReader {
@@ -675,6 +989,7 @@ impl Read for ChannelReader {
         while self.pos >= self.buf.len() {
             match self.rx.recv() {
                 Ok(next) => {
+                    self.queued.fetch_sub(next.len(), Ordering::SeqCst);
                     self.buf = next;
                     self.pos = 0;
                 }
@@ -691,5 +1006,70 @@ impl Read for ChannelReader {
 impl Drop for State {
     fn drop(&mut self) {
         close_all(self);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn percent_decoding_is_strict_and_never_replaces_bytes() {
+        assert_eq!(percent_decode("%2e%2E%2fx").unwrap(), "../x");
+        assert_eq!(percent_decode("caf%C3%A9+au+lait").unwrap(), "café au lait");
+        assert_eq!(percent_decode("100%25").unwrap(), "100%");
+        for bad in [
+            "%", "%2", "a%2", "%zz", "%+1", "%-1", "%\u{e9}1", "%ff", "a%c3", "x%00y",
+        ] {
+            assert!(percent_decode(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_query_path_is_found_among_other_keys_and_a_bad_one_is_an_answer() {
+        let (path, file) = split("/v1/sandboxes/1/files?x=1&path=a%2Fb&path=c");
+        assert_eq!(path, "/v1/sandboxes/1/files");
+        assert_eq!(file.ok().flatten().as_deref(), Some("a/b"));
+        let (_, file) = split("/v1/x?path=a%ff");
+        assert_eq!(file.err().map(|r| r.status), Some(400));
+        let (_, file) = split("/v1/x");
+        assert!(matches!(file, Ok(None)));
+    }
+
+    #[test]
+    fn every_command_gets_a_deadline_and_none_past_the_maximum() {
+        assert_eq!(exec_timeout(None).ok(), Some(DEFAULT_EXEC_TIMEOUT));
+        assert_eq!(exec_timeout(Some(0)).ok(), Some(Duration::ZERO));
+        let max = u64::try_from(MAX_EXEC_TIMEOUT.as_millis()).unwrap();
+        assert_eq!(exec_timeout(Some(max)).ok(), Some(MAX_EXEC_TIMEOUT));
+        assert_eq!(
+            exec_timeout(Some(max + 1)).err().map(|r| r.status),
+            Some(400)
+        );
+        assert_eq!(
+            exec_timeout(Some(u64::MAX)).err().map(|r| r.status),
+            Some(400)
+        );
+    }
+
+    #[test]
+    fn slots_are_bounded_and_given_back_even_when_their_holder_panics() {
+        let slots = Arc::new(Slots::new(2));
+        let a = slots.try_take();
+        let b = slots.try_take();
+        assert!(a.is_some() && b.is_some());
+        assert!(slots.try_take().is_none());
+        drop(a);
+        assert!(slots.try_take().is_some());
+        drop(b);
+        let s = slots.clone();
+        let panicked = std::thread::spawn(move || {
+            let _slot = s.try_take();
+            panic!("a handler failed");
+        })
+        .join();
+        assert!(panicked.is_err());
+        assert_eq!(slots.used.load(Ordering::SeqCst), 0);
     }
 }

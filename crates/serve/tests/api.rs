@@ -7,7 +7,9 @@ use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use hako_host::{HostConfig, HostSandbox};
 use hako_serve::{serve, ServeConfig, OPENAPI, ROUTES};
@@ -23,6 +25,15 @@ struct Server {
 }
 
 fn start() -> Server {
+    start_with(|root| {
+        Ok(Box::new(HostSandbox::new(HostConfig::new(root))?) as Box<dyn hako_core::Sandbox>)
+    })
+}
+
+/// A server whose sandboxes `make` opens over the workspace.
+fn start_with(
+    make: impl Fn(&Path) -> hako_core::Result<Box<dyn hako_core::Sandbox>> + Send + Sync + 'static,
+) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().join("ws");
     std::fs::create_dir(&ws).unwrap();
@@ -33,9 +44,7 @@ fn start() -> Server {
     let port = server.server_addr().to_ip().unwrap().port();
     let root = ws.clone();
     let config = ServeConfig {
-        make_sandbox: Box::new(move || {
-            Ok(Box::new(HostSandbox::new(HostConfig::new(&root))?) as Box<dyn hako_core::Sandbox>)
-        }),
+        make_sandbox: Box::new(move || make(&root)),
         token: TOKEN.into(),
         audit: Some(audit),
     };
@@ -310,8 +319,19 @@ fn a_client_runs_commands_streams_output_and_uses_files_and_sessions_through_the
         .collect();
     let seqs: Vec<u64> = lines.iter().map(|l| l["seq"].as_u64().unwrap()).collect();
     assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{lines:?}");
-    let text: String = lines.iter().filter_map(|l| l["data"].as_str()).collect();
-    assert_eq!(text, "a\nb\nc\n");
+    // In order within each stream (two pipes give no order between them:
+    // `b` and `c` are written a moment apart and may be read together).
+    let text = |stream: &str| -> String {
+        lines
+            .iter()
+            .filter(|l| l["stream"] == stream)
+            .filter_map(|l| l["data"].as_str())
+            .collect()
+    };
+    assert_eq!(
+        (text("stdout"), text("stderr")),
+        ("a\nc\n".into(), "b\n".into())
+    );
     assert_eq!(lines.last().unwrap()["exit"]["exit_code"], 0);
     // A session keeps its shell's state.
     let (_, opened) = json(s.port, "POST", &format!("{base}/sessions"), Value::Null);
@@ -366,4 +386,385 @@ fn a_client_runs_commands_streams_output_and_uses_files_and_sessions_through_the
     for kind in ["sandbox", "write", "read", "exec", "refusal", "remove"] {
         assert!(kinds.contains(&kind), "no {kind} in {kinds:?}");
     }
+}
+
+/// Sends raw bytes on a new connection (kept open) and returns it.
+fn send_raw(port: u16, bytes: &[u8]) -> TcpStream {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(bytes).unwrap();
+    s
+}
+
+/// Reads the status line and headers of an answer (and no more).
+fn read_head(s: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            other => panic!(
+                "no answer: {other:?} after {:?}",
+                String::from_utf8_lossy(&head)
+            ),
+        }
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+fn status_of(head: &str) -> u16 {
+    head.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+fn healthy(port: u16) {
+    let (status, v) = json(port, "GET", "/v1/health", Value::Null);
+    assert_eq!((status, &v["ok"]), (200, &Value::Bool(true)), "{v}");
+}
+
+#[test]
+fn a_declared_body_of_a_terabyte_neither_aborts_the_server_nor_is_read() {
+    // tiny_http would drain such a body with one buffer of the declared
+    // size when the request is dropped: the allocation fails and aborts
+    // the process (or panics past isize::MAX), before any token check.
+    let s = start();
+    for len in [
+        "1000000000000",
+        "9223372036854775807",
+        "18446744073709551615",
+    ] {
+        for (token, want) in [(None, 401), (Some(TOKEN), 413)] {
+            let auth = token
+                .map(|t| format!("Authorization: Bearer {t}\r\n"))
+                .unwrap_or_default();
+            let mut c = send_raw(
+                s.port,
+                format!("PUT /v1/sandboxes/1/files?path=big HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {len}\r\n\r\nabc").as_bytes(),
+            );
+            // The client gives up early, as an attacker would.
+            c.shutdown(std::net::Shutdown::Write).unwrap();
+            let head = read_head(&mut c);
+            assert_eq!(status_of(&head), want, "{len} {token:?}: {head}");
+            // Then the error, as JSON on one line (the connection is not
+            // read from again, and ends when the client closes it).
+            let mut line = Vec::new();
+            let mut byte = [0u8; 1];
+            while c.read(&mut byte).unwrap() == 1 && byte[0] != b'\n' {
+                line.push(byte[0]);
+            }
+            let v: Value = serde_json::from_slice(&line).unwrap();
+            let kind = if want == 401 {
+                "unauthorized"
+            } else {
+                "too_large"
+            };
+            assert_eq!(v["kind"], kind, "{v}");
+        }
+    }
+    healthy(s.port);
+    assert!(!s.ws.join("big").exists());
+}
+
+#[test]
+fn unauthenticated_slow_bodies_do_not_lock_authorized_clients_out() {
+    // Each request declares a body it never sends: answering 401 is quick,
+    // but tiny_http then waits for the body. Those waits must not use up
+    // what authorized requests need (they used to stop the accept loop
+    // after 64).
+    let s = start();
+    let stuck: Vec<TcpStream> = (0..80)
+        .map(|_| {
+            let mut c = send_raw(
+                s.port,
+                b"PUT /v1/sandboxes/1/files?path=x HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n",
+            );
+            assert_eq!(status_of(&read_head(&mut c)), 401);
+            c
+        })
+        .collect();
+    let mut c = send_raw(
+        s.port,
+        format!("GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n").as_bytes(),
+    );
+    assert_eq!(status_of(&read_head(&mut c)), 200);
+    drop(stuck);
+}
+
+/// A sandbox with nothing behind it, slow to open, counting how many are
+/// open at once.
+struct Counted {
+    caps: hako_core::Capabilities,
+    live: Arc<AtomicUsize>,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.live.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl hako_core::Sandbox for Counted {
+    fn capabilities(&self) -> &hako_core::Capabilities {
+        &self.caps
+    }
+    fn exec(&self, _: &hako_core::Command) -> hako_core::Result<hako_core::Output> {
+        Err(hako_core::Error::Closed)
+    }
+    fn read_file(&self, _: &Path) -> hako_core::Result<Vec<u8>> {
+        Err(hako_core::Error::Closed)
+    }
+    fn write_file(&self, _: &Path, _: &[u8]) -> hako_core::Result<()> {
+        Err(hako_core::Error::Closed)
+    }
+    fn remove(&self, _: &Path) -> hako_core::Result<()> {
+        Err(hako_core::Error::Closed)
+    }
+    fn list_dir(&self, _: &Path) -> hako_core::Result<hako_core::DirListing> {
+        Err(hako_core::Error::Closed)
+    }
+    fn close(&self) -> hako_core::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn concurrent_creates_cannot_open_more_sandboxes_than_the_limit() {
+    let live = Arc::new(AtomicUsize::new(0));
+    let counter = live.clone();
+    let s = start_with(move |_| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(Box::new(Counted {
+            caps: hako_core::Capabilities {
+                backend: "counted".into(),
+                isolation: hako_core::Isolation::None,
+                network: hako_core::NetworkAccess::None,
+                fence: hako_core::FenceResolver::ComponentWalk,
+                limits: Vec::new(),
+                env_sanitised: true,
+                fds_closed: true,
+                landlock_abi: None,
+                seccomp: false,
+                optional: hako_core::Optional::default(),
+            },
+            live: counter.clone(),
+        }) as Box<dyn hako_core::Sandbox>)
+    });
+    let port = s.port;
+    let statuses: Vec<u16> = (0..2 * hako_serve::MAX_SANDBOXES)
+        .map(|_| std::thread::spawn(move || json(port, "POST", "/v1/sandboxes", Value::Null).0))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect();
+    let created = statuses.iter().filter(|&&s| s == 201).count();
+    assert_eq!(created, hako_serve::MAX_SANDBOXES, "{statuses:?}");
+    assert!(
+        statuses.iter().all(|&s| s == 201 || s == 429),
+        "{statuses:?}"
+    );
+    assert_eq!(live.load(Ordering::SeqCst), hako_serve::MAX_SANDBOXES);
+}
+
+#[test]
+fn a_query_path_that_is_malformed_not_utf8_or_has_a_nul_is_refused_never_rewritten() {
+    let s = start();
+    let (_, created) = json(s.port, "POST", "/v1/sandboxes", Value::Null);
+    let base = format!("/v1/sandboxes/{}", created["id"]);
+    for path in ["a%ff", "a%00b", "a%2", "a%+1", "%zz"] {
+        let (status, _, body) = request(
+            s.port,
+            "PUT",
+            &format!("{base}/files?path={path}"),
+            Some(TOKEN),
+            b"x",
+        );
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            (status, v["kind"].as_str()),
+            (400, Some("bad_path")),
+            "{path}: {v}"
+        );
+    }
+    // Nothing was written under a name the client did not send.
+    assert_eq!(std::fs::read_dir(&s.ws).unwrap().count(), 0);
+    // Encoded dots are decoded, then refused by the fence like plain ones.
+    for path in ["%2e%2e%2fescape", "%2E%2E", "sub%2f..%2f..%2fescape"] {
+        let (status, _, body) = request(
+            s.port,
+            "PUT",
+            &format!("{base}/files?path={path}"),
+            Some(TOKEN),
+            b"x",
+        );
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            (status, v["kind"].as_str()),
+            (403, Some("refused")),
+            "{path}: {v}"
+        );
+    }
+    assert!(!s.ws.parent().unwrap().join("escape").exists());
+    // A name with an encoded space and a non-ASCII letter is the name sent.
+    let (status, _, _) = request(
+        s.port,
+        "PUT",
+        &format!("{base}/files?path=caf%C3%A9+noir.txt"),
+        Some(TOKEN),
+        b"ok",
+    );
+    assert_eq!(status, 200);
+    assert_eq!(std::fs::read(s.ws.join("café noir.txt")).unwrap(), b"ok");
+}
+
+#[test]
+fn a_body_cut_short_does_not_replace_the_file() {
+    let s = start();
+    std::fs::write(s.ws.join("precious.txt"), b"the user's work").unwrap();
+    let (_, created) = json(s.port, "POST", "/v1/sandboxes", Value::Null);
+    let base = format!("/v1/sandboxes/{}", created["id"]);
+    let mut c = send_raw(
+        s.port,
+        format!("PUT {base}/files?path=precious.txt HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 5000\r\n\r\n").as_bytes(),
+    );
+    c.write_all(&[b'x'; 2000]).unwrap();
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut raw = Vec::new();
+    let _ = c.read_to_end(&mut raw);
+    let raw = String::from_utf8_lossy(&raw);
+    assert!(raw.starts_with("HTTP/1.1 400"), "{raw}");
+    assert!(raw.contains("body_cut_short"), "{raw}");
+    // Chunked: an early end cannot be told from a whole body, so refused.
+    let mut c = send_raw(
+        s.port,
+        format!("PUT {base}/files?path=precious.txt HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n").as_bytes(),
+    );
+    let head = read_head(&mut c);
+    assert_eq!(status_of(&head), 411, "{head}");
+    assert_eq!(
+        std::fs::read(s.ws.join("precious.txt")).unwrap(),
+        b"the user's work"
+    );
+}
+
+#[test]
+fn an_exec_deadline_past_the_maximum_is_refused() {
+    let s = start();
+    let (_, created) = json(s.port, "POST", "/v1/sandboxes", Value::Null);
+    let base = format!("/v1/sandboxes/{}", created["id"]);
+    let too_long = hako_serve::MAX_EXEC_TIMEOUT.as_millis() as u64 + 1;
+    let (status, v) = json(
+        s.port,
+        "POST",
+        &format!("{base}/exec"),
+        serde_json::json!({"argv": ["true"], "timeout_ms": too_long}),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("timeout_ms"), "{v}");
+    // No deadline given: the server's default applies, and the command runs.
+    let (status, v) = json(
+        s.port,
+        "POST",
+        &format!("{base}/exec"),
+        serde_json::json!({"argv": ["true"]}),
+    );
+    assert_eq!((status, v["exit_code"].as_i64()), (200, Some(0)), "{v}");
+}
+
+#[test]
+fn a_stream_reader_that_stops_reading_neither_stalls_the_command_nor_grows_the_buffer() {
+    let s = start_with(|root| {
+        let mut config = HostConfig::new(root);
+        config.max_output = 64 << 20;
+        Ok(Box::new(HostSandbox::new(config)?) as Box<dyn hako_core::Sandbox>)
+    });
+    let (_, created) = json(s.port, "POST", "/v1/sandboxes", Value::Null);
+    let base = format!("/v1/sandboxes/{}", created["id"]);
+    let body =
+        br#"{"command":"head -c 48000000 /dev/zero | tr '\\0' a; touch done","stream":true}"#;
+    let mut c = send_raw(
+        s.port,
+        format!("POST {base}/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len()).as_bytes(),
+    );
+    c.write_all(body).unwrap();
+    // Not reading: the command still runs to its end.
+    let done = s.ws.join("done");
+    for _ in 0..600 {
+        if done.exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        done.exists(),
+        "the command was stalled by a client that does not read"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let mut raw = Vec::new();
+    c.read_to_end(&mut raw).unwrap();
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let body = dechunk(&raw[split + 4..]);
+    let lines: Vec<Value> = String::from_utf8(body)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let sent: usize = lines
+        .iter()
+        .filter_map(|l| l["data"].as_str())
+        .map(str::len)
+        .sum();
+    let dropped: u64 = lines.iter().filter_map(|l| l["dropped"].as_u64()).sum();
+    assert!(dropped > 0, "nothing dropped: {} lines", lines.len());
+    assert_eq!(sent as u64 + dropped, 48_000_000);
+    let seqs: Vec<u64> = lines.iter().map(|l| l["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1));
+    assert_eq!(lines.last().unwrap()["exit"]["exit_code"], 0);
+}
+
+#[test]
+fn an_empty_token_is_refused_before_serving() {
+    let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
+    let config = ServeConfig {
+        make_sandbox: Box::new(|| Err(hako_core::Error::Closed)),
+        token: " \n".into(),
+        audit: None,
+    };
+    let err = serve(server, config).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+}
+
+#[test]
+fn the_bearer_scheme_is_matched_without_regard_to_case() {
+    let s = start();
+    for scheme in ["bearer", "BEARER", "Bearer"] {
+        let mut c = send_raw(
+            s.port,
+            format!("GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: {scheme} {TOKEN}\r\nConnection: close\r\n\r\n").as_bytes(),
+        );
+        assert_eq!(status_of(&read_head(&mut c)), 200, "{scheme}");
+    }
+    let mut c = send_raw(
+        s.port,
+        format!("GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {TOKEN}\r\nConnection: close\r\n\r\n").as_bytes(),
+    );
+    assert_eq!(status_of(&read_head(&mut c)), 401);
+}
+
+#[test]
+fn a_factory_that_panics_gives_its_sandbox_place_back() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let n = calls.clone();
+    let s = start_with(move |root| {
+        if n.fetch_add(1, Ordering::SeqCst) <= hako_serve::MAX_SANDBOXES {
+            panic!("the backend failed");
+        }
+        Ok(Box::new(HostSandbox::new(HostConfig::new(root))?) as Box<dyn hako_core::Sandbox>)
+    });
+    for _ in 0..=hako_serve::MAX_SANDBOXES {
+        let (status, _) = json(s.port, "POST", "/v1/sandboxes", Value::Null);
+        assert_eq!(status, 500);
+    }
+    let (status, v) = json(s.port, "POST", "/v1/sandboxes", Value::Null);
+    assert_eq!(status, 201, "{v}");
+    healthy(s.port);
 }
