@@ -11,46 +11,21 @@
 //! makes that a failure.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+#[path = "support/mcp.rs"]
+mod support;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-fn must_work() -> bool {
-    std::env::var_os("HAKO_MUST_WORK").is_some_and(|v| v == "1")
-}
-
-/// Skips (returns `false`) with `reason` printed, or fails under
-/// `HAKO_MUST_WORK=1`.
-fn skip(reason: &str) -> bool {
-    assert!(!must_work(), "{reason} and HAKO_MUST_WORK=1");
-    eprintln!("SKIPPED: {reason}");
-    false
-}
-
 fn ready() -> bool {
-    let python = Command::new("python3").args(["-c", "import mcp"]).output();
-    match python {
-        Err(e) => return skip(&format!("python3 cannot run ({e})")),
-        Ok(out) if !out.status.success() => {
-            return skip(&format!(
-                "the Python mcp package is missing (python3 -m pip install mcp): {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
-        Ok(_) => {}
-    }
-    // Under tokio the server starts the guest from its own binary.
-    let guest = Path::new(env!("CARGO_BIN_EXE_hako")).with_file_name("hako-guest");
-    if std::env::var_os("HAKO_GUEST").is_none() && !guest.is_file() {
-        return skip(&format!(
-            "{} is missing; run `cargo build --workspace` first",
-            guest.display()
-        ));
+    if !support::client_and_guest_ready() {
+        return false;
     }
     if let Err(reason) = hako_sys::ns::user_namespaces_allowed() {
-        return skip(&format!("the linux backend cannot run here: {reason}"));
+        return support::skip(&format!("the linux backend cannot run here: {reason}"));
     }
     true
 }
