@@ -12,16 +12,24 @@
 //! test keeps the two the same.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::convert::Infallible;
+use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hako_core::{Command, Error, Output, Program, Sandbox, SessionId, SessionOptions, Stream};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Frame, Incoming};
+use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tiny_http::{Header, Method, Request, Response, Server, StatusCode};
 
 /// The OpenAPI description of this API.
 pub const OPENAPI: &str = include_str!("../openapi.json");
@@ -70,6 +78,21 @@ const STREAM_BUFFER: usize = 4 << 20;
 /// Makes a sandbox with the server's policy.
 pub type Factory = dyn Fn() -> hako_core::Result<Box<dyn Sandbox>> + Send + Sync;
 
+/// How long a client gets to send a request's headers, and how long a
+/// kept-alive connection may wait for its next request.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a request body may stall (no bytes arriving) before the
+/// request is answered `408` and its connection closed.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most connections held open at once; one more is accepted and
+/// closed at once.
+pub const MAX_CONNECTIONS: usize = 256;
+/// How long to wait before accepting again after `accept` failed (out of
+/// file descriptors, say), so the loop does not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// How long work still running at shutdown gets to finish.
+const DRAIN: Duration = Duration::from_secs(5);
+
 /// How the server runs.
 pub struct ServeConfig {
     /// Makes each sandbox a client asks for.
@@ -78,6 +101,37 @@ pub struct ServeConfig {
     pub token: String,
     /// Where each effect is recorded, if anywhere.
     pub audit: Option<Arc<hako_audit::AuditLog>>,
+    /// How long a request body may stall before it gets `408`
+    /// ([`BODY_TIMEOUT`] by default).
+    pub body_timeout: Duration,
+    /// How long a client gets to send a request's headers, and how long an
+    /// idle kept-alive connection stays open ([`HEADER_TIMEOUT`] by default).
+    pub header_timeout: Duration,
+    /// The most connections open at once ([`MAX_CONNECTIONS`] by default).
+    pub max_connections: usize,
+    /// Whether SIGINT and SIGTERM stop the server (closing every sandbox
+    /// and the audit log). Off by default: a library must not take a
+    /// process's signals unasked.
+    pub stop_on_signals: bool,
+}
+
+impl ServeConfig {
+    /// A configuration with the default bounds and timeouts.
+    pub fn new(
+        make_sandbox: Box<Factory>,
+        token: String,
+        audit: Option<Arc<hako_audit::AuditLog>>,
+    ) -> Self {
+        ServeConfig {
+            make_sandbox,
+            token,
+            audit,
+            body_timeout: BODY_TIMEOUT,
+            header_timeout: HEADER_TIMEOUT,
+            max_connections: MAX_CONNECTIONS,
+            stop_on_signals: false,
+        }
+    }
 }
 
 struct State {
@@ -88,11 +142,10 @@ struct State {
     token_digest: String,
     sandboxes: Mutex<Table>,
     next: AtomicU64,
-    requests: Slots,
-    execs: Slots,
-    transfers: Slots,
-    /// Connections given up on (see [`reject_unread`]).
-    abandoned: AtomicUsize,
+    requests: Arc<Slots>,
+    execs: Arc<Slots>,
+    transfers: Arc<Slots>,
+    connections: Arc<Slots>,
 }
 
 /// The open sandboxes, and how many are being opened (they count against
@@ -111,7 +164,7 @@ struct Slots {
 }
 
 /// One taken slot.
-struct Slot<'a>(&'a AtomicUsize);
+struct Slot(Arc<Slots>);
 
 impl Slots {
     const fn new(max: usize) -> Self {
@@ -121,19 +174,19 @@ impl Slots {
         }
     }
 
-    fn try_take(&self) -> Option<Slot<'_>> {
+    fn try_take(self: &Arc<Self>) -> Option<Slot> {
         self.used
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
                 (n < self.max).then_some(n + 1)
             })
             .ok()
-            .map(|_| Slot(&self.used))
+            .map(|_| Slot(Arc::clone(self)))
     }
 }
 
-impl Drop for Slot<'_> {
+impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.0.used.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -158,40 +211,229 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
-/// Serves on `server` until it fails; closes every sandbox when it ends.
+/// Serves on `listener` until it fails or, with
+/// [`ServeConfig::stop_on_signals`], until SIGINT or SIGTERM; then closes
+/// every sandbox and the audit log. Builds its own tokio runtime: call it
+/// from a thread that is not running one.
 ///
-/// Each request gets a thread (tiny_http already holds one per
-/// connection); the token is checked before anything else, and a request
-/// without it holds no slot. Authorized requests take a slot of a bounded
-/// pool or are answered `503` at once: the loop that accepts requests
-/// never waits, so no client can stall the others.
+/// Connections are served by hyper (HTTP/1) on tokio: at most
+/// [`ServeConfig::max_connections`] at once (more are closed at once), each
+/// with a deadline for its headers and its idle time, and every body with a
+/// deadline for its next bytes. Accept errors (out of descriptors, say) are
+/// logged and the loop goes on. The token is checked before anything else,
+/// and a request without it holds no slot and has no body read.
+/// Authorized requests take a slot of a bounded pool or are answered `503`
+/// at once. Sandbox calls run on tokio's blocking threads.
 ///
 /// Refuses an empty token: it would let every client in.
-pub fn serve(server: Server, config: ServeConfig) -> std::io::Result<()> {
+pub fn serve(listener: std::net::TcpListener, config: ServeConfig) -> std::io::Result<()> {
     if config.token.trim().is_empty() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             "the bearer token is empty; every client would be let in",
         ));
     }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("hako-serve")
+        .build()?;
     let state = Arc::new(State {
         token_digest: hako_audit::sha256_hex(config.token.as_bytes()),
+        connections: Arc::new(Slots::new(config.max_connections)),
         config,
         sandboxes: Mutex::new(Table::default()),
         next: AtomicU64::new(1),
-        requests: Slots::new(MAX_REQUESTS),
-        execs: Slots::new(MAX_EXECS),
-        transfers: Slots::new(MAX_TRANSFERS),
-        abandoned: AtomicUsize::new(0),
+        requests: Arc::new(Slots::new(MAX_REQUESTS)),
+        execs: Arc::new(Slots::new(MAX_EXECS)),
+        transfers: Arc::new(Slots::new(MAX_TRANSFERS)),
     });
-    for request in server.incoming_requests() {
+    let result = runtime.block_on(accept_loop(listener, Arc::clone(&state)));
+    // Closing the sandboxes first kills what still runs in them, so the
+    // blocking tasks waiting on them end.
+    close_all(&state);
+    runtime.shutdown_timeout(DRAIN);
+    close_all(&state);
+    if let Some(log) = &state.config.audit {
+        if let Err(e) = log.close() {
+            tracing::warn!("hako serve: cannot close the audit log: {e}");
+        }
+    }
+    result
+}
+
+/// Resolves on SIGINT or SIGTERM (or never, when not asked to).
+async fn stop_signal(enabled: bool) -> std::io::Result<()> {
+    if !enabled {
+        std::future::pending::<()>().await;
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    Ok(())
+}
+
+async fn accept_loop(listener: std::net::TcpListener, state: Arc<State>) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    // Before the first connection, so a signal is never missed.
+    let stop = stop_signal(state.config.stop_on_signals);
+    tokio::pin!(stop);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!("hako serve: cannot accept a connection: {e}");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+            stopped = &mut stop => {
+                stopped?;
+                tracing::info!("hako serve: signalled, shutting down");
+                return Ok(());
+            }
+        };
+        let Some(slot) = state.connections.try_take() else {
+            tracing::warn!(
+                %peer,
+                "hako serve: {} connections are open; closed a new one",
+                state.connections.max
+            );
+            drop(stream);
+            continue;
+        };
         let state = Arc::clone(&state);
-        let spawned = std::thread::Builder::new()
-            .name("hako-serve".into())
-            .spawn(move || handle(&state, request));
-        if let Err(e) = spawned {
-            // The request went with the closure: tiny_http answers 500.
-            tracing::warn!("hako serve: cannot start a request thread: {e}");
+        tokio::spawn(async move {
+            let _slot = slot;
+            serve_connection(state, stream, peer).await;
+        });
+    }
+}
+
+async fn serve_connection(
+    state: Arc<State>,
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+) {
+    // hyper refuses a Content-Length past u64::MAX - 2 itself (431) before
+    // any handler sees it: such a request is answered here like any other
+    // too large one, the token checked first.
+    match refuse_unparseable_length(&state, &stream).await {
+        Peeked::Serve => {}
+        Peeked::Refuse(r) => {
+            let _ = answer_raw(stream, r).await;
+            return;
+        }
+        Peeked::Silent => {
+            tracing::debug!(%peer, "hako serve: closed a connection that sent nothing");
+            return;
+        }
+    }
+    let header_timeout = state.config.header_timeout;
+    let handler = hyper::service::service_fn(move |request| {
+        let state = Arc::clone(&state);
+        async move { Ok::<_, Infallible>(handle(state, request).await) }
+    });
+    let served = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        // A client may shut its side down once it has sent its request,
+        // and still read the answer.
+        .half_close(true)
+        .serve_connection(TokioIo::new(stream), handler)
+        .await;
+    if let Err(e) = served {
+        tracing::debug!(%peer, "hako serve: connection ended: {e}");
+    }
+}
+
+/// What the first bytes of a connection call for.
+enum Peeked {
+    /// Hand it to hyper.
+    Serve,
+    /// Answer this, then close.
+    Refuse(Reply),
+    /// Close it: nothing came within the header timeout.
+    Silent,
+}
+
+/// The answer to a connection whose first request declares a
+/// Content-Length hyper cannot take (past `u64::MAX - 2`): `401` without
+/// the token, else `413`. Looks at what has arrived without consuming it.
+async fn refuse_unparseable_length(state: &State, stream: &tokio::net::TcpStream) -> Peeked {
+    let mut buf = vec![0u8; 16 << 10];
+    let n = match tokio::time::timeout(state.config.header_timeout, stream.peek(&mut buf)).await {
+        Err(_) => return Peeked::Silent,
+        Ok(Err(_)) => return Peeked::Serve,
+        Ok(Ok(n)) => n,
+    };
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut request = httparse::Request::new(&mut headers);
+    if request.parse(&buf[..n]).is_err() {
+        return Peeked::Serve;
+    }
+    let huge = request.headers.iter().any(|h| {
+        h.name.eq_ignore_ascii_case("content-length")
+            && std::str::from_utf8(h.value)
+                .ok()
+                .map(str::trim)
+                .is_some_and(|v| {
+                    !v.is_empty()
+                        && v.bytes().all(|b| b.is_ascii_digit())
+                        && v.parse::<u64>().map_or(true, |n| n > u64::MAX - 2)
+                })
+    });
+    if !huge {
+        return Peeked::Serve;
+    }
+    let mut map = HeaderMap::new();
+    for h in request.headers.iter() {
+        if h.name.eq_ignore_ascii_case("authorization") {
+            if let Ok(v) = HeaderValue::from_bytes(h.value) {
+                map.append(AUTHORIZATION, v);
+            }
+        }
+    }
+    Peeked::Refuse(if authorized(state, &map) {
+        too_large()
+    } else {
+        unauthorized()
+    })
+}
+
+/// Writes `r` as a whole HTTP/1.1 answer on a connection hyper never saw,
+/// then drains (briefly) what the client sent, so that closing does not
+/// reset the connection under the answer.
+async fn answer_raw(mut stream: tokio::net::TcpStream, r: Reply) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = format!("{}\n", r.body);
+    let reason = StatusCode::from_u16(r.status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("");
+    let auth = if r.status == 401 {
+        "WWW-Authenticate: Bearer\r\n"
+    } else {
+        ""
+    };
+    let head = format!(
+        "HTTP/1.1 {} {reason}\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n",
+        r.status,
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    stream.flush().await?;
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 8192];
+    let mut left: usize = 1 << 20;
+    while left > 0 {
+        match tokio::time::timeout(Duration::from_secs(1), stream.read(&mut sink)).await {
+            Ok(Ok(n)) if n > 0 => left = left.saturating_sub(n),
+            _ => break,
         }
     }
     Ok(())
@@ -300,13 +542,12 @@ fn percent_decode(s: &str) -> Result<String, &'static str> {
 /// Whether the request carries the server's bearer token. The scheme is
 /// matched without regard to case (RFC 9110); the token is compared by
 /// its SHA-256 digest, in constant time.
-fn authorized(state: &State, request: &Request) -> bool {
-    request
-        .headers()
-        .iter()
-        .find(|h| h.field.equiv("Authorization"))
-        .and_then(|h| {
-            let (scheme, token) = h.value.as_str().trim().split_once(' ')?;
+fn authorized(state: &State, headers: &HeaderMap) -> bool {
+    headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, token) = v.trim().split_once(' ')?;
             scheme.eq_ignore_ascii_case("bearer").then_some(token)
         })
         .is_some_and(|t| {
@@ -323,53 +564,48 @@ fn unauthorized() -> Reply {
     )
 }
 
-fn response(r: &Reply) -> Response<std::io::Cursor<Vec<u8>>> {
-    let body = r.body.to_string();
-    let mut response = Response::from_string(body).with_status_code(StatusCode(r.status));
-    if let Ok(h) = Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..]) {
-        response.add_header(h);
-    }
+fn too_large() -> Reply {
+    error(
+        413,
+        "too_large",
+        format!("the body is over {MAX_BODY} bytes"),
+    )
+}
+
+/// A response body: whole, or streamed.
+type Body = BoxBody<Bytes, Infallible>;
+
+fn with_body(status: u16, content_type: &'static str, body: Body) -> Response<Body> {
+    let mut response = Response::new(body);
+    *response.status_mut() =
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        HeaderValue::from_static(content_type),
+    );
+    response
+}
+
+fn response(r: Reply) -> Response<Body> {
+    let body = Full::new(Bytes::from(r.body.to_string())).boxed();
+    let mut response = with_body(r.status, "application/json", body);
     if r.status == 401 {
-        if let Ok(h) = Header::from_bytes(&b"WWW-Authenticate"[..], &b"Bearer"[..]) {
-            response.add_header(h);
-        }
+        response.headers_mut().insert(
+            hyper::header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer"),
+        );
     }
     response
 }
 
-fn respond(request: Request, r: Reply) {
-    let _ = request.respond(response(&r));
-}
-
-/// Answers a request whose declared body is larger than the server reads,
-/// without reading it and without dropping the request.
-///
-/// tiny_http 0.12 drains an unread body when its request is dropped, with
-/// one buffer the size of the whole declared `Content-Length`
-/// (tiny-http#252): a client that declares a terabyte and closes early
-/// makes that allocation fail and aborts the whole server, before any
-/// token is checked. So such a request is answered over the raw stream and
-/// its connection is abandoned: it costs one descriptor and tiny_http's
-/// thread for the connection, never the process. The answer has no
-/// length, so the client sees the status and body and then waits for an
-/// end that does not come; it should close.
-fn reject_unread(state: &State, request: Request, r: Reply) {
-    let mut body = r.body.to_string().into_bytes();
-    body.push(b'\n');
-    let mut stream = request.upgrade(
-        "hako-refused",
-        response(&Reply {
-            body: Value::Null,
-            ..r
-        }),
-    );
-    let _ = stream.write_all(&body);
-    let _ = stream.flush();
-    std::mem::forget(stream);
-    let n = state.abandoned.fetch_add(1, Ordering::SeqCst) + 1;
-    tracing::warn!(
-        "hako serve: abandoned a connection whose declared body was over {MAX_BODY} bytes ({n} so far)"
-    );
+/// An answer after which the connection is closed: its body was not (all)
+/// read, and is not read.
+fn closing(r: Reply) -> Response<Body> {
+    let mut response = response(r);
+    response
+        .headers_mut()
+        .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 /// What a route costs: the pool its slot comes from, if any.
@@ -386,9 +622,9 @@ enum Cost {
 
 fn cost(method: &Method, parts: &[&str]) -> Cost {
     match (method, parts) {
-        (Method::Get, ["v1", "health" | "openapi.json"]) => Cost::Free,
-        (Method::Post, ["v1", "sandboxes", _, "exec"]) => Cost::Exec,
-        (Method::Get | Method::Put, ["v1", "sandboxes", _, "files"]) => Cost::Transfer,
+        (&Method::GET, ["v1", "health" | "openapi.json"]) => Cost::Free,
+        (&Method::POST, ["v1", "sandboxes", _, "exec"]) => Cost::Exec,
+        (&Method::GET | &Method::PUT, ["v1", "sandboxes", _, "files"]) => Cost::Transfer,
         _ => Cost::Request,
     }
 }
@@ -401,58 +637,205 @@ fn busy(what: &str) -> Reply {
     )
 }
 
-fn handle(state: &State, mut request: Request) {
-    let authorized = authorized(state, &request);
-    // Before anything else: a body that would be refused unread must not
-    // reach tiny_http's drain (see `reject_unread`).
-    if request.body_length().is_some_and(|n| n as u64 > MAX_BODY) {
-        let r = if authorized {
-            error(
-                413,
-                "too_large",
-                format!("the body is over {MAX_BODY} bytes"),
-            )
+/// The request's declared body length: `Ok(None)` without one, `Err` for
+/// one that is not a number.
+fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, ()> {
+    match headers.get(CONTENT_LENGTH) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Some)
+            .ok_or(()),
+    }
+}
+
+/// Runs blocking sandbox work on tokio's blocking threads; a panic in it
+/// is a `500`.
+async fn blocking(f: impl FnOnce() -> Reply + Send + 'static) -> Reply {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        tracing::warn!("hako serve: a request handler failed: {e}");
+        error(500, "internal", "the request failed inside the server")
+    })
+}
+
+async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body> {
+    // Before anything else, the body included.
+    let authorized = authorized(&state, request.headers());
+    let declared = declared_length(request.headers());
+    if declared.is_ok_and(|n| n.is_some_and(|n| n > MAX_BODY)) {
+        return closing(if authorized {
+            too_large()
         } else {
             unauthorized()
-        };
-        return reject_unread(state, request, r);
+        });
     }
     if !authorized {
-        return respond(request, unauthorized());
+        return closing(unauthorized());
     }
-    let method = request.method().clone();
-    let url = request.url().to_string();
+    let Ok(declared) = declared else {
+        return closing(error(
+            400,
+            "bad_request",
+            "the Content-Length is not a number",
+        ));
+    };
+    let (head, body) = request.into_parts();
+    let method = head.method;
+    let url = head
+        .uri
+        .path_and_query()
+        .map_or_else(|| head.uri.path().to_string(), |p| p.as_str().to_string());
     let (path, file) = split(&url);
-    let parts: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
-    // A slot for the whole request, answer included (a client that does
-    // not read its answer keeps its slot; the pools bound what they hold).
-    let _slot = match cost(&method, &parts) {
+    let path = path.to_string();
+    let parts: Vec<String> = path
+        .trim_end_matches('/')
+        .split('/')
+        .skip(1)
+        .map(str::to_string)
+        .collect();
+    let parts_ref: Vec<&str> = parts.iter().map(String::as_str).collect();
+    // A slot for the whole request (for a streamed command, until it ends).
+    let slot = match cost(&method, &parts_ref) {
         Cost::Free => None,
         Cost::Exec => match state.execs.try_take() {
             Some(slot) => Some(slot),
-            None => return respond(request, busy("commands")),
+            None => return response(busy("commands")),
         },
         Cost::Request => match state.requests.try_take() {
             Some(slot) => Some(slot),
-            None => return respond(request, busy("requests")),
+            None => return response(busy("requests")),
         },
         Cost::Transfer => match state.transfers.try_take() {
             Some(slot) => Some(slot),
-            None => return respond(request, busy("file transfers")),
+            None => return response(busy("file transfers")),
         },
     };
     let file = match file {
         Ok(file) => file,
-        Err(r) => return respond(request, r),
+        Err(r) => return response(r),
     };
+    let chunked = head.headers.contains_key(TRANSFER_ENCODING);
     let id = |s: &str| s.parse::<u64>().ok();
-    match (&method, parts.as_slice()) {
-        (Method::Get, ["v1", "health"]) => respond(request, reply(200, json!({"ok": true}))),
-        (Method::Get, ["v1", "openapi.json"]) => {
+    match (&method, parts_ref.as_slice()) {
+        (&Method::GET, ["v1", "health"]) => response(reply(200, json!({"ok": true}))),
+        (&Method::GET, ["v1", "openapi.json"]) => {
             let body: Value = serde_json::from_str(OPENAPI).unwrap_or(Value::Null);
-            respond(request, reply(200, body))
+            response(reply(200, body))
         }
-        (Method::Get, ["v1", "sandboxes"]) => {
+        (&Method::POST, ["v1", "sandboxes", sid, "exec"]) => {
+            let Some(sb) = id(sid).and_then(|n| lookup(&state, n)) else {
+                return response(no_sandbox(sid));
+            };
+            let body = match read_body(&state, body, declared, chunked, false).await {
+                Ok(b) => b,
+                Err(r) => return r,
+            };
+            exec(state, sb, &body, slot).await
+        }
+        (&Method::GET, ["v1", "sandboxes", sid, "files"]) => {
+            let sid = sid.to_string();
+            let read = tokio::task::spawn_blocking(move || {
+                with_file(&state, &sid, file, |sb, p| {
+                    let read = match sb.read_limit() {
+                        Some(rl) => rl
+                            .read_file_limit(p, MAX_BODY)
+                            .map(|o| (o.data, o.truncated)),
+                        None => sb.read_file(p).map(|d| (d, false)),
+                    };
+                    if let Ok((data, _)) = &read {
+                        audit(
+                            &state,
+                            "read",
+                            json!({"path": p, "size": data.len(), "sha256": hako_audit::sha256_hex(data)}),
+                        );
+                    }
+                    read
+                })
+            })
+            .await;
+            match read {
+                Ok(Ok((data, truncated))) => {
+                    let mut r = with_body(
+                        200,
+                        "application/octet-stream",
+                        Full::new(Bytes::from(data)).boxed(),
+                    );
+                    r.headers_mut().insert(
+                        "x-hako-truncated",
+                        HeaderValue::from_static(if truncated { "true" } else { "false" }),
+                    );
+                    r
+                }
+                Ok(Err(r)) => response(r),
+                Err(e) => {
+                    tracing::warn!("hako serve: a request handler failed: {e}");
+                    response(error(
+                        500,
+                        "internal",
+                        "the request failed inside the server",
+                    ))
+                }
+            }
+        }
+        (&Method::PUT, ["v1", "sandboxes", sid, "files"]) => {
+            // The sandbox and the path first: a body is read only for a
+            // write that can happen.
+            if let Err(r) = with_file(&state, sid, file.clone(), |_, _| Ok(())) {
+                return response(r);
+            }
+            // A body cut short must not replace the file: its length has
+            // to be known to tell (a chunked body that ends early looks
+            // complete).
+            let body = match read_body(&state, body, declared, chunked, true).await {
+                Ok(b) => b,
+                Err(r) => return r,
+            };
+            let sid = sid.to_string();
+            response(
+                blocking(move || {
+                    let _slot = slot;
+                    let r = with_file(&state, &sid, file, |sb, p| {
+                        sb.write_file(p, &body)?;
+                        audit(
+                            &state,
+                            "write",
+                            json!({"path": p, "size": body.len(), "sha256": hako_audit::sha256_hex(&body)}),
+                        );
+                        Ok(())
+                    });
+                    r.map(|()| reply(200, json!({"written": body.len()})))
+                        .unwrap_or_else(|r| r)
+                })
+                .await,
+            )
+        }
+        _ => {
+            drop(body);
+            response(
+                blocking(move || {
+                    let _slot = slot;
+                    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+                    route(&state, &method, &parts, &path, file)
+                })
+                .await,
+            )
+        }
+    }
+}
+
+/// The routes answered with JSON after blocking sandbox work, and no body.
+fn route(
+    state: &State,
+    method: &Method,
+    parts: &[&str],
+    path: &str,
+    file: Option<String>,
+) -> Reply {
+    let id = |s: &str| s.parse::<u64>().ok();
+    match (method, parts) {
+        (&Method::GET, ["v1", "sandboxes"]) => {
             let mut all: Vec<(u64, Arc<dyn Sandbox>)> = table(state)
                 .open
                 .iter()
@@ -463,122 +846,32 @@ fn handle(state: &State, mut request: Request) {
                 .into_iter()
                 .map(|(id, sb)| json!({"id": id, "capabilities": sb.capabilities()}))
                 .collect();
-            respond(request, reply(200, json!({"sandboxes": list})))
+            reply(200, json!({"sandboxes": list}))
         }
-        (Method::Post, ["v1", "sandboxes"]) => {
-            let r = create(state);
-            respond(request, r)
-        }
-        (Method::Get, ["v1", "sandboxes", sid]) => {
-            let r = with_sandbox(state, id(sid), |id, sb| {
-                reply(200, json!({"id": id, "capabilities": sb.capabilities()}))
-            });
-            respond(request, r)
-        }
-        (Method::Delete, ["v1", "sandboxes", sid]) => {
+        (&Method::POST, ["v1", "sandboxes"]) => create(state),
+        (&Method::GET, ["v1", "sandboxes", sid]) => with_sandbox(state, id(sid), |id, sb| {
+            reply(200, json!({"id": id, "capabilities": sb.capabilities()}))
+        }),
+        (&Method::DELETE, ["v1", "sandboxes", sid]) => {
             let removed = id(sid).and_then(|n| table(state).open.remove(&n));
-            let r = match removed {
+            match removed {
                 Some(sb) => match sb.close() {
                     Ok(()) => reply(200, json!({"closed": true})),
                     Err(e) => from_error(&e),
                 },
                 None => no_sandbox(sid),
-            };
-            respond(request, r)
-        }
-        (Method::Post, ["v1", "sandboxes", sid, "exec"]) => {
-            let Some(sb) = id(sid).and_then(|n| lookup(state, n)) else {
-                return respond(request, no_sandbox(sid));
-            };
-            let body = match read_body(&mut request, false) {
-                Ok(b) => b,
-                Err(r) => return respond(request, r),
-            };
-            exec(state, request, &sb, &body)
-        }
-        (Method::Get, ["v1", "sandboxes", sid, "files"]) => {
-            let r = with_file(state, sid, file, |sb, p| {
-                let max = MAX_BODY;
-                let read = match sb.read_limit() {
-                    Some(rl) => rl.read_file_limit(p, max).map(|o| (o.data, o.truncated)),
-                    None => sb.read_file(p).map(|d| (d, false)),
-                };
-                match read {
-                    Ok((data, truncated)) => {
-                        audit(
-                            state,
-                            "read",
-                            json!({"path": p, "size": data.len(), "sha256": hako_audit::sha256_hex(&data)}),
-                        );
-                        Ok((data, truncated))
-                    }
-                    Err(e) => Err(e),
-                }
-            });
-            match r {
-                Ok((data, truncated)) => {
-                    let mut response = Response::from_data(data).with_status_code(StatusCode(200));
-                    if let Ok(h) =
-                        Header::from_bytes(&b"Content-Type"[..], &b"application/octet-stream"[..])
-                    {
-                        response.add_header(h);
-                    }
-                    if let Ok(h) = Header::from_bytes(
-                        &b"X-Hako-Truncated"[..],
-                        if truncated {
-                            &b"true"[..]
-                        } else {
-                            &b"false"[..]
-                        },
-                    ) {
-                        response.add_header(h);
-                    }
-                    let _ = request.respond(response);
-                }
-                Err(r) => respond(request, r),
             }
         }
-        (Method::Put, ["v1", "sandboxes", sid, "files"]) => {
-            // The sandbox and the path first: a body is read only for a
-            // write that can happen.
-            if let Err(r) = with_file(state, sid, file.clone(), |_, _| Ok(())) {
-                return respond(request, r);
-            }
-            // A body cut short must not replace the file: its length has
-            // to be known to tell (a chunked body that ends early looks
-            // complete).
-            let body = match read_body(&mut request, true) {
-                Ok(b) => b,
-                Err(r) => return respond(request, r),
-            };
-            let r = with_file(state, sid, file, |sb, p| {
-                sb.write_file(p, &body)?;
-                audit(
-                    state,
-                    "write",
-                    json!({"path": p, "size": body.len(), "sha256": hako_audit::sha256_hex(&body)}),
-                );
-                Ok(())
-            });
-            respond(
-                request,
-                r.map(|()| reply(200, json!({"written": body.len()})))
-                    .unwrap_or_else(|r| r),
-            )
-        }
-        (Method::Delete, ["v1", "sandboxes", sid, "files"]) => {
+        (&Method::DELETE, ["v1", "sandboxes", sid, "files"]) => {
             let r = with_file(state, sid, file, |sb, p| {
                 sb.remove(p)?;
                 audit(state, "remove", json!({"path": p}));
                 Ok(())
             });
-            respond(
-                request,
-                r.map(|()| reply(200, json!({"removed": true})))
-                    .unwrap_or_else(|r| r),
-            )
+            r.map(|()| reply(200, json!({"removed": true})))
+                .unwrap_or_else(|r| r)
         }
-        (Method::Get, ["v1", "sandboxes", sid, "dir"]) => {
+        (&Method::GET, ["v1", "sandboxes", sid, "dir"]) => {
             let file = file.or_else(|| Some(".".into()));
             let r = with_file(state, sid, file, |sb, p| sb.list_dir(p));
             let r = r.map(|listing| {
@@ -589,38 +882,33 @@ fn handle(state: &State, mut request: Request) {
                     .collect();
                 reply(200, json!({"entries": entries, "truncated": listing.truncated}))
             });
-            respond(request, r.unwrap_or_else(|r| r))
+            r.unwrap_or_else(|r| r)
         }
-        (Method::Post, ["v1", "sandboxes", sid, "sessions"]) => {
-            let r = with_sandbox(state, id(sid), |_, sb| match sb.sessions() {
+        (&Method::POST, ["v1", "sandboxes", sid, "sessions"]) => {
+            with_sandbox(state, id(sid), |_, sb| match sb.sessions() {
                 Some(s) => match s.open_session(&SessionOptions::default()) {
                     Ok(session) => reply(200, json!({"session": session.0})),
                     Err(e) => from_error(&e),
                 },
                 None => error(501, "unsupported", "this sandbox has no sessions"),
-            });
-            respond(request, r)
+            })
         }
-        (Method::Delete, ["v1", "sandboxes", sid, "sessions", session]) => {
+        (&Method::DELETE, ["v1", "sandboxes", sid, "sessions", session]) => {
             let Some(session) = id(session) else {
-                return respond(request, error(400, "bad_request", "a session is a number"));
+                return error(400, "bad_request", "a session is a number");
             };
-            let r = with_sandbox(state, id(sid), |_, sb| match sb.sessions() {
+            with_sandbox(state, id(sid), |_, sb| match sb.sessions() {
                 Some(s) => match s.close_session(SessionId(session)) {
                     Ok(()) => reply(200, json!({"closed": true})),
                     Err(e) => from_error(&e),
                 },
                 None => error(501, "unsupported", "this sandbox has no sessions"),
-            });
-            respond(request, r)
+            })
         }
-        _ => respond(
-            request,
-            error(
-                404,
-                "no_such_route",
-                format!("no route {} {path}", method.as_str()),
-            ),
+        _ => error(
+            404,
+            "no_such_route",
+            format!("no route {} {path}", method.as_str()),
         ),
     }
 }
@@ -723,49 +1011,75 @@ impl Drop for Opening<'_> {
 }
 
 /// Reads a request's body: at most [`MAX_BODY`] bytes (a larger declared
-/// length never gets here, see `reject_unread`), and, when the request
-/// declared its length, exactly that many: a body cut short is an error,
-/// not a shorter body. With `need_length`, a body of unknown length
-/// (chunked) is refused.
-fn read_body(request: &mut Request, need_length: bool) -> Result<Vec<u8>, Reply> {
-    let declared = request.body_length();
-    let chunked = request
-        .headers()
-        .iter()
-        .any(|h| h.field.equiv("Transfer-Encoding"));
+/// length never gets here), and, when the request declared its length,
+/// exactly that many: a body cut short is an error, not a shorter body.
+/// With `need_length`, a body of unknown length (chunked) is refused. A
+/// body that stalls for the configured body timeout gets `408`. The error
+/// is a whole answer, which closes the connection when the body was not
+/// all read.
+async fn read_body(
+    state: &State,
+    mut incoming: Incoming,
+    declared: Option<u64>,
+    chunked: bool,
+    need_length: bool,
+) -> Result<Vec<u8>, Response<Body>> {
     if need_length && declared.is_none() && chunked {
-        return Err(error(
+        return Err(closing(error(
             411,
             "length_required",
             "give the body's Content-Length (a chunked body that ends early could not be told from a whole one)",
-        ));
+        )));
     }
     let mut body = Vec::new();
-    request
-        .as_reader()
-        .take(MAX_BODY + 1)
-        .read_to_end(&mut body)
-        .map_err(|e| error(400, "bad_request", format!("cannot read the body: {e}")))?;
-    if body.len() as u64 > MAX_BODY {
-        return Err(error(
-            413,
-            "too_large",
-            format!("the body is over {MAX_BODY} bytes"),
-        ));
+    loop {
+        let frame = match tokio::time::timeout(state.config.body_timeout, incoming.frame()).await {
+            Err(_) => {
+                return Err(closing(error(
+                    408,
+                    "timeout",
+                    format!(
+                        "the body stalled for {} ms; nothing was done",
+                        state.config.body_timeout.as_millis()
+                    ),
+                )))
+            }
+            Ok(None) => break,
+            Ok(Some(Ok(frame))) => frame,
+            Ok(Some(Err(e))) => {
+                if let Some(n) = declared {
+                    return Err(closing(cut_short(body.len(), n)));
+                }
+                return Err(closing(error(
+                    400,
+                    "bad_request",
+                    format!("cannot read the body: {e}"),
+                )));
+            }
+        };
+        if let Ok(data) = frame.into_data() {
+            body.extend_from_slice(&data);
+            if body.len() as u64 > MAX_BODY {
+                return Err(closing(too_large()));
+            }
+        }
     }
     if let Some(n) = declared {
-        if body.len() != n {
-            return Err(error(
-                400,
-                "body_cut_short",
-                format!(
-                    "the body ended after {} of the {n} bytes its Content-Length declared; nothing was done",
-                    body.len()
-                ),
-            ));
+        if body.len() as u64 != n {
+            return Err(closing(cut_short(body.len(), n)));
         }
     }
     Ok(body)
+}
+
+fn cut_short(got: usize, declared: u64) -> Reply {
+    error(
+        400,
+        "body_cut_short",
+        format!(
+            "the body ended after {got} of the {declared} bytes its Content-Length declared; nothing was done"
+        ),
+    )
 }
 
 /// `POST /v1/sandboxes/{id}/exec`.
@@ -818,28 +1132,31 @@ fn exec_timeout(timeout_ms: Option<u64>) -> Result<Duration, Reply> {
     Ok(timeout)
 }
 
-fn exec(state: &State, request: Request, sb: &Arc<dyn Sandbox>, body: &[u8]) {
+/// A command ready to run.
+struct Prepared {
+    command: Command,
+    session: Option<u64>,
+}
+
+async fn exec(
+    state: Arc<State>,
+    sb: Arc<dyn Sandbox>,
+    body: &[u8],
+    slot: Option<Slot>,
+) -> Response<Body> {
     let req: ExecRequest = match serde_json::from_slice(body) {
         Ok(r) => r,
-        Err(e) => {
-            return respond(
-                request,
-                error(400, "bad_request", format!("bad exec request: {e}")),
-            )
-        }
+        Err(e) => return response(error(400, "bad_request", format!("bad exec request: {e}"))),
     };
     let program = match (req.argv, req.command) {
         (Some(argv), None) if !argv.is_empty() => Program::Argv(argv),
         (None, Some(cmd)) => Program::Shell(cmd),
         _ => {
-            return respond(
-                request,
-                error(
-                    400,
-                    "bad_request",
-                    "give exactly one of argv (non-empty) and command",
-                ),
-            )
+            return response(error(
+                400,
+                "bad_request",
+                "give exactly one of argv (non-empty) and command",
+            ))
         }
     };
     let mut command = Command {
@@ -848,43 +1165,83 @@ fn exec(state: &State, request: Request, sb: &Arc<dyn Sandbox>, body: &[u8]) {
     };
     command.timeout = match exec_timeout(req.timeout_ms) {
         Ok(t) => Some(t),
-        Err(r) => return respond(request, r),
+        Err(r) => return response(r),
     };
     if req.session.is_none() {
         command.cwd = req.cwd;
         command.stdin = req.stdin.map(String::into_bytes);
     } else if req.cwd.is_some() || req.stdin.is_some() {
-        return respond(
-            request,
-            error(
-                400,
-                "bad_request",
-                "a session command takes no cwd or stdin (cd inside the session)",
-            ),
+        return response(error(
+            400,
+            "bad_request",
+            "a session command takes no cwd or stdin (cd inside the session)",
+        ));
+    }
+    let prepared = Prepared {
+        command,
+        session: req.session,
+    };
+    if !req.stream {
+        return response(
+            blocking(move || {
+                let _slot = slot;
+                let result = run_command(&state, sb.as_ref(), &prepared, None);
+                match result {
+                    Ok(out) => reply(200, output_json(&out)),
+                    Err(e) => from_error(&e),
+                }
+            })
+            .await,
         );
     }
-    let argv = command.program.argv();
-    let run = |sink: Option<&mut hako_core::OutputSink<'_>>| -> hako_core::Result<Output> {
-        match (req.session, sink) {
-            (Some(s), sink) => match sb.sessions() {
-                Some(sessions) => sessions.session_exec(SessionId(s), &command, sink),
-                None => Err(Error::Unsupported {
-                    backend: sb.capabilities().backend.clone(),
-                    capability: "sessions",
-                }),
-            },
-            (None, Some(sink)) => match sb.exec_stream() {
-                Some(streamer) => streamer.exec_stream(&command, sink),
-                None => sb.exec(&command),
-            },
-            (None, None) => sb.exec(&command),
-        }
+    // Streamed: JSON lines, written as the output comes (a chunked
+    // response fed through a channel). A client that reads slower than the
+    // command writes never slows the command and never makes the server
+    // buffer more than STREAM_BUFFER bytes: past it, chunks are dropped and
+    // a `dropped` line says how many bytes were.
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
+    let queued = Arc::new(AtomicUsize::new(0));
+    let stream_body = ChannelBody {
+        rx,
+        queued: Arc::clone(&queued),
     };
-    let record = |result: &hako_core::Result<Output>| match result {
+    let spawned = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        stream_command(&state, sb.as_ref(), &prepared, &tx, &queued);
+    });
+    drop(spawned);
+    with_body(200, "application/x-ndjson", stream_body.boxed())
+}
+
+/// Runs a command (in its session, if it names one), feeding `sink` the
+/// output as it comes when given one, and records the result.
+fn run_command(
+    state: &State,
+    sb: &dyn Sandbox,
+    prepared: &Prepared,
+    sink: Option<&mut hako_core::OutputSink<'_>>,
+) -> hako_core::Result<Output> {
+    let command = &prepared.command;
+    let result = match (prepared.session, sink) {
+        (Some(s), sink) => match sb.sessions() {
+            Some(sessions) => sessions.session_exec(SessionId(s), command, sink),
+            None => Err(Error::Unsupported {
+                backend: sb.capabilities().backend.clone(),
+                capability: "sessions",
+            }),
+        },
+        (None, Some(sink)) => match sb.exec_stream() {
+            Some(streamer) => streamer.exec_stream(command, sink),
+            None => sb.exec(command),
+        },
+        (None, None) => sb.exec(command),
+    };
+    let argv = command.program.argv();
+    match &result {
         Ok(out) => audit(
             state,
             "exec",
-            json!({"argv": argv, "cwd": command.cwd, "session": req.session, "exit_code": out.status.code(),
+            json!({"argv": argv, "cwd": command.cwd, "session": prepared.session, "exit_code": out.status.code(),
                    "timed_out": out.timed_out, "duration_ms": u64::try_from(out.duration.as_millis()).unwrap_or(u64::MAX),
                    "stdout_bytes": out.stdout_total, "stderr_bytes": out.stderr_total}),
         ),
@@ -893,36 +1250,20 @@ fn exec(state: &State, request: Request, sb: &Arc<dyn Sandbox>, body: &[u8]) {
             "refusal",
             json!({"argv": argv, "error": e.to_string()}),
         ),
-    };
-    if !req.stream {
-        let result = run(None);
-        record(&result);
-        let r = match result {
-            Ok(out) => reply(200, output_json(&out)),
-            Err(e) => from_error(&e),
-        };
-        return respond(request, r);
     }
-    // Streamed: JSON lines, written as the output comes (a chunked
-    // response fed through a channel). A client that reads slower than the
-    // command writes never slows the command and never makes the server
-    // buffer more than STREAM_BUFFER bytes: past it, chunks are dropped and
-    // a `dropped` line says how many bytes were.
-    let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
-    let queued = Arc::new(AtomicUsize::new(0));
-    let reader = ChannelReader {
-        rx,
-        buf: Vec::new(),
-        pos: 0,
-        queued: Arc::clone(&queued),
-    };
-    let responder = std::thread::spawn(move || {
-        let mut response = Response::new(StatusCode(200), Vec::new(), reader, None, None);
-        if let Ok(h) = Header::from_bytes(&b"Content-Type"[..], &b"application/x-ndjson"[..]) {
-            response.add_header(h);
-        }
-        let _ = request.respond(response);
-    });
+    result
+}
+
+/// Runs a streamed command: its output, numbered JSON lines, goes to `tx`
+/// (at most [`STREAM_BUFFER`] bytes waiting; past it, a `dropped` line),
+/// then its exit or error.
+fn stream_command(
+    state: &State,
+    sb: &dyn Sandbox,
+    prepared: &Prepared,
+    tx: &tokio::sync::mpsc::UnboundedSender<Bytes>,
+    queued: &AtomicUsize,
+) {
     let mut seq: u64 = 0;
     let mut dropped: u64 = 0;
     // Sends one line; `bounded` lines are dropped (false) when the client
@@ -935,7 +1276,7 @@ fn exec(state: &State, request: Request, sb: &Arc<dyn Sandbox>, body: &[u8]) {
             return false;
         }
         queued.fetch_add(n, Ordering::SeqCst);
-        if tx.send(bytes).is_err() {
+        if tx.send(Bytes::from(bytes)).is_err() {
             // The client is gone; nothing more is read.
             queued.fetch_sub(n, Ordering::SeqCst);
         }
@@ -959,9 +1300,8 @@ fn exec(state: &State, request: Request, sb: &Arc<dyn Sandbox>, body: &[u8]) {
                 dropped += chunk.len() as u64;
             }
         };
-        run(Some(&mut sink))
+        run_command(state, sb, prepared, Some(&mut sink))
     };
-    record(&result);
     if dropped > 0 {
         seq += 1;
         send(json!({"seq": seq, "dropped": dropped}), false);
@@ -971,35 +1311,32 @@ fn exec(state: &State, request: Request, sb: &Arc<dyn Sandbox>, body: &[u8]) {
         Ok(out) => send(json!({"seq": seq, "exit": output_json(out)}), false),
         Err(e) => send(json!({"seq": seq, "error": e.to_string()}), false),
     };
-    drop(tx);
-    let _ = responder.join();
 }
 
-/// The body of a streamed response: the lines the command's sink sends.
-struct ChannelReader {
-    rx: std::sync::mpsc::Receiver<Vec<u8>>,
-    buf: Vec<u8>,
-    pos: usize,
+/// The body of a streamed response: the lines the command's sink sends,
+/// ending when the command's task drops its sender.
+struct ChannelBody {
+    rx: tokio::sync::mpsc::UnboundedReceiver<Bytes>,
     /// Bytes sent and not yet taken from the channel.
     queued: Arc<AtomicUsize>,
 }
 
-impl Read for ChannelReader {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        while self.pos >= self.buf.len() {
-            match self.rx.recv() {
-                Ok(next) => {
-                    self.queued.fetch_sub(next.len(), Ordering::SeqCst);
-                    self.buf = next;
-                    self.pos = 0;
-                }
-                Err(_) => return Ok(0),
+impl hyper::body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(bytes)) => {
+                self.queued.fetch_sub(bytes.len(), Ordering::SeqCst);
+                Poll::Ready(Some(Ok(Frame::data(bytes))))
             }
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
         }
-        let n = out.len().min(self.buf.len() - self.pos);
-        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
-        self.pos += n;
-        Ok(n)
     }
 }
 

@@ -34,21 +34,27 @@ fn start() -> Server {
 fn start_with(
     make: impl Fn(&Path) -> hako_core::Result<Box<dyn hako_core::Sandbox>> + Send + Sync + 'static,
 ) -> Server {
+    start_config(make, |_| {})
+}
+
+/// A server whose sandboxes `make` opens, with `tweak` applied to its
+/// configuration.
+fn start_config(
+    make: impl Fn(&Path) -> hako_core::Result<Box<dyn hako_core::Sandbox>> + Send + Sync + 'static,
+    tweak: impl FnOnce(&mut ServeConfig),
+) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().join("ws");
     std::fs::create_dir(&ws).unwrap();
     let ws = ws.canonicalize().unwrap();
     let log = dir.path().join("audit.log");
     let audit = Arc::new(hako_audit::AuditLog::open(&log).unwrap());
-    let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
-    let port = server.server_addr().to_ip().unwrap().port();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
     let root = ws.clone();
-    let config = ServeConfig {
-        make_sandbox: Box::new(move || make(&root)),
-        token: TOKEN.into(),
-        audit: Some(audit),
-    };
-    std::thread::spawn(move || serve(server, config));
+    let mut config = ServeConfig::new(Box::new(move || make(&root)), TOKEN.into(), Some(audit));
+    tweak(&mut config);
+    std::thread::spawn(move || serve(listener, config));
     Server {
         port,
         ws,
@@ -423,9 +429,11 @@ fn healthy(port: u16) {
 
 #[test]
 fn a_declared_body_of_a_terabyte_neither_aborts_the_server_nor_is_read() {
-    // tiny_http would drain such a body with one buffer of the declared
-    // size when the request is dropped: the allocation fails and aborts
-    // the process (or panics past isize::MAX), before any token check.
+    // tiny_http drained such a body with one buffer of the declared size
+    // when the request was dropped: the allocation failed and aborted the
+    // process (or panicked past isize::MAX), before any token check. hyper
+    // refuses a length past u64::MAX - 2 itself; the server answers that
+    // one too, the token first.
     let s = start();
     for len in [
         "1000000000000",
@@ -467,7 +475,7 @@ fn a_declared_body_of_a_terabyte_neither_aborts_the_server_nor_is_read() {
 #[test]
 fn unauthenticated_slow_bodies_do_not_lock_authorized_clients_out() {
     // Each request declares a body it never sends: answering 401 is quick,
-    // but tiny_http then waits for the body. Those waits must not use up
+    // but the server must not then wait for the body. Those waits must not use up
     // what authorized requests need (they used to stop the accept loop
     // after 64).
     let s = start();
@@ -723,13 +731,13 @@ fn a_stream_reader_that_stops_reading_neither_stalls_the_command_nor_grows_the_b
 
 #[test]
 fn an_empty_token_is_refused_before_serving() {
-    let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
-    let config = ServeConfig {
-        make_sandbox: Box::new(|| Err(hako_core::Error::Closed)),
-        token: " \n".into(),
-        audit: None,
-    };
-    let err = serve(server, config).unwrap_err();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let config = ServeConfig::new(
+        Box::new(|| Err(hako_core::Error::Closed)),
+        " \n".into(),
+        None,
+    );
+    let err = serve(listener, config).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
 }
 
@@ -767,4 +775,110 @@ fn a_factory_that_panics_gives_its_sandbox_place_back() {
     let (status, v) = json(s.port, "POST", "/v1/sandboxes", Value::Null);
     assert_eq!(status, 201, "{v}");
     healthy(s.port);
+}
+
+#[test]
+fn idle_connections_past_the_cap_do_not_stop_the_server() {
+    // Clients that connect and send nothing used to hold a tiny_http
+    // thread each, with no deadline; an accept error (out of descriptors)
+    // then stopped the accept loop for good. Now connections are capped
+    // (one past the cap is closed at once), an idle one is closed after the
+    // header timeout, and the server keeps serving.
+    const CAP: usize = 8;
+    let s = start_config(
+        |root| Ok(Box::new(HostSandbox::new(HostConfig::new(root))?) as Box<dyn hako_core::Sandbox>),
+        |c| {
+            c.max_connections = CAP;
+            c.header_timeout = Duration::from_secs(1);
+        },
+    );
+    healthy(s.port);
+    let idle: Vec<TcpStream> = (0..CAP + 4)
+        .map(|_| TcpStream::connect(("127.0.0.1", s.port)).unwrap())
+        .collect();
+    // Let the server accept them all (the ones past the cap are closed).
+    std::thread::sleep(Duration::from_millis(300));
+    // While they are open, a request is refused at once (closed), never
+    // left hanging.
+    let started = std::time::Instant::now();
+    let raw = try_health(s.port);
+    assert!(raw.is_empty(), "{}", String::from_utf8_lossy(&raw));
+    assert!(started.elapsed() < Duration::from_secs(4));
+    // The server closes them itself once they have been idle for the
+    // header timeout, without their clients doing anything; then it serves
+    // again, as many times as asked.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !try_health(s.port).starts_with(b"HTTP/1.1 200") {
+        assert!(std::time::Instant::now() < deadline, "never served again");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for mut c in idle {
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut rest = Vec::new();
+        let _ = c.read_to_end(&mut rest);
+    }
+    for _ in 0..3 * CAP {
+        healthy(s.port);
+    }
+}
+
+#[test]
+fn a_stalled_body_gets_408_and_frees_its_slot() {
+    let s = start_config(
+        |root| Ok(Box::new(HostSandbox::new(HostConfig::new(root))?) as Box<dyn hako_core::Sandbox>),
+        |c| c.body_timeout = Duration::from_millis(300),
+    );
+    let (_, created) = json(s.port, "POST", "/v1/sandboxes", Value::Null);
+    let base = format!("/v1/sandboxes/{}", created["id"]);
+    // More stalled writes than there are transfer slots (8) one after
+    // another, then as many as there are at once: each gets 408, and none
+    // keeps its slot.
+    let stall = |port: u16| {
+        let mut c = send_raw(
+            port,
+            format!("PUT {base}/files?path=stalled.txt HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 100\r\n\r\n0123456789").as_bytes(),
+        );
+        let head = read_head(&mut c);
+        assert_eq!(status_of(&head), 408, "{head}");
+        c
+    };
+    for _ in 0..10 {
+        stall(s.port);
+    }
+    let port = s.port;
+    let held: Vec<TcpStream> = std::thread::scope(|scope| {
+        let stall = &stall;
+        (0..8)
+            .map(|_| scope.spawn(move || stall(port)))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .collect()
+    });
+    assert!(!s.ws.join("stalled.txt").exists());
+    let (status, _, _) = request(
+        s.port,
+        "PUT",
+        &format!("{base}/files?path=whole.txt"),
+        Some(TOKEN),
+        b"all of it",
+    );
+    assert_eq!(status, 200);
+    assert_eq!(std::fs::read(s.ws.join("whole.txt")).unwrap(), b"all of it");
+    drop(held);
+    healthy(s.port);
+}
+
+/// An authorized health check on a new connection: whatever came back
+/// (nothing if the server closed the connection), never an error.
+fn try_health(port: u16) -> Vec<u8> {
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = write!(
+        c,
+        "GET /v1/health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
+    );
+    let mut raw = Vec::new();
+    let _ = c.read_to_end(&mut raw);
+    raw
 }

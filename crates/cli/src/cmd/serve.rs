@@ -61,8 +61,8 @@ pub fn run(args: ServeArgs) -> u8 {
         Some(Ok(log)) => Some(Arc::new(log)),
         Some(Err(e)) => return fail(&e),
     };
-    let server = match tiny_http::Server::http(&args.listen) {
-        Ok(s) => s,
+    let listener = match std::net::TcpListener::bind(&args.listen) {
+        Ok(l) => l,
         Err(e) => return fail(&format!("cannot listen on {}: {e}", args.listen)),
     };
     eprintln!(
@@ -70,12 +70,12 @@ pub fn run(args: ServeArgs) -> u8 {
         args.listen,
         kind.name()
     );
-    let config = hako_serve::ServeConfig {
-        make_sandbox: Box::new(move || backend::open(kind, &spec)),
-        token,
-        audit,
-    };
-    match hako_serve::serve(server, config) {
+    let mut config =
+        hako_serve::ServeConfig::new(Box::new(move || backend::open(kind, &spec)), token, audit);
+    // SIGINT and SIGTERM stop it: every sandbox is closed, then the audit
+    // log gets its closing record.
+    config.stop_on_signals = true;
+    match hako_serve::serve(listener, config) {
         Ok(()) => 0,
         Err(e) => fail(&e),
     }
