@@ -211,6 +211,15 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
+/// Whether a bearer token a client `given` is `token`: their SHA-256
+/// digests compared in constant time, so that neither the token nor its
+/// length shows in the time the answer takes.
+pub fn token_matches(given: &[u8], token: &[u8]) -> bool {
+    let given = hako_audit::sha256_hex(given);
+    let token = hako_audit::sha256_hex(token);
+    constant_time_eq(given.as_bytes(), token.as_bytes())
+}
+
 /// Serves on `listener` until it fails or, with
 /// [`ServeConfig::stop_on_signals`], until SIGINT or SIGTERM; then closes
 /// every sandbox and the audit log. Builds its own tokio runtime: call it

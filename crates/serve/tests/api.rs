@@ -143,6 +143,9 @@ fn requests_without_the_token_get_401_and_touch_nothing() {
     assert!(hako_serve::constant_time_eq(b"abc", b"abc"));
     assert!(!hako_serve::constant_time_eq(b"abc", b"abd"));
     assert!(!hako_serve::constant_time_eq(b"abc", b"abcd"));
+    assert!(hako_serve::token_matches(b"abc", b"abc"));
+    assert!(!hako_serve::token_matches(b"abc", b"abcd"));
+    assert!(!hako_serve::token_matches(b"", b"abc"));
     assert_eq!(hako_serve::generate_token().unwrap().len(), 64);
 }
 
