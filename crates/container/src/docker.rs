@@ -161,6 +161,17 @@ pub enum RunNetwork {
     Host,
 }
 
+impl RunNetwork {
+    /// What a sandbox's network setup asks of its container.
+    pub fn of(network: &NetworkSetup) -> RunNetwork {
+        match (network.access, network.socket_dir()) {
+            (NetworkAccess::Host, _) => RunNetwork::Host,
+            (_, Some(dir)) => RunNetwork::Proxy(dir),
+            (_, None) => RunNetwork::None,
+        }
+    }
+}
+
 fn bind(src: &Path, dst: &Path, read_only: bool) -> String {
     let mut spec = format!("type=bind,src={},dst={}", src.display(), dst.display());
     if read_only {
@@ -407,11 +418,7 @@ impl Prepared {
             ),
             ro: config.ro.clone(),
             rw: config.rw.clone(),
-            network: match (network.access, network.socket_dir()) {
-                (NetworkAccess::Host, _) => RunNetwork::Host,
-                (_, Some(dir)) => RunNetwork::Proxy(dir),
-                (_, None) => RunNetwork::None,
-            },
+            network: RunNetwork::of(&network),
         };
         check_run_plan(&plan)?;
         if gvisor {

@@ -21,8 +21,7 @@ use std::time::Duration;
 
 use hako_core::env::EnvPolicy;
 use hako_core::{
-    Capabilities, Error, Isolation, Limits, NetworkAccess, NetworkPolicy, Result,
-    DEFAULT_MAX_OUTPUT,
+    Capabilities, Error, Isolation, Limits, NetworkPolicy, Result, DEFAULT_MAX_OUTPUT,
 };
 use hako_fence::FenceOptions;
 use hako_guest::network::{NetworkSetup, NET_DIR};
@@ -416,11 +415,7 @@ impl GvisorSandbox {
                 .filter(|(_, kind)| matches!(kind, hako_linux::plan::HostPath::Dir))
                 .map(|(p, _)| p.clone())
                 .collect(),
-            network: match (network.access, network.socket_dir()) {
-                (NetworkAccess::Host, _) => RunNetwork::Host,
-                (_, Some(dir)) => RunNetwork::Proxy(dir),
-                (_, None) => RunNetwork::None,
-            },
+            network: RunNetwork::of(&network),
         };
         if host_view {
             build_view(&plan, &facts).map_err(io("build the root view"))?;

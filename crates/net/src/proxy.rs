@@ -615,6 +615,77 @@ fn event_allowed(ctx: &Ctx, protocol: NetProtocol, host: &str, port: u16, rule: 
     });
 }
 
+/// An allowed destination: how the client asked for it, and the rule that
+/// let it through.
+struct Dest<'a> {
+    proto: NetProtocol,
+    host: &'a str,
+    port: u16,
+    rule: &'a str,
+}
+
+impl Dest<'_> {
+    /// Records the allowed connection as it ended.
+    fn record(
+        &self,
+        ctx: &Ctx,
+        address: Option<SocketAddr>,
+        (up, down): (u64, u64),
+        message: Option<String>,
+    ) {
+        let done = Done {
+            address,
+            up,
+            down,
+            message,
+        };
+        event_allowed(ctx, self.proto, self.host, self.port, self.rule, done);
+    }
+}
+
+/// Connects to the first checked address of an allowed destination that
+/// accepts, and makes the connection known to shutdown. A failure is
+/// recorded here: `Err(Some(e))` when no address accepted (the caller
+/// tells its client), `Err(None)` when the proxy is shutting down.
+fn connect_allowed(
+    ctx: &Ctx,
+    dest: &Dest<'_>,
+    addrs: &[SocketAddr],
+) -> Result<(TcpStream, SocketAddr), Option<io::Error>> {
+    let (upstream, address) = match connect(ctx, addrs) {
+        Ok(c) => c,
+        Err(e) => {
+            dest.record(ctx, None, (0, 0), Some(format!("cannot connect: {e}")));
+            return Err(Some(e));
+        }
+    };
+    if !ctx.shared.register_upstream(ctx.id, &upstream) {
+        let message = Some("the proxy shut down".to_string());
+        dest.record(ctx, Some(address), (0, 0), message);
+        return Err(None);
+    }
+    Ok((upstream, address))
+}
+
+/// A tunnel (CONNECT, SOCKS5) whose client was told it is open
+/// (`answered`): relays it until both sides end and records it; an answer
+/// that could not be given ends it.
+fn relay_answered(
+    ctx: &Ctx,
+    dest: &Dest<'_>,
+    (client, reader): (&Sock, Client<'_>),
+    (upstream, address): (TcpStream, SocketAddr),
+    answered: io::Result<()>,
+) {
+    if let Err(e) = answered {
+        let _ = upstream.shutdown(Shutdown::Both);
+        let message = Some(format!("cannot answer the client: {e}"));
+        return dest.record(ctx, Some(address), (0, 0), message);
+    }
+    let bytes = finish_relay(client, reader, upstream);
+    dest.record(ctx, Some(address), bytes, None);
+}
+
 fn duration_ms(start: Instant) -> u64 {
     u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
@@ -768,44 +839,24 @@ fn serve_port(ctx: &Ctx, client: &Sock, port: u16) {
             return event_refused(ctx, proto, host, port, rule, message)
         }
     };
-    let (upstream, address) = match connect(ctx, &addrs) {
-        Ok(c) => c,
-        Err(e) => {
-            let done = Done {
-                address: None,
-                up: 0,
-                down: 0,
-                message: Some(format!("cannot connect: {e}")),
-            };
-            return event_allowed(ctx, proto, host, port, &rule, done);
-        }
+    let dest = Dest {
+        proto,
+        host,
+        port,
+        rule: &rule,
     };
-    let message = if !ctx.shared.register_upstream(ctx.id, &upstream) {
-        Some("the proxy shut down".to_string())
-    } else {
-        None
+    let Ok((upstream, address)) = connect_allowed(ctx, &dest, &addrs) else {
+        return;
     };
     // The handshake's timeouts (set on the proxy's own socket before its
     // first read) must not cut an idle relay.
     let _ = client.set_read_timeout(None);
     let _ = client.set_write_timeout(None);
-    let (up, down) = match (&message, client.try_clone()) {
-        (None, Ok(client)) => relay(client, upstream),
-        _ => (0, 0),
+    let bytes = match client.try_clone() {
+        Ok(client) => relay(client, upstream),
+        Err(_) => (0, 0),
     };
-    event_allowed(
-        ctx,
-        proto,
-        host,
-        port,
-        &rule,
-        Done {
-            address: Some(address),
-            up,
-            down,
-            message,
-        },
-    );
+    dest.record(ctx, Some(address), bytes, None);
 }
 
 fn serve(ctx: &Ctx, client: Sock, prefix: Vec<u8>) {
@@ -1001,55 +1052,23 @@ fn serve_socks5(ctx: &Ctx, client: &Sock, mut reader: Client<'_>) {
             return;
         }
     };
-    let (upstream, address) = match connect(ctx, &addrs) {
+    let dest = Dest {
+        proto,
+        host: &host,
+        port,
+        rule: &rule,
+    };
+    let upstream = match connect_allowed(ctx, &dest, &addrs) {
         Ok(c) => c,
         Err(e) => {
-            let _ = socks::server_reply(&mut d, socks::reply_for_connect_error(&e));
-            let done = Done {
-                address: None,
-                up: 0,
-                down: 0,
-                message: Some(format!("cannot connect: {e}")),
-            };
-            event_allowed(ctx, proto, &host, port, &rule, done);
+            if let Some(e) = e {
+                let _ = socks::server_reply(&mut d, socks::reply_for_connect_error(&e));
+            }
             return;
         }
     };
-    if !ctx.shared.register_upstream(ctx.id, &upstream) {
-        let done = Done {
-            address: Some(address),
-            up: 0,
-            down: 0,
-            message: Some("the proxy shut down".into()),
-        };
-        event_allowed(ctx, proto, &host, port, &rule, done);
-        return;
-    }
-    if let Err(e) = socks::server_reply(&mut d, socks::REP_OK) {
-        let _ = upstream.shutdown(Shutdown::Both);
-        let done = Done {
-            address: Some(address),
-            up: 0,
-            down: 0,
-            message: Some(format!("cannot answer the client: {e}")),
-        };
-        event_allowed(ctx, proto, &host, port, &rule, done);
-        return;
-    }
-    let (up, down) = finish_relay(client, reader, upstream);
-    event_allowed(
-        ctx,
-        proto,
-        &host,
-        port,
-        &rule,
-        Done {
-            address: Some(address),
-            up,
-            down,
-            message: None,
-        },
-    );
+    let answered = socks::server_reply(&mut d, socks::REP_OK);
+    relay_answered(ctx, &dest, (client, reader), upstream, answered);
 }
 
 /// Answers an HTTP client with the proxy's own short response.
@@ -1172,40 +1191,30 @@ fn open_upstream(
             return None;
         }
     };
-    let (upstream, address) = match connect(ctx, &addrs) {
-        Ok(c) => c,
-        Err(e) => {
-            respond(
-                client,
-                502,
-                "Bad Gateway",
-                "connect-failed",
-                &format!(
-                    "hako egress proxy could not connect to {}: {e}",
-                    host_port(host, port)
-                ),
-            );
-            let done = Done {
-                address: None,
-                up: 0,
-                down: 0,
-                message: Some(format!("cannot connect: {e}")),
-            };
-            event_allowed(ctx, proto, host, port, &rule, done);
-            return None;
-        }
+    let dest = Dest {
+        proto,
+        host,
+        port,
+        rule: &rule,
     };
-    if !ctx.shared.register_upstream(ctx.id, &upstream) {
-        let done = Done {
-            address: Some(address),
-            up: 0,
-            down: 0,
-            message: Some("the proxy shut down".into()),
-        };
-        event_allowed(ctx, proto, host, port, &rule, done);
-        return None;
+    match connect_allowed(ctx, &dest, &addrs) {
+        Ok((upstream, address)) => Some((rule, upstream, address)),
+        Err(e) => {
+            if let Some(e) = e {
+                respond(
+                    client,
+                    502,
+                    "Bad Gateway",
+                    "connect-failed",
+                    &format!(
+                        "hako egress proxy could not connect to {}: {e}",
+                        host_port(host, port)
+                    ),
+                );
+            }
+            None
+        }
     }
-    Some((rule, upstream, address))
 }
 
 fn serve_connect(ctx: &Ctx, client: &Sock, reader: Client<'_>, target: &str) {
@@ -1229,30 +1238,14 @@ fn serve_connect(ctx: &Ctx, client: &Sock, reader: Client<'_>, target: &str) {
     let Some((rule, upstream, address)) = open_upstream(ctx, client, proto, &host, port) else {
         return;
     };
-    if let Err(e) = (&mut &*client).write_all(b"HTTP/1.1 200 Connection established\r\n\r\n") {
-        let _ = upstream.shutdown(Shutdown::Both);
-        let done = Done {
-            address: Some(address),
-            up: 0,
-            down: 0,
-            message: Some(format!("cannot answer the client: {e}")),
-        };
-        return event_allowed(ctx, proto, &host, port, &rule, done);
-    }
-    let (up, down) = finish_relay(client, reader, upstream);
-    event_allowed(
-        ctx,
+    let dest = Dest {
         proto,
-        &host,
+        host: &host,
         port,
-        &rule,
-        Done {
-            address: Some(address),
-            up,
-            down,
-            message: None,
-        },
-    );
+        rule: &rule,
+    };
+    let answered = (&mut &*client).write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
+    relay_answered(ctx, &dest, (client, reader), (upstream, address), answered);
 }
 
 /// Counts the bytes written through it.
