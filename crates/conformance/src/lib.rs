@@ -114,6 +114,8 @@ macro_rules! __hako_with_case_names {
             timeout_kills_the_whole_process_tree,
             background_children_are_killed_when_the_command_exits,
             close_during_exec_kills_the_command,
+            stopping_its_supervisor_does_not_let_a_command_outlive_its_deadline,
+            stopping_the_idle_supervisors_does_not_hang_the_next_commands,
             // output caps
             stdout_flood_is_capped_and_counted,
             stderr_flood_is_capped_and_counted,

@@ -1,16 +1,20 @@
-//! The confinement applied to a `linux` sandbox's command just before exec.
+//! The confinement of a `linux` sandbox's commands.
 //!
 //! Order, and why:
 //! 0. seccomp, before anything: pid 1 loads the filter on itself once (see
 //!    [`Confinement::seal_pid1`]) and every supervisor and command inherits
 //!    it; none of the steps below is refused by it.
-//! 1. rlimits: plain `setrlimit`, needs nothing.
-//! 2. Landlock: the ruleset pid 1 built, enforced with one call (it sets
+//! 1. Landlock: the ruleset pid 1 built, enforced with one call by each
+//!    supervisor when it starts, before it is given a command (it sets
 //!    `no_new_privs` first, as the kernel requires).
-//! 3. `no_new_privs`: from here on nothing the command execs can gain
-//!    privileges (setuid bits, file capabilities).
-//! 4. Drop every capability (bounding, ambient, effective, permitted,
-//!    inheritable), last.
+//! 2. `no_new_privs`: from here on nothing the supervisor or its commands
+//!    exec can gain privileges (setuid bits, file capabilities).
+//! 3. Drop every capability (bounding, ambient, effective, permitted,
+//!    inheritable) in the supervisor, which is then made not dumpable.
+//!    Steps 1 to 3 are inherited by every command it starts
+//!    ([`Confinement::confine_supervisor`]).
+//! 4. rlimits: plain `setrlimit` in each command's process just before
+//!    exec ([`Confinement::hook`]).
 
 use std::io;
 use std::sync::Arc;
@@ -28,10 +32,6 @@ fn resource(r: RlimitResource) -> Resource {
         RlimitResource::Nofile => Resource::Nofile,
         RlimitResource::Core => Resource::Core,
     }
-}
-
-fn other(err: impl std::fmt::Display) -> io::Error {
-    io::Error::other(err.to_string())
 }
 
 /// The confinement of every command of a sandbox, checked and compiled
@@ -138,22 +138,44 @@ impl Confinement {
         Ok(())
     }
 
-    /// The step run in one command's process just before exec: rlimits,
-    /// the prepared Landlock ruleset (`landlock`, its descriptor as the
-    /// supervisor holds it, see [`Confinement::landlock_fd`]),
-    /// `no_new_privs`, no capabilities. The seccomp filter is inherited from
-    /// pid 1 ([`Confinement::seal_pid1`]).
-    pub(crate) fn hook(&self, landlock: Option<std::os::fd::OwnedFd>) -> ConfineHook {
+    /// Confines the calling supervisor once, before it is given any
+    /// command; every command it starts inherits all of it: the prepared
+    /// Landlock ruleset (`landlock`, its descriptor as the supervisor holds
+    /// it, see [`Confinement::landlock_fd`]), `no_new_privs`, no
+    /// capabilities (bounding, ambient, effective, permitted, inheritable;
+    /// securebits locked so that root gains none at exec). The supervisor
+    /// needs none of them: the processes it watches and kills are of its own
+    /// uid. Last it is made not dumpable, so that no command may read or
+    /// write its memory through `/proc`. The seccomp filter is inherited
+    /// from pid 1 ([`Confinement::seal_pid1`]).
+    pub(crate) fn confine_supervisor(
+        landlock: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<(), String> {
+        if let Some(fd) = landlock {
+            confine::landlock_restrict_self_with(fd)
+                .map_err(|e| format!("cannot enforce the Landlock ruleset: {e}"))?;
+        }
+        confine::set_no_new_privs().map_err(|e| format!("cannot set no_new_privs: {e}"))?;
+        confine::drop_all_capabilities().map_err(|e| format!("cannot drop capabilities: {e}"))?;
+        hako_sys::ns::set_not_dumpable().map_err(|e| format!("cannot become not dumpable: {e}"))
+    }
+
+    /// The step run in one command's process just before exec: its
+    /// rlimits (not the supervisor's, which needs descriptors and memory
+    /// of its own). The rest comes from the supervisor
+    /// ([`Confinement::confine_supervisor`]).
+    pub(crate) fn hook(&self) -> ConfineHook {
         let rlimits = Arc::clone(&self.rlimits);
+        // In the command's process, which shares the supervisor's memory
+        // until exec: an error is passed on by its errno, allocating
+        // nothing.
         Box::new(move || {
-            confine::apply_rlimits(&rlimits).map_err(other)?;
-            if let Some(fd) = &landlock {
-                confine::landlock_restrict_self_with(std::os::fd::AsFd::as_fd(fd))
-                    .map_err(other)?;
-            }
-            confine::set_no_new_privs().map_err(other)?;
-            confine::drop_all_capabilities().map_err(other)?;
-            Ok(())
+            confine::apply_rlimits(&rlimits).map_err(|err| match err {
+                confine::ConfineError::Rlimit { source, .. } => source,
+                _ => {
+                    io::Error::from_raw_os_error(hako_sys::rustix::io::Errno::INVAL.raw_os_error())
+                }
+            })
         })
     }
 }

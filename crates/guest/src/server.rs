@@ -43,14 +43,18 @@ const DRAIN_GRACE: Duration = Duration::from_secs(5);
 /// How long the guest waits for its supervisors when it shuts down before
 /// killing them outright.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-/// How long the guest must have been quiet before it forks a spare
-/// supervisor: back-to-back requests (and a one-command sandbox) never pay
-/// for one they do not use; a command after a pause finds one ready.
+/// How long the guest must have been quiet, with no idle supervisor, before
+/// it forks a spare one: back-to-back requests (and a one-command sandbox)
+/// never pay for one they do not use; a command after a pause finds one
+/// ready.
 const SPARE_AFTER: Duration = Duration::from_millis(2);
 /// Once this many commands have been handed out, the sandbox is one that
-/// is used again and again: a spare is forked as soon as the last one is
-/// taken (while its command runs), not after a quiet spell.
+/// is used again and again: a spare is forked as soon as the last idle
+/// supervisor is taken (while its command runs), not after a quiet spell.
 const EAGER_SPARE_AFTER_HANDOFFS: u64 = 2;
+/// The most supervisors kept idle, for the commands to come, once their
+/// command has ended (more run at once when as many commands do).
+const MAX_IDLE_SUPERVISORS: usize = 4;
 /// The most stdin a command may have queued in the guest.
 const MAX_PENDING_STDIN: usize = 256 << 20;
 
@@ -76,6 +80,9 @@ struct Exec {
     supervisor: Pid,
     /// Our end of the supervisor's socket, until its reply is read.
     sup: Option<UnixStream>,
+    /// Our end of the supervisor's socket once it has replied: it may be
+    /// given the next command.
+    reusable: Option<UnixStream>,
     killed: bool,
     stdin: Option<OwnedFd>,
     pending: VecDeque<u8>,
@@ -197,9 +204,9 @@ struct Server<'a> {
     mode: Mode,
     orphans: bool,
     buf: Vec<u8>,
-    /// A supervisor forked ahead of need, waiting for its job: the fork is
-    /// then off the path of the next command.
-    spare: Option<(Pid, UnixStream)>,
+    /// Supervisors waiting for a job: forked ahead of need (the fork is then
+    /// off the path of the next command), or done with their last one.
+    idle: Vec<(Pid, UnixStream)>,
     /// When the last event was handled.
     last_event: Instant,
     /// Commands handed to supervisors so far.
@@ -246,7 +253,7 @@ pub(crate) fn serve(ctl: Link, proof: &SingleThreaded, mode: Mode) -> u8 {
         mode,
         orphans: false,
         buf: vec![0u8; MAX_CHUNK],
-        spare: None,
+        idle: Vec::new(),
         last_event: Instant::now(),
         handoffs: 0,
         orphans_come_here: false,
@@ -257,7 +264,7 @@ pub(crate) fn serve(ctl: Link, proof: &SingleThreaded, mode: Mode) -> u8 {
     });
     // The first command comes right after Ready: have its supervisor
     // forked while hako reads Ready and sends it.
-    server.spare = server.fork_spare().ok();
+    server.idle.extend(server.fork_spare().ok());
     server.run(&signals)
 }
 
@@ -290,7 +297,7 @@ impl Server<'_> {
             if self.spare_due() {
                 // Now, while nothing happens, rather than when a request
                 // comes.
-                self.spare = self.fork_spare().ok();
+                self.idle.extend(self.fork_spare().ok());
             }
             let ready = match self.wait(signals, closing_since.is_some()) {
                 Ok(ready) => ready,
@@ -305,9 +312,9 @@ impl Server<'_> {
             self.finish_execs();
             self.tend_sessions();
         }
-        // Whatever is left (a stuck supervisor, the spare, an orphan) goes
-        // now; then hako need not wait for this process's own exit.
-        self.spare = None;
+        // Whatever is left (a stuck supervisor, the idle ones, an orphan)
+        // goes now; then hako need not wait for this process's own exit.
+        self.idle.clear();
         let mut status = None;
         supervise::kill_tree(None, &mut status);
         if let Ok(bytes) = proto::encode(&Frame::Message(FromGuest::Bye {})) {
@@ -374,7 +381,7 @@ impl Server<'_> {
             tv_nsec: 20_000_000,
         };
         // Wake up to fork a spare supervisor once things are quiet.
-        let spare_in = (self.spare.is_none() && self.ctl_open).then(|| {
+        let spare_in = (self.idle.is_empty() && self.ctl_open).then(|| {
             Timespec::try_from(SPARE_AFTER.saturating_sub(self.last_event.elapsed()))
                 .unwrap_or(tick)
         });
@@ -410,8 +417,12 @@ impl Server<'_> {
                 let exec = &mut self.execs[i];
                 if let Some(sup) = exec.sup.take() {
                     exec.reply = proto::read_frame(&sup).ok();
-                    if exec.reply.is_none() {
-                        exec.supervisor_gone = true;
+                    match exec.reply {
+                        None => exec.supervisor_gone = true,
+                        Some(RunReply::Finished { .. } | RunReply::SpawnFailed { .. }) => {
+                            exec.reusable = Some(sup);
+                        }
+                        Some(RunReply::Refused { .. }) => {}
                     }
                 }
             }
@@ -693,6 +704,7 @@ impl Server<'_> {
             id: request.id,
             supervisor,
             sup: Some(sup),
+            reusable: None,
             killed: false,
             stdin: in_w,
             pending: VecDeque::new(),
@@ -710,16 +722,18 @@ impl Server<'_> {
 
     /// Whether to fork a spare supervisor now.
     fn spare_due(&self) -> bool {
-        self.spare.is_none()
+        self.idle.is_empty()
             && self.ctl_open
             && (self.handoffs >= EAGER_SPARE_AFTER_HANDOFFS
                 || self.last_event.elapsed() >= SPARE_AFTER)
     }
 
-    /// Hands `job` to a supervisor (the spare one, or one forked now) with
+    /// Hands `job` to a supervisor (an idle one, or one forked now) with
     /// `stdio` as the job's stdin, stdout and stderr (and `fd3` as its
     /// descriptor 3); returns its pid and our end of its socket. Our copies
-    /// of the descriptors are closed here.
+    /// of the descriptors are closed here. An idle supervisor that cannot
+    /// take it (killed from inside while it waited) is replaced by a new
+    /// one.
     fn fork_supervisor(
         &mut self,
         job: &Job,
@@ -728,10 +742,6 @@ impl Server<'_> {
         cwd_fd: Option<OwnedFd>,
         fd3: Option<OwnedFd>,
     ) -> Result<(Pid, UnixStream), String> {
-        let (pid, sock) = match self.spare.take() {
-            Some(spare) => spare,
-            None => self.fork_spare()?,
-        };
         let handoff = Handoff {
             job: job.clone(),
             cwd: cwd.clone(),
@@ -742,14 +752,29 @@ impl Server<'_> {
         let mut fds = vec![a.as_fd(), b.as_fd(), c.as_fd()];
         fds.extend(cwd_fd.as_ref().map(AsFd::as_fd));
         fds.extend(fd3.as_ref().map(AsFd::as_fd));
-        let sent = proto::encode(&Frame::Message(&handoff))
-            .and_then(|bytes| proto::send_with_fds(&sock, &bytes, &fds));
-        if let Err(err) = sent {
-            let _ = rproc::kill_process(pid, Signal::KILL);
-            return Err(format!("cannot hand a command to its supervisor: {err}"));
+        let bytes = proto::encode(&Frame::Message(&handoff))
+            .map_err(|err| format!("cannot encode a command for its supervisor: {err}"))?;
+        loop {
+            let (pid, sock, forked) = match self.idle.pop() {
+                Some((pid, sock)) => (pid, sock, false),
+                None => {
+                    let (pid, sock) = self.fork_spare()?;
+                    (pid, sock, true)
+                }
+            };
+            match proto::send_with_fds(&sock, &bytes, &fds) {
+                Ok(()) => {
+                    self.handoffs += 1;
+                    return Ok((pid, sock));
+                }
+                Err(err) => {
+                    let _ = rproc::kill_process(pid, Signal::KILL);
+                    if forked {
+                        return Err(format!("cannot hand a command to its supervisor: {err}"));
+                    }
+                }
+            }
         }
-        self.handoffs += 1;
-        Ok((pid, sock))
     }
 
     /// Forks a supervisor that waits for its job on a socket; it holds
@@ -762,7 +787,8 @@ impl Server<'_> {
             Err(err) => Err(format!("cannot fork a supervisor: {err}")),
             Ok(Forked::Child) => {
                 let mut fds = vec![null.as_fd(), null.as_fd(), null.as_fd(), theirs.as_fd()];
-                // The Landlock ruleset, kept for the command (at 4).
+                // The Landlock ruleset, which the supervisor enforces on
+                // itself (at 4).
                 fds.extend(
                     self.mode
                         .confinement
@@ -832,9 +858,19 @@ impl Server<'_> {
     /// Reaps every child that ended: supervisors, and orphans re-parented
     /// to the guest.
     fn reap(&mut self) {
-        while let Ok(Some((pid, _))) = rproc::wait(WaitOptions::NOHANG) {
-            if self.spare.as_ref().is_some_and(|(p, _)| *p == pid) {
-                self.spare = None;
+        while let Ok(Some((pid, status))) = rproc::wait(WaitOptions::NOHANG | WaitOptions::UNTRACED)
+        {
+            if status.stopped() {
+                // A command may stop any process of its uid: a supervisor
+                // stopped would enforce no deadline, and an idle one would
+                // never take the next command. Whatever stopped it, it goes
+                // on (every child of the guest is a supervisor, the
+                // forwarder, or an orphan about to be killed).
+                let _ = rproc::kill_process(pid, Signal::CONT);
+                continue;
+            }
+            if let Some(at) = self.idle.iter().position(|(p, _)| *p == pid) {
+                self.idle.swap_remove(at);
                 continue;
             }
             if self.mode.forwarder == Some(pid) {
@@ -863,6 +899,8 @@ impl Server<'_> {
                 continue;
             }
             if let Some(exec) = self.execs.iter_mut().find(|e| e.supervisor == pid) {
+                // Gone: it takes no other command.
+                exec.reusable = None;
                 if exec.sup.is_some() {
                     // It died before its reply was read; the reply may still
                     // be in the socket.
@@ -892,7 +930,7 @@ impl Server<'_> {
             .iter()
             .map(|e| e.supervisor)
             .chain(self.sessions.iter().map(|s| s.supervisor))
-            .chain(self.spare.as_ref().map(|(p, _)| *p))
+            .chain(self.idle.iter().map(|(p, _)| *p))
             .chain(self.mode.forwarder)
             .collect();
         let mut found = false;
@@ -943,7 +981,14 @@ impl Server<'_> {
                 i += 1;
                 continue;
             }
-            let exec = self.execs.swap_remove(i);
+            let mut exec = self.execs.swap_remove(i);
+            // Its supervisor has nothing left to watch: it may take the
+            // next command (a killed one's socket is shut, so it ends).
+            if let (Some(sock), false) = (exec.reusable.take(), exec.killed) {
+                if self.ctl_open && self.idle.len() < MAX_IDLE_SUPERVISORS {
+                    self.idle.push((exec.supervisor, sock));
+                }
+            }
             if let Some(RunReply::Finished {
                 orphans_to_guest: true,
                 ..
@@ -1484,105 +1529,95 @@ struct Handoff {
     fd3: bool,
 }
 
-/// A spare supervisor: waits on its socket (at 3) for a job, then
-/// supervises it. End of file first means it is not needed.
+/// A supervisor: confines itself (inside a sandbox), then waits on its
+/// socket (at 3) for a job, supervises it, reports how it ended and waits
+/// for the next. End of file where a job would come means it is no longer
+/// needed.
 fn spare(mode: &Mode) -> i32 {
     let Ok(sock) = hako_sys::take_inherited_fd(3) else {
         return 11;
     };
     let sock = UnixStream::from(sock);
-    let landlock = match mode.confinement.as_ref().and_then(Confinement::landlock_fd) {
-        Some(_) => match hako_sys::take_inherited_fd(4) {
-            Ok(fd) => Some(fd),
-            Err(_) => return 16,
-        },
-        None => None,
-    };
-    let (payload, fds) = match proto::recv_with_fds(&sock) {
-        Ok(got) => got,
-        Err(_) => return 0,
-    };
-    let Ok(Frame::Message(handoff)) = proto::decode::<Handoff>(&payload) else {
-        return 14;
-    };
-    let expected = 3 + usize::from(handoff.cwd_fd) + usize::from(handoff.fd3);
-    if fds.len() != expected {
-        return 15;
+    // Inside a sandbox: what no command may have, the supervisor gives up
+    // first (it needs none of it), once; its commands inherit it. A
+    // supervisor that cannot refuses every job, saying why.
+    let mut unfit: Option<String> = None;
+    if mode.confinement.is_some() {
+        let landlock = match mode.confinement.as_ref().and_then(Confinement::landlock_fd) {
+            Some(_) => match hako_sys::take_inherited_fd(4) {
+                Ok(fd) => Some(fd),
+                Err(_) => return 16,
+            },
+            None => None,
+        };
+        unfit = Confinement::confine_supervisor(landlock.as_ref().map(AsFd::as_fd)).err();
     }
-    let mut order: Vec<std::os::fd::BorrowedFd<'_>> =
-        vec![fds[0].as_fd(), fds[1].as_fd(), fds[2].as_fd(), sock.as_fd()];
-    order.extend(fds[3..].iter().map(AsFd::as_fd));
-    order.extend(landlock.as_ref().map(AsFd::as_fd));
-    supervisor(&handoff.job, &handoff.cwd, mode, &order, handoff.fd3)
+    let supervisor = match supervise::Supervisor::new(true) {
+        Ok(s) => Some(s),
+        Err(why) => {
+            unfit.get_or_insert(why);
+            None
+        }
+    };
+    loop {
+        let (payload, fds) = match proto::recv_with_fds(&sock) {
+            Ok(got) => got,
+            Err(_) => return 0,
+        };
+        let reply = match (&supervisor, &unfit) {
+            (Some(supervisor), None) => match proto::decode::<Handoff>(&payload) {
+                Ok(Frame::Message(handoff)) => {
+                    supervise_one(supervisor, &handoff, fds, &sock, mode)
+                }
+                _ => supervise::refuse("the supervisor was handed something that is not a job"),
+            },
+            (_, Some(why)) => supervise::refuse(why.clone()),
+            (None, None) => supervise::refuse("the supervisor could not start"),
+        };
+        if proto::write_frame(&sock, &reply).is_err() {
+            return 3;
+        }
+    }
 }
 
-/// The supervisor process: a fork of the guest that runs one job and writes
-/// how it ended on its socket. Never returns to the guest's loop. `fds` are
-/// placed at 0, 1, 2 (the job's stdio), 3 (the socket), then the working
-/// directory descriptor (for [`Cwd::Fd`]) and the job's descriptor 3 (when
-/// `has_fd3`).
-fn supervisor(
-    job: &Job,
-    cwd: &Cwd,
+/// Runs one handed-off job: `fds` are its stdin, stdout and stderr, then
+/// the working directory's descriptor (for [`Cwd::Fd`]) and the job's
+/// descriptor 3 (when the handoff says so).
+fn supervise_one(
+    supervisor: &supervise::Supervisor,
+    handoff: &Handoff,
+    fds: Vec<OwnedFd>,
+    sock: &UnixStream,
     mode: &Mode,
-    fds: &[std::os::fd::BorrowedFd<'_>],
-    has_fd3: bool,
-) -> i32 {
-    if hako_sys::spawn::install_fds_close_rest(fds).is_err() {
-        return 10;
+) -> RunReply {
+    let expected = 3 + usize::from(handoff.cwd_fd) + usize::from(handoff.fd3);
+    if fds.len() != expected {
+        return supervise::refuse(format!(
+            "the supervisor was handed {} descriptors where {expected} were due",
+            fds.len()
+        ));
     }
-    let Ok(ctl) = hako_sys::take_inherited_fd(3) else {
-        return 11;
+    let mut fds = fds.into_iter();
+    let (Some(stdin), Some(stdout), Some(stderr)) = (fds.next(), fds.next(), fds.next()) else {
+        return supervise::refuse("the job's stdio did not come with it");
     };
-    let ctl = UnixStream::from(ctl);
-    let mut next = 4;
-    let cwd = match cwd {
+    let cwd = match &handoff.cwd {
         Cwd::Path(path) => CwdChoice::Path(path.clone()),
-        Cwd::Fd => match hako_sys::take_inherited_fd(next) {
-            Ok(fd) => {
-                next += 1;
-                CwdChoice::Fd(fd)
-            }
-            Err(_) => return 12,
+        Cwd::Fd => match fds.next() {
+            Some(fd) => CwdChoice::Fd(fd),
+            None => return supervise::refuse("the working directory did not come with the job"),
         },
     };
-    let fd3 = if has_fd3 {
-        match hako_sys::take_inherited_fd(next) {
-            Ok(fd) => {
-                next += 1;
-                Some(fd)
-            }
-            Err(_) => return 13,
-        }
-    } else {
-        None
-    };
-    // The prepared Landlock ruleset comes last, where the sandbox has one.
-    let landlock = match mode.confinement.as_ref().and_then(Confinement::landlock_fd) {
-        Some(_) => match hako_sys::take_inherited_fd(next) {
-            Ok(fd) => Some(fd),
-            Err(_) => return 17,
-        },
-        None => None,
-    };
-    if mode.confinement.is_some() {
-        // Inside a sandbox the supervisor keeps pid 1's capabilities; no
-        // command may read its memory or descriptors.
-        let _ = ns::set_not_dumpable();
-    }
-    let reply = supervise::run(
-        job,
-        &ctl,
+    let fd3 = if handoff.fd3 { fds.next() } else { None };
+    supervisor.run(
+        &handoff.job,
+        sock,
         RunOptions {
-            stop_signals: true,
-            confine: mode.confinement.as_ref().map(|c| c.hook(landlock)),
+            stdio: [stdin, stdout, stderr],
+            confine: mode.confinement.as_ref().map(Confinement::hook),
             cwd,
             fd3,
-            controlling_tty: job.tty,
+            controlling_tty: handoff.job.tty,
         },
-    );
-    match proto::write_frame(&ctl, &reply) {
-        Ok(()) => 0,
-        Err(_) => 3,
-    }
+    )
 }

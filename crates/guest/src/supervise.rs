@@ -2,10 +2,9 @@
 //! tree, enforcing its deadline, and killing and reaping everything it left
 //! before reporting how it ended.
 
-use std::io;
-use std::os::fd::OwnedFd;
+use std::cell::RefCell;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use hako_core::ExitStatus;
@@ -13,7 +12,8 @@ use hako_sys::rustix::event::{poll, PollFd, PollFlags, Timespec};
 use hako_sys::rustix::io::Errno;
 use hako_sys::rustix::process::{self as rproc, Pid, Signal, WaitOptions};
 use hako_sys::signal::{signum as libc_sig, SignalFd};
-use hako_sys::spawn::{prepare, ChildSetup, ConfineHook};
+use hako_sys::spawn::ConfineHook;
+use hako_sys::vfork::{self, ChildStack, SpawnCwd, SpawnHook, SpawnSpec, SpawnStep};
 
 use crate::proto::{RunReply, SpawnFailure};
 
@@ -33,11 +33,10 @@ pub(crate) fn refuse(message: impl Into<String>) -> RunReply {
     }
 }
 
-/// How [`run`] starts and watches the command.
+/// How [`Supervisor::run`] starts and watches the command.
 pub(crate) struct RunOptions {
-    /// Treat SIGINT, SIGTERM and SIGHUP as "stop": kill everything. Not for
-    /// pid 1 of a sandbox, where the command itself could send them.
-    pub stop_signals: bool,
+    /// The command's stdin, stdout and stderr.
+    pub stdio: [OwnedFd; 3],
     /// Applied in the command's process just before exec.
     pub confine: Option<ConfineHook>,
     /// Working directory of the command.
@@ -56,152 +55,191 @@ pub(crate) enum CwdChoice {
     Path(std::path::PathBuf),
 }
 
-/// Runs `request` under this process as its child subreaper and returns the
-/// outcome once every process of the command is gone. End of file (or
-/// anything) on `ctl` means "stop": the whole tree is killed.
-pub(crate) fn run(request: &Job, ctl: &UnixStream, options: RunOptions) -> RunReply {
-    let Some((program, args)) = request.argv.split_first() else {
-        return refuse("empty argv");
-    };
-    let orphans_to_guest = match hako_sys::set_child_subreaper() {
-        Ok(()) => false,
-        // A kernel that allows no subreaper but init (gVisor before 2023
-        // answers EINVAL): orphans go to the guest, pid 1 of the sandbox,
-        // which kills them (told so by the reply). Under any other parent
-        // they could escape: refuse.
-        Err(err)
-            if err.raw_os_error() == Some(Errno::INVAL.raw_os_error())
-                && rproc::getppid().is_some_and(|p| p.as_raw_nonzero().get() == 1) =>
-        {
-            true
-        }
-        Err(err) => return refuse(format!("cannot become child subreaper: {err}")),
-    };
-    // Block these before the first fork so no exit is missed, and so that a
-    // signal meant to stop the guest makes it clean up instead of dying and
-    // leaving the command's tree behind.
-    let watched: &[i32] = if options.stop_signals {
-        &[
-            libc_sig::SIGCHLD,
-            libc_sig::SIGINT,
-            libc_sig::SIGTERM,
-            libc_sig::SIGHUP,
-        ]
-    } else {
-        &[libc_sig::SIGCHLD]
-    };
-    let signals = match SignalFd::new(watched) {
-        Ok(s) => s,
-        Err(err) => return refuse(format!("cannot open signalfd: {err}")),
-    };
-    let mut command = Command::new(program);
-    command
-        .args(args)
-        .env_clear()
-        .envs(request.env.iter().cloned());
-    let cwd_fd = match options.cwd {
-        CwdChoice::Fd(fd) => Some(fd),
-        CwdChoice::Path(path) => {
-            command.current_dir(path);
-            None
-        }
-    };
-    prepare(
-        &mut command,
-        ChildSetup {
-            cwd: cwd_fd,
-            fd3: options.fd3,
-            controlling_tty: options.controlling_tty,
-            new_session: true,
-            // If the guest itself is killed outright, its direct child
-            // goes with it.
-            parent_death_kill: true,
-            confine: options.confine,
-            ..ChildSetup::default()
-        },
-    );
-    let start = Instant::now();
-    let child = match command.spawn() {
-        Ok(child) => child,
-        Err(err) => {
-            let kind = match err.kind() {
-                io::ErrorKind::NotFound => SpawnFailure::NotFound,
-                io::ErrorKind::PermissionDenied => SpawnFailure::CannotExecute,
-                _ if err.raw_os_error() == Some(libc_enoexec()) => SpawnFailure::CannotExecute,
-                _ => SpawnFailure::Other,
-            };
-            return RunReply::SpawnFailed {
-                kind,
-                errno: err.raw_os_error(),
-                message: err.to_string(),
-            };
-        }
-    };
-    drop(command);
-    // The command holds the stdio pipes now; hako sees end of file only when
-    // every process of the command has closed them, so let go of ours.
-    let _ = hako_sys::stdio_to_null();
-    let main = Pid::from_raw(child.id() as i32);
-    // From here the child is reaped with wait(), not through `child`.
-    std::mem::forget(child);
-    let deadline = request
-        .timeout_ms
-        .map(|ms| start + Duration::from_millis(ms));
-    let mut status: Option<ExitStatus> = None;
-    let mut timed_out = false;
-    loop {
-        reap(main, &mut status);
-        if status.is_some() {
-            break;
-        }
-        let timeout = match deadline {
-            Some(d) => {
-                let left = d.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    timed_out = true;
-                    break;
-                }
-                Some(Timespec::try_from(left).unwrap_or(Timespec {
-                    tv_sec: 1,
-                    tv_nsec: 0,
-                }))
-            }
-            None => None,
-        };
-        let mut fds = [
-            PollFd::new(&signals, PollFlags::IN),
-            PollFd::new(ctl, PollFlags::IN),
-        ];
-        match poll(&mut fds, timeout.as_ref()) {
-            Ok(_) | Err(Errno::INTR) => {}
-            Err(err) => return refuse(format!("poll failed: {err}")),
-        }
-        let ctl_event = fds[1].revents();
-        let stop = signals
-            .drain()
-            .into_iter()
-            .any(|sig| sig != libc_sig::SIGCHLD);
-        if stop || !ctl_event.is_empty() {
-            // hako closed the socket, asked to cancel, or someone signalled
-            // the guest to stop: kill everything.
-            kill_tree(main, &mut status);
-            return RunReply::Finished {
-                status: status.unwrap_or(ExitStatus::Signal(9)),
-                timed_out: false,
-                orphans_to_guest,
-            };
-        }
-    }
-    kill_tree(main, &mut status);
-    RunReply::Finished {
-        status: status.unwrap_or(ExitStatus::Signal(9)),
-        timed_out,
-        orphans_to_guest,
-    }
+/// A process that supervises commands, one at a time: the child subreaper
+/// of each command's tree, watching its deadline. Between commands it has
+/// no child at all, so it can be given the next one.
+pub(crate) struct Supervisor {
+    signals: SignalFd,
+    /// This kernel allows no subreaper but init (gVisor before 2023): a
+    /// command's orphans go to the guest, pid 1, which kills them.
+    orphans_to_guest: bool,
+    /// The stack each command's process starts on (see [`vfork`]).
+    stack: RefCell<ChildStack>,
 }
 
-fn libc_enoexec() -> i32 {
-    Errno::NOEXEC.raw_os_error()
+/// The errno values a failed exec is told apart by.
+mod libc_errno {
+    use hako_sys::rustix::io::Errno;
+    pub const ENOENT: i32 = Errno::NOENT.raw_os_error();
+    pub const EACCES: i32 = Errno::ACCESS.raw_os_error();
+    pub const ENOEXEC: i32 = Errno::NOEXEC.raw_os_error();
+}
+
+impl Supervisor {
+    /// Becomes the subreaper of whatever this process starts and blocks the
+    /// signals it watches. `stop_signals`: treat SIGINT, SIGTERM and SIGHUP
+    /// as "stop": kill the running command's tree. (Not for pid 1 of a
+    /// sandbox, where the command itself could send them.)
+    pub(crate) fn new(stop_signals: bool) -> Result<Supervisor, String> {
+        let orphans_to_guest = match hako_sys::set_child_subreaper() {
+            Ok(()) => false,
+            // A kernel that allows no subreaper but init (gVisor before 2023
+            // answers EINVAL): orphans go to the guest, pid 1 of the
+            // sandbox, which kills them (told so by the reply). Under any
+            // other parent they could escape: refuse.
+            Err(err)
+                if err.raw_os_error() == Some(Errno::INVAL.raw_os_error())
+                    && rproc::getppid().is_some_and(|p| p.as_raw_nonzero().get() == 1) =>
+            {
+                true
+            }
+            Err(err) => return Err(format!("cannot become child subreaper: {err}")),
+        };
+        // Blocked before the first fork so no exit is missed, and so that a
+        // signal meant to stop the guest makes it clean up instead of dying
+        // and leaving the command's tree behind.
+        let watched: &[i32] = if stop_signals {
+            &[
+                libc_sig::SIGCHLD,
+                libc_sig::SIGINT,
+                libc_sig::SIGTERM,
+                libc_sig::SIGHUP,
+            ]
+        } else {
+            &[libc_sig::SIGCHLD]
+        };
+        let signals =
+            SignalFd::new(watched).map_err(|err| format!("cannot open signalfd: {err}"))?;
+        let stack = ChildStack::new().map_err(|err| format!("cannot map a stack: {err}"))?;
+        Ok(Supervisor {
+            signals,
+            orphans_to_guest,
+            stack: RefCell::new(stack),
+        })
+    }
+
+    /// Runs `request` as this process's child and returns the outcome once
+    /// every process of the command is gone. Anything on `ctl` (data or end
+    /// of file) means "stop": the whole tree is killed.
+    pub(crate) fn run(&self, request: &Job, ctl: &UnixStream, options: RunOptions) -> RunReply {
+        if request.argv.is_empty() {
+            return refuse("empty argv");
+        }
+        // Exits of an earlier command's processes, all reaped already.
+        let _ = self.signals.drain();
+        let orphans_to_guest = self.orphans_to_guest;
+        let RunOptions {
+            stdio,
+            mut confine,
+            cwd,
+            fd3,
+            controlling_tty,
+        } = options;
+        let cwd = match &cwd {
+            CwdChoice::Fd(fd) => SpawnCwd::Fd(fd.as_fd()),
+            CwdChoice::Path(path) => SpawnCwd::Path(path),
+        };
+        let start = Instant::now();
+        let spawned = {
+            let mut stack = self.stack.borrow_mut();
+            vfork::spawn(
+                SpawnSpec {
+                    argv: &request.argv,
+                    env: &request.env,
+                    stdio: [stdio[0].as_fd(), stdio[1].as_fd(), stdio[2].as_fd()],
+                    cwd: Some(cwd),
+                    fd3: fd3.as_ref().map(AsFd::as_fd),
+                    new_session: true,
+                    // If the supervisor is killed outright, its direct
+                    // child goes with it.
+                    parent_death_kill: true,
+                    controlling_tty,
+                    confine: confine.as_mut().map(|hook| &mut **hook as SpawnHook<'_>),
+                },
+                &mut stack,
+            )
+        };
+        // The command holds the stdio now (hako sees end of file only when
+        // every process of the command has closed it): let go of ours, and
+        // of the working directory and descriptor 3.
+        drop((stdio, fd3));
+        let main = match spawned {
+            Ok(pid) => Pid::from_raw(pid),
+            Err(err) => {
+                let errno = err.error.raw_os_error();
+                let kind = match (err.step, errno) {
+                    (SpawnStep::Exec, Some(libc_errno::ENOENT)) => SpawnFailure::NotFound,
+                    (SpawnStep::Exec, Some(libc_errno::EACCES | libc_errno::ENOEXEC)) => {
+                        SpawnFailure::CannotExecute
+                    }
+                    _ => SpawnFailure::Other,
+                };
+                return RunReply::SpawnFailed {
+                    kind,
+                    errno,
+                    message: err.to_string(),
+                };
+            }
+        };
+        let deadline = request
+            .timeout_ms
+            .map(|ms| start + Duration::from_millis(ms));
+        let mut status: Option<ExitStatus> = None;
+        let mut timed_out = false;
+        loop {
+            reap(main, &mut status);
+            if status.is_some() {
+                break;
+            }
+            let timeout = match deadline {
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        timed_out = true;
+                        break;
+                    }
+                    Some(Timespec::try_from(left).unwrap_or(Timespec {
+                        tv_sec: 1,
+                        tv_nsec: 0,
+                    }))
+                }
+                None => None,
+            };
+            let mut fds = [
+                PollFd::new(&self.signals, PollFlags::IN),
+                PollFd::new(ctl, PollFlags::IN),
+            ];
+            match poll(&mut fds, timeout.as_ref()) {
+                Ok(_) | Err(Errno::INTR) => {}
+                Err(err) => {
+                    kill_tree(main, &mut status);
+                    return refuse(format!("poll failed: {err}"));
+                }
+            }
+            let ctl_event = fds[1].revents();
+            let stop = self
+                .signals
+                .drain()
+                .into_iter()
+                .any(|sig| sig != libc_sig::SIGCHLD);
+            if stop || !ctl_event.is_empty() {
+                // hako closed the socket, asked to cancel, or someone
+                // signalled the supervisor to stop: kill everything.
+                kill_tree(main, &mut status);
+                return RunReply::Finished {
+                    status: status.unwrap_or(ExitStatus::Signal(9)),
+                    timed_out: false,
+                    orphans_to_guest,
+                };
+            }
+        }
+        kill_tree(main, &mut status);
+        RunReply::Finished {
+            status: status.unwrap_or(ExitStatus::Signal(9)),
+            timed_out,
+            orphans_to_guest,
+        }
+    }
 }
 
 fn convert(status: rproc::WaitStatus) -> Option<ExitStatus> {

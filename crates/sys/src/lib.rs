@@ -19,6 +19,7 @@ pub mod raw;
 pub mod signal;
 pub mod spawn;
 pub mod tty;
+pub mod vfork;
 
 use std::io;
 

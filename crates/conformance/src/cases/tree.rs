@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use hako_core::{Command, Error, ExitStatus, Sandbox};
 
-use crate::check::{expect_output, run, show, still_works, Ctx, Res};
+use hako_core::Output;
+
+use crate::check::{expect_output, run, sh, show, still_works, within, Ctx, Res};
 use crate::procs::{host_processes_with_arg, sandbox_processes_with_arg};
 use crate::Outcome;
 
@@ -164,5 +166,88 @@ case! {
             Err(Error::Closed) => Ok(()),
             other => fail!("exec after close(): got {other:?}, expected Closed"),
         }
+    }
+}
+
+case! {
+    /// A command stops the supervisor that watches its deadline (its parent:
+    /// it may signal any process of its uid). The deadline still kills it,
+    /// and the sandbox keeps working.
+    fn stopping_its_supervisor_does_not_let_a_command_outlive_its_deadline(h) {
+        let m = h.marker();
+        let script = format!("kill -STOP $PPID; echo stopped; exec sleep {m}");
+        let timeout = Duration::from_secs(3);
+        let start = Instant::now();
+        let out = within(
+            HANG_GUARD,
+            "an exec whose supervisor was stopped",
+            || h.sandbox().exec(&Command::shell(&script).timeout(timeout)),
+            || {
+                let _ = h.sandbox().close();
+            },
+        )?
+        .ctx("exec that stops its supervisor")?;
+        let elapsed = start.elapsed();
+        ensure!(out.timed_out, "the deadline did not fire: {out:?}");
+        ensure_eq!(out.stdout.as_slice(), b"stopped\n".as_slice(), "output before the deadline");
+        ensure!(elapsed >= timeout, "the deadline fired early: {elapsed:?}");
+        none_left(h.sandbox(), &[m.as_str()], "the deadline")?;
+        still_works(h, "a command stopped its supervisor")
+    }
+}
+
+case! {
+    /// A command stops every other child of the sandbox's guest: the
+    /// supervisors waiting, idle, for the next commands. The commands that
+    /// follow, one after another and several at once, still run and
+    /// return.
+    fn stopping_the_idle_supervisors_does_not_hang_the_next_commands(h) {
+        // Several at once first, so that supervisors are left idle.
+        let warm: Vec<Res<Output>> = std::thread::scope(|scope| {
+            let runs: Vec<_> = (0..3)
+                .map(|_| scope.spawn(|| sh(h, "sleep 0.3; echo warm")))
+                .collect();
+            runs.into_iter()
+                .map(|r| r.join().unwrap_or_else(|_| Err(Outcome::Failed("exec panicked".into()))))
+                .collect()
+        });
+        for out in warm {
+            expect_output(&out?, b"warm\n", "a concurrent exec")?;
+        }
+        // The guest is the supervisor's parent; stop each of its other
+        // children (on `host` these are the only processes touched).
+        let attack = "guest=$(cut -d' ' -f4 /proc/$PPID/stat); n=0; \
+            for d in /proc/[0-9]*; do p=${d#/proc/}; \
+            [ \"$p\" = \"$PPID\" ] && continue; \
+            [ \"$(cut -d' ' -f4 $d/stat 2>/dev/null)\" = \"$guest\" ] || continue; \
+            kill -STOP $p 2>/dev/null && n=$((n+1)); done; echo $n";
+        let out = sh(h, attack)?;
+        let stopped: usize = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(0);
+        ensure!(
+            stopped >= 1,
+            "the attack found no idle supervisor to stop, so it proves nothing: stdout {} stderr {}",
+            show(&out.stdout),
+            show(&out.stderr)
+        );
+        let follow = || -> Res {
+            for _ in 0..4 {
+                expect_output(&sh(h, "echo next")?, b"next\n", "a command after the attack")?;
+            }
+            let runs: Vec<Res<Output>> = std::thread::scope(|scope| {
+                let runs: Vec<_> = (0..4)
+                    .map(|_| scope.spawn(|| sh(h, "echo together")))
+                    .collect();
+                runs.into_iter()
+                    .map(|r| r.join().unwrap_or_else(|_| Err(Outcome::Failed("exec panicked".into()))))
+                    .collect()
+            });
+            for out in runs {
+                expect_output(&out?, b"together\n", "concurrent commands after the attack")?;
+            }
+            Ok(())
+        };
+        within(HANG_GUARD, "the commands after the attack", follow, || {
+            let _ = h.sandbox().close();
+        })?
     }
 }
