@@ -4,11 +4,11 @@
 //! protocol of [`proto`] to it: a handshake (which, for `linux`, says what
 //! sandbox to build first), then any number of commands, each with its own
 //! id, live output and exit event, until hako closes the connection. Each
-//! command runs under a supervisor forked from the guest: the child
-//! subreaper of everything the command spawns, which enforces the deadline
-//! and kills and reaps every process the command left behind (including
-//! those that called `setsid` or double-forked) before the command is
-//! reported as ended.
+//! command runs under a supervisor forked from the guest (and kept for the
+//! commands after it): the child subreaper of everything the command
+//! spawns, which enforces the deadline and kills and reaps every process
+//! the command left behind (including those that called `setsid` or
+//! double-forked) before the command is reported as ended.
 
 pub mod client;
 mod confine;

@@ -5,7 +5,9 @@
 //! guest (no exec, so it costs a fork) that becomes the child subreaper of
 //! the command's tree, enforces its deadline, and kills and reaps the whole
 //! tree before it reports how the command ended (see
-//! [`supervise`](crate::supervise)). The guest itself stays single-threaded
+//! [`supervise`](crate::supervise)). A supervisor whose command has ended
+//! has no child left and is kept, idle, for a later command: most commands
+//! cost no fork but their own. The guest itself stays single-threaded
 //! and never blocks on one command: it polls the connection, every
 //! command's output pipes and supervisor sockets, and forwards output as
 //! numbered frames, all of a command's output before its exit event.

@@ -1,6 +1,8 @@
-//! A supervisor's work: running one command as the child subreaper of its
-//! tree, enforcing its deadline, and killing and reaping everything it left
-//! before reporting how it ended.
+//! A supervisor's work: running commands, one at a time, each as the child
+//! subreaper of its tree, enforcing its deadline, and killing and reaping
+//! everything it left before reporting how it ended. Each command's process
+//! starts with `clone(CLONE_VM | CLONE_VFORK)` (see [`vfork`]): no page
+//! table is copied for it.
 
 use std::cell::RefCell;
 use std::os::fd::{AsFd, OwnedFd};
