@@ -418,6 +418,25 @@ fn bench_json_reports_ratios() {
     for c in comparisons {
         assert!(c["ratio"].as_f64().unwrap() > 0.0);
     }
+    // Each figure also by backend and plain name, as the comparison gives it.
+    let host = &v["figures"]["host"];
+    for figure in [
+        "cold_run.ratio_vs_fork_exec",
+        "warm_exec.ratio_vs_fork_exec",
+        "fence_write_4k.ratio_vs_std_fs_write",
+        "fence_read_1m.ratio_vs_std_fs_read",
+    ] {
+        let ratio = host[figure].as_f64();
+        assert!(
+            ratio.is_some_and(|r| r > 0.0),
+            "{figure} missing from {host}"
+        );
+        let same = comparisons
+            .iter()
+            .find(|c| c["backend"] == "host" && c["figure"] == figure)
+            .and_then(|c| c["ratio"].as_f64());
+        assert_eq!(same, ratio, "{figure}");
+    }
 }
 
 #[test]

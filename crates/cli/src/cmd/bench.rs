@@ -90,6 +90,9 @@ fn stats(mut samples: Vec<Duration>) -> Stats {
 
 #[derive(Debug, Serialize)]
 struct Comparison {
+    /// The figure's plain name within its backend, e.g.
+    /// `warm_exec.ratio_vs_fork_exec` (see [`Report::figures`]).
+    figure: String,
     name: String,
     backend: Option<&'static str>,
     hako: Stats,
@@ -100,6 +103,7 @@ struct Comparison {
 }
 
 fn compare(
+    figure: String,
     name: String,
     backend: Option<&'static str>,
     hako: Stats,
@@ -107,6 +111,7 @@ fn compare(
     reference_stats: Stats,
 ) -> Comparison {
     Comparison {
+        figure,
         name,
         backend,
         hako,
@@ -126,6 +131,8 @@ struct Reference {
 /// Bytes moved per second, hako's path against the direct one.
 #[derive(Debug, Serialize)]
 struct Throughput {
+    /// Plain name, as in [`Comparison::figure`].
+    figure: String,
     name: String,
     backend: &'static str,
     bytes: u64,
@@ -139,6 +146,9 @@ struct Throughput {
 #[derive(Debug, Serialize)]
 struct Report {
     iterations: usize,
+    /// Every ratio by backend and plain name (`cold_run.ratio_vs_bwrap`,
+    /// `warm_exec.ratio_vs_fork_exec`, ...), for scripts.
+    figures: std::collections::BTreeMap<String, std::collections::BTreeMap<String, f64>>,
     comparisons: Vec<Comparison>,
     throughput: Vec<Throughput>,
     references: Vec<Reference>,
@@ -305,13 +315,14 @@ fn bench_backend(
     };
     let fork_exec = || status_ok(&mut std::process::Command::new("true"));
     // Each backend against the tool it replaces, measured alternately.
-    let (reference_name, (cold, reference)) = match kind {
+    let (reference_name, reference_key, (cold, reference)) = match kind {
         BackendKind::Linux => {
             let bwrap = find_in_path("bwrap")
                 .ok_or("bwrap is not installed (apt-get install bubblewrap)")?;
             let bwrap_true = || status_ok(std::process::Command::new(&bwrap).args(&BWRAP[1..11]));
             (
                 BWRAP[..11].join(" "),
+                "bwrap",
                 measure_pair(n, hako_run, bwrap_true)?,
             )
         }
@@ -332,6 +343,7 @@ fn bench_backend(
                         .map(|r| format!("--runtime {r} "))
                         .unwrap_or_default()
                 ),
+                "docker_run",
                 measure_pair(n, hako_run, docker_run)?,
             )
         }
@@ -348,15 +360,18 @@ fn bench_backend(
             };
             (
                 format!("{} --network=none do true", runsc.display()),
+                "runsc_do",
                 measure_pair(n, hako_run, runsc_do)?,
             )
         }
         _ => (
             "fork/exec true".to_string(),
+            "fork_exec",
             measure_pair(n, hako_run, fork_exec)?,
         ),
     };
     out.push(compare(
+        format!("cold_run.ratio_vs_{reference_key}"),
         format!(
             "hako run --backend {} -- true (cold, whole process)",
             match runtime {
@@ -375,6 +390,7 @@ fn bench_backend(
     let command = Command::new(["true"]);
     let (warm, fork) = measure_pair(n, || exec_true(sandbox.as_ref(), &command), fork_exec)?;
     out.push(compare(
+        "warm_exec.ratio_vs_fork_exec".into(),
         format!("exec true in an open {} sandbox (library)", label),
         Some(label),
         warm,
@@ -399,6 +415,10 @@ fn bench_backend(
             || container.exec_true(),
         )?;
         out.push(compare(
+            format!(
+                "warm_exec.ratio_vs_docker_exec_{}",
+                runtime.unwrap_or("runc")
+            ),
             format!("exec true in an open {} sandbox (library)", label),
             Some(label),
             warm,
@@ -422,6 +442,7 @@ fn bench_backend(
         )?;
         exec_mode.close().map_err(|e| e.to_string())?;
         out.push(compare(
+            "warm_exec.ratio_vs_docker_exec_mode".into(),
             "exec true in an open docker sandbox (library)".into(),
             Some(label),
             warm,
@@ -432,6 +453,7 @@ fn bench_backend(
     if kind == BackendKind::Linux {
         // What a harness that wraps each call in bubblewrap pays per call.
         out.push(compare(
+            "warm_exec.ratio_vs_bwrap_per_call".into(),
             format!("exec true in an open {} sandbox (library)", label),
             Some(label),
             warm,
@@ -452,7 +474,10 @@ fn bench_fence(
     n: usize,
     out: &mut Vec<Comparison>,
 ) -> Result<(), String> {
-    for (label, size, reps) in [("4 KiB", 4usize << 10, n * 20), ("1 MiB", 1 << 20, n * 2)] {
+    for (label, key, size, reps) in [
+        ("4 KiB", "4k", 4usize << 10, n * 20),
+        ("1 MiB", "1m", 1 << 20, n * 2),
+    ] {
         let data = vec![0x5au8; size];
         let name = format!("bench-{size}.bin");
         let rel = Path::new(&name);
@@ -464,6 +489,7 @@ fn bench_fence(
             sandbox.write_file(rel, &data).map_err(|e| e.to_string())
         })?;
         out.push(compare(
+            format!("fence_write_{key}.ratio_vs_std_fs_write"),
             format!(
                 "{} fence write {label} (atomic: temp file + rename)",
                 kind.name()
@@ -483,6 +509,7 @@ fn bench_fence(
                 .map_err(|e| e.to_string())
         })?;
         out.push(compare(
+            format!("fence_read_{key}.ratio_vs_std_fs_read"),
             format!("{} fence read {label}", kind.name()),
             Some(kind.name()),
             hako_read,
@@ -543,6 +570,7 @@ fn bench_proxy_transfer(n: usize, workspace: &Path) -> Result<Throughput, String
     let _ = sandbox.close();
     let mib_s = |s: Stats| (TRANSFER_BYTES as f64 / (1 << 20) as f64) / (s.median_us / 1e6);
     Ok(Throughput {
+        figure: "proxy_throughput.ratio_vs_loopback".into(),
         name: "linux 100 MiB through the egress proxy (forwarded port)".into(),
         backend: "linux",
         bytes: TRANSFER_BYTES,
@@ -564,6 +592,7 @@ pub fn run(args: BenchArgs) -> u8 {
     let workspace = std::env::temp_dir().join(format!("hako-bench-{}", std::process::id()));
     let mut report = Report {
         iterations: n,
+        figures: Default::default(),
         comparisons: Vec::new(),
         throughput: Vec::new(),
         references: Vec::new(),
@@ -594,6 +623,22 @@ pub fn run(args: BenchArgs) -> u8 {
         }
     }
     report.references = references(n);
+    for c in &report.comparisons {
+        if let Some(backend) = c.backend {
+            report
+                .figures
+                .entry(backend.to_string())
+                .or_default()
+                .insert(c.figure.clone(), c.ratio);
+        }
+    }
+    for t in &report.throughput {
+        report
+            .figures
+            .entry(t.backend.to_string())
+            .or_default()
+            .insert(t.figure.clone(), t.ratio);
+    }
     let _ = std::fs::remove_dir_all(&workspace);
     if args.json {
         println!(
