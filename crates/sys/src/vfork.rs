@@ -293,17 +293,30 @@ pub fn spawn(spec: SpawnSpec<'_>, stack: &mut ChildStack) -> Result<i32, SpawnEr
         .map(|a| cstring(a.as_bytes()))
         .collect::<io::Result<_>>()
         .map_err(prepare)?;
-    let env: Vec<CString> = spec
-        .env
+    // One entry per name, the last value given winning (as
+    // `std::process::Command::env` does); a name with `=` in it would set
+    // another variable, and is refused.
+    let mut merged: Vec<(&str, &str)> = Vec::with_capacity(spec.env.len());
+    for (k, v) in spec.env {
+        if k.is_empty() || k.contains('=') {
+            return Err(prepare(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{k:?} is not a valid environment variable name"),
+            )));
+        }
+        match merged.iter_mut().find(|(name, _)| name == k) {
+            Some(entry) => entry.1 = v,
+            None => merged.push((k, v)),
+        }
+    }
+    let env: Vec<CString> = merged
         .iter()
         .map(|(k, v)| cstring(format!("{k}={v}").as_bytes()))
         .collect::<io::Result<_>>()
         .map_err(prepare)?;
-    let path = spec
-        .env
+    let path = merged
         .iter()
-        .rev()
-        .find(|(k, _)| k == "PATH")
+        .find(|(k, _)| *k == "PATH")
         .map(|(_, v)| v.as_bytes());
     let candidates = candidates(program.as_bytes(), path).map_err(|error| SpawnError {
         step: SpawnStep::Exec,
@@ -718,6 +731,21 @@ mod tests {
         assert_eq!(field("SigBlk:"), 0, "{text}");
         let pipe_bit = 1u64 << (libc::SIGPIPE - 1);
         assert_eq!(field("SigIgn:") & pipe_bit, 0, "{text}");
+    }
+
+    #[test]
+    fn the_last_value_of_a_variable_wins_and_a_name_with_an_equals_sign_is_refused() {
+        let mut r = run(&["sh", "-c", "echo \"$X\"; env | grep -c '^X='"]);
+        r.env.push(("X".into(), "first".into()));
+        r.env.push(("X".into(), "last".into()));
+        let (text, code) = go(r).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((text.as_str(), code), ("last\n1\n", 0));
+        let mut r = run(&["true"]);
+        r.env.push(("PATH=/evil:x".into(), "y".into()));
+        let err = go(r)
+            .err()
+            .unwrap_or_else(|| panic!("ran with a name holding '='"));
+        assert_eq!(err.step, SpawnStep::Prepare);
     }
 
     #[test]
