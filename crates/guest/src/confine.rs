@@ -16,11 +16,9 @@
 //! 4. rlimits: plain `setrlimit` in each command's process just before
 //!    exec ([`Confinement::hook`]).
 
-use std::io;
 use std::sync::Arc;
 
 use hako_sys::confine::{self, LandlockRules, Resource, Rlimit};
-use hako_sys::spawn::ConfineHook;
 
 use crate::proto::{LinuxSpec, RlimitResource};
 
@@ -139,43 +137,36 @@ impl Confinement {
     }
 
     /// Confines the calling supervisor once, before it is given any
-    /// command; every command it starts inherits all of it: the prepared
-    /// Landlock ruleset (`landlock`, its descriptor as the supervisor holds
-    /// it, see [`Confinement::landlock_fd`]), `no_new_privs`, no
-    /// capabilities (bounding, ambient, effective, permitted, inheritable;
-    /// securebits locked so that root gains none at exec). The supervisor
-    /// needs none of them: the processes it watches and kills are of its own
-    /// uid. Last it is made not dumpable, so that no command may read or
-    /// write its memory through `/proc`. The seccomp filter is inherited
-    /// from pid 1 ([`Confinement::seal_pid1`]).
+    /// command; every command it starts inherits all of it. First it is
+    /// made not dumpable, while it still holds pid 1's capabilities (no
+    /// command, holding none, could read it before that either), so that
+    /// at no moment can a command read or write its memory or descriptors
+    /// through `/proc`; then the prepared Landlock ruleset (`landlock`, its
+    /// descriptor as the supervisor holds it, see
+    /// [`Confinement::landlock_fd`]), `no_new_privs`, and no capabilities
+    /// (bounding, ambient, effective, permitted, inheritable; securebits
+    /// locked so that root gains none at exec). The supervisor needs none of
+    /// them: the processes it watches and kills are of its own uid. The
+    /// seccomp filter is inherited from pid 1 ([`Confinement::seal_pid1`]).
     pub(crate) fn confine_supervisor(
         landlock: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> Result<(), String> {
+        hako_sys::ns::set_not_dumpable().map_err(|e| format!("cannot become not dumpable: {e}"))?;
         if let Some(fd) = landlock {
             confine::landlock_restrict_self_with(fd)
                 .map_err(|e| format!("cannot enforce the Landlock ruleset: {e}"))?;
         }
         confine::set_no_new_privs().map_err(|e| format!("cannot set no_new_privs: {e}"))?;
-        confine::drop_all_capabilities().map_err(|e| format!("cannot drop capabilities: {e}"))?;
-        hako_sys::ns::set_not_dumpable().map_err(|e| format!("cannot become not dumpable: {e}"))
+        confine::drop_all_capabilities()
+            .map(drop)
+            .map_err(|e| format!("cannot drop capabilities: {e}"))
     }
 
-    /// The step run in one command's process just before exec: its
-    /// rlimits (not the supervisor's, which needs descriptors and memory
-    /// of its own). The rest comes from the supervisor
+    /// What each command's process applies just before exec: its rlimits
+    /// (not the supervisor's, which needs descriptors and memory of its
+    /// own). The rest comes from the supervisor
     /// ([`Confinement::confine_supervisor`]).
-    pub(crate) fn hook(&self) -> ConfineHook {
-        let rlimits = Arc::clone(&self.rlimits);
-        // In the command's process, which shares the supervisor's memory
-        // until exec: an error is passed on by its errno, allocating
-        // nothing.
-        Box::new(move || {
-            confine::apply_rlimits(&rlimits).map_err(|err| match err {
-                confine::ConfineError::Rlimit { source, .. } => source,
-                _ => {
-                    io::Error::from_raw_os_error(hako_sys::rustix::io::Errno::INVAL.raw_os_error())
-                }
-            })
-        })
+    pub(crate) fn rlimits(&self) -> Arc<Vec<Rlimit>> {
+        Arc::clone(&self.rlimits)
     }
 }

@@ -563,12 +563,19 @@ pub fn send_with_fds(
     if fds.len() > MAX_FDS || !ancillary.push(SendAncillaryMessage::ScmRights(fds)) {
         return Err(io::Error::other("too many descriptors for one frame"));
     }
-    let sent = sendmsg(
-        stream,
-        &[io::IoSlice::new(bytes)],
-        &mut ancillary,
-        SendFlags::NOSIGNAL,
-    )?;
+    // A stop and continue of the process can interrupt the call (gVisor
+    // does): try again, the descriptors not yet sent.
+    let sent = loop {
+        match sendmsg(
+            stream,
+            &[io::IoSlice::new(bytes)],
+            &mut ancillary,
+            SendFlags::NOSIGNAL,
+        ) {
+            Err(hako_sys::rustix::io::Errno::INTR) => continue,
+            other => break other?,
+        }
+    };
     let mut rest = stream;
     rest.write_all(&bytes[sent..])
 }
@@ -589,12 +596,17 @@ pub fn recv_with_fds(
         let mut ancillary = RecvAncillaryBuffer::new(&mut space);
         // Never read past this frame: what follows is not ours.
         let mut chunk = vec![0u8; want - buf.len()];
-        let got = recvmsg(
+        let got = match recvmsg(
             stream,
             &mut [io::IoSliceMut::new(&mut chunk)],
             &mut ancillary,
             RecvFlags::CMSG_CLOEXEC,
-        )?;
+        ) {
+            // A stop and continue of the process can interrupt the wait
+            // (gVisor does): nothing was received, wait again.
+            Err(hako_sys::rustix::io::Errno::INTR) => continue,
+            other => other?,
+        };
         for message in ancillary.drain() {
             if let RecvAncillaryMessage::ScmRights(rights) = message {
                 fds.extend(rights);

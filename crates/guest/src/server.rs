@@ -750,12 +750,29 @@ impl Server<'_> {
             cwd_fd: cwd_fd.is_some(),
             fd3: fd3.is_some(),
         };
+        let encode = |handing: &Handing<&Handoff>| {
+            proto::encode(&Frame::Message(handing))
+                .map_err(|err| format!("cannot encode a command for its supervisor: {err}"))
+        };
+        let inline = encode(&Handing {
+            handoff: Some(&handoff),
+        })?;
+        // A large job goes in a memfd, so that handing it over never
+        // blocks the guest (a supervisor may have been stopped, see
+        // `reap`, and a socket takes only so much unread).
+        let (bytes, job_fd) = if inline.len() <= INLINE_HANDOFF {
+            (inline, None)
+        } else {
+            (
+                encode(&Handing { handoff: None })?,
+                Some(job_memfd(&inline)?),
+            )
+        };
         let [a, b, c] = &stdio;
-        let mut fds = vec![a.as_fd(), b.as_fd(), c.as_fd()];
+        let mut fds: Vec<_> = job_fd.as_ref().map(AsFd::as_fd).into_iter().collect();
+        fds.extend([a.as_fd(), b.as_fd(), c.as_fd()]);
         fds.extend(cwd_fd.as_ref().map(AsFd::as_fd));
         fds.extend(fd3.as_ref().map(AsFd::as_fd));
-        let bytes = proto::encode(&Frame::Message(&handoff))
-            .map_err(|err| format!("cannot encode a command for its supervisor: {err}"))?;
         loop {
             let (pid, sock, forked) = match self.idle.pop() {
                 Some((pid, sock)) => (pid, sock, false),
@@ -1531,6 +1548,63 @@ struct Handoff {
     fd3: bool,
 }
 
+/// What the guest sends a supervisor: the handoff itself, or (`None`) word
+/// that it is in the first descriptor that comes with this frame, a memfd
+/// holding its whole frame.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Handing<H> {
+    handoff: Option<H>,
+}
+
+/// Handoffs up to this size travel in the frame itself: a supervisor's
+/// socket takes that much unread (at most one frame is ever waiting there).
+const INLINE_HANDOFF: usize = 16 << 10;
+
+/// A memfd holding `bytes`, read from its start.
+fn job_memfd(bytes: &[u8]) -> Result<OwnedFd, String> {
+    use hako_sys::rustix::fs::{memfd_create, MemfdFlags};
+    use std::io::Write as _;
+    let fd = memfd_create("hako-job", MemfdFlags::CLOEXEC)
+        .map_err(|e| format!("cannot create a memfd for a large command: {e}"))?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(bytes)
+        .map_err(|e| format!("cannot write a large command to its memfd: {e}"))?;
+    Ok(OwnedFd::from(file))
+}
+
+/// The handoff in `payload` (or in the memfd that came first among `fds`),
+/// and the job's own descriptors.
+fn take_handoff(payload: &[u8], mut fds: Vec<OwnedFd>) -> Result<(Handoff, Vec<OwnedFd>), String> {
+    use std::io::{Read as _, Seek as _};
+    let not_a_job =
+        |e: std::io::Error| format!("the supervisor was handed something that is not a job: {e}");
+    let handing = match proto::decode::<Handing<Handoff>>(payload).map_err(not_a_job)? {
+        Frame::Message(handing) => handing,
+        _ => return Err("the supervisor was handed something that is not a job".into()),
+    };
+    if let Some(handoff) = handing.handoff {
+        return Ok((handoff, fds));
+    }
+    if fds.is_empty() {
+        return Err("a large job came without its memfd".into());
+    }
+    let mut file = std::fs::File::from(fds.remove(0));
+    let mut frame = Vec::new();
+    file.seek(std::io::SeekFrom::Start(0))
+        .and_then(|_| {
+            file.take(u64::from(proto::MAX_FRAME) + 4)
+                .read_to_end(&mut frame)
+        })
+        .map_err(|e| format!("cannot read a large job from its memfd: {e}"))?;
+    let body = frame.get(4..).unwrap_or_default();
+    match proto::decode::<Handing<Handoff>>(body).map_err(not_a_job)? {
+        Frame::Message(Handing {
+            handoff: Some(handoff),
+        }) => Ok((handoff, fds)),
+        _ => Err("the memfd of a large job held no job".into()),
+    }
+}
+
 /// A supervisor: confines itself (inside a sandbox), then waits on its
 /// socket (at 3) for a job, supervises it, reports how it ended and waits
 /// for the next. End of file where a job would come means it is no longer
@@ -1567,11 +1641,9 @@ fn spare(mode: &Mode) -> i32 {
             Err(_) => return 0,
         };
         let reply = match (&supervisor, &unfit) {
-            (Some(supervisor), None) => match proto::decode::<Handoff>(&payload) {
-                Ok(Frame::Message(handoff)) => {
-                    supervise_one(supervisor, &handoff, fds, &sock, mode)
-                }
-                _ => supervise::refuse("the supervisor was handed something that is not a job"),
+            (Some(supervisor), None) => match take_handoff(&payload, fds) {
+                Ok((handoff, fds)) => supervise_one(supervisor, &handoff, fds, &sock, mode),
+                Err(why) => supervise::refuse(why),
             },
             (_, Some(why)) => supervise::refuse(why.clone()),
             (None, None) => supervise::refuse("the supervisor could not start"),
@@ -1616,7 +1688,7 @@ fn supervise_one(
         sock,
         RunOptions {
             stdio: [stdin, stdout, stderr],
-            confine: mode.confinement.as_ref().map(Confinement::hook),
+            rlimits: mode.confinement.as_ref().map(Confinement::rlimits),
             cwd,
             fd3,
             controlling_tty: handoff.job.tty,

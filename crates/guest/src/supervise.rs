@@ -10,12 +10,12 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use hako_core::ExitStatus;
+use hako_sys::confine::Rlimit;
 use hako_sys::rustix::event::{poll, PollFd, PollFlags, Timespec};
 use hako_sys::rustix::io::Errno;
 use hako_sys::rustix::process::{self as rproc, Pid, Signal, WaitOptions};
 use hako_sys::signal::{signum as libc_sig, SignalFd};
-use hako_sys::spawn::ConfineHook;
-use hako_sys::vfork::{self, ChildStack, SpawnCwd, SpawnHook, SpawnSpec, SpawnStep};
+use hako_sys::vfork::{self, ChildStack, SpawnCwd, SpawnSpec, SpawnStep};
 
 use crate::proto::{RunReply, SpawnFailure};
 
@@ -40,7 +40,7 @@ pub(crate) struct RunOptions {
     /// The command's stdin, stdout and stderr.
     pub stdio: [OwnedFd; 3],
     /// Applied in the command's process just before exec.
-    pub confine: Option<ConfineHook>,
+    pub rlimits: Option<std::sync::Arc<Vec<Rlimit>>>,
     /// Working directory of the command.
     pub cwd: CwdChoice,
     /// Given to the command as its descriptor 3.
@@ -132,7 +132,7 @@ impl Supervisor {
         let orphans_to_guest = self.orphans_to_guest;
         let RunOptions {
             stdio,
-            mut confine,
+            rlimits,
             cwd,
             fd3,
             controlling_tty,
@@ -156,7 +156,7 @@ impl Supervisor {
                     // child goes with it.
                     parent_death_kill: true,
                     controlling_tty,
-                    confine: confine.as_mut().map(|hook| &mut **hook as SpawnHook<'_>),
+                    rlimits: rlimits.as_deref().map_or(&[], Vec::as_slice),
                 },
                 &mut stack,
             )

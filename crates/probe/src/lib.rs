@@ -132,6 +132,8 @@ const CLONE_PARENT: u64 = 0x8000;
 const CLONE_THREAD: u64 = 0x0001_0000;
 /// A clock id past the last one.
 const BAD_CLOCK: u64 = 1000;
+/// `RLIMIT_NOFILE`.
+const RLIMIT_NOFILE: u64 = 7;
 const PTRACE_PEEKDATA: u64 = 2;
 const UFFD_USER_MODE_ONLY: u64 = 1;
 /// A `keyctl` operation that does not exist.
@@ -473,6 +475,15 @@ pub fn checks(arch: Arch) -> Vec<Check> {
             "ioctl",
             [MINUS_1, TIOCLINUX, B, 0, 0, 0],
             "EBADF",
+            Never,
+        ),
+        // The new limits are copied in (and fault) before the process is
+        // looked up: nothing is changed.
+        check(
+            "prlimit64_of_another_process",
+            "prlimit64",
+            [1, RLIMIT_NOFILE, B, 0, 0, 0],
+            "EFAULT",
             Never,
         ),
         Check {

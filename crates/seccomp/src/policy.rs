@@ -414,6 +414,17 @@ pub fn default_policy() -> Policy {
             .when(Condition::masked_eq(0, ADDR_NO_RANDOMIZE | bit, ADDR_NO_RANDOMIZE)),
         );
     }
+    // Reading another process's limits, or setting one's own (pid 0), stays
+    // allowed. A pid argument with high bits set is refused too, although
+    // the kernel reads only the low 32: refusing more is safe.
+    rules.push(
+        eperm(
+            "prlimit64",
+            "setting another process's limits could starve the processes that watch and clean up after commands (no descriptors to list what to kill)",
+        )
+        .when(Condition::ne(0, 0))
+        .when(Condition::ne(2, 0)),
+    );
     rules.push(
         eperm(
             "ioctl",
@@ -481,6 +492,7 @@ mod tests {
         "adjtimex",
         "personality",
         "ioctl",
+        "prlimit64",
     ];
 
     fn args(a0: u64, a1: u64) -> [u64; 6] {

@@ -146,6 +146,8 @@ const ACCEPTED: &[(libc::c_long, [Arg; 6])] = &[
     (libc::SYS_adjtimex, [Ptr, Int, Int, Int, Int, Int]),
     (libc::SYS_personality, [Int; 6]),
     (libc::SYS_ioctl, [Int, Int, Ptr, Int, Int, Int]),
+    // With both limit pointers 0 or BAD_ADDRESS nothing is read or set.
+    (libc::SYS_prlimit64, [Int, Int, Ptr, Ptr, Int, Int]),
 ];
 
 /// x86_64 only: x32-ABI numbers ([`X32_SYSCALL_BIT`] set) accepted when

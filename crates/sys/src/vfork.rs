@@ -10,8 +10,8 @@
 //! allocated before the clone) and its own stack, and it reports a failure
 //! by writing the step and `errno` where the parent reads them once it
 //! resumes. Other threads of the parent keep running meanwhile, which is
-//! why the child takes no lock and allocates nothing (nor may the caller's
-//! hook).
+//! why the child runs no code of the caller's, takes no lock and allocates
+//! nothing.
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -45,8 +45,8 @@ pub enum SpawnStep {
     Terminal,
     /// Changing into the working directory.
     Cwd,
-    /// The caller's confinement step.
-    Confine,
+    /// The program's rlimits.
+    Limits,
     /// `execve` of every candidate.
     Exec,
 }
@@ -62,7 +62,7 @@ impl SpawnStep {
             SpawnStep::Session => "start the command's session",
             SpawnStep::Terminal => "give the command its terminal",
             SpawnStep::Cwd => "change into the working directory",
-            SpawnStep::Confine => "confine the command",
+            SpawnStep::Limits => "set the command's limits",
             SpawnStep::Exec => "execute the command",
         }
     }
@@ -80,7 +80,7 @@ impl SpawnStep {
             SpawnStep::Session,
             SpawnStep::Terminal,
             SpawnStep::Cwd,
-            SpawnStep::Confine,
+            SpawnStep::Limits,
             SpawnStep::Exec,
         ];
         ALL.get(usize::from(code))
@@ -109,11 +109,6 @@ impl std::fmt::Display for SpawnError {
 
 impl std::error::Error for SpawnError {}
 
-/// A last step run in the child just before exec: it may not allocate
-/// (the parent's allocator is shared) and reports failure with an
-/// `io::Error` whose `errno` is passed on.
-pub type SpawnHook<'a> = &'a mut dyn FnMut() -> io::Result<()>;
-
 /// What to start, and how.
 pub struct SpawnSpec<'a> {
     /// The program (searched for in the `PATH` of `env` when it has no
@@ -133,8 +128,8 @@ pub struct SpawnSpec<'a> {
     pub parent_death_kill: bool,
     /// Make stdin (a terminal) the controlling terminal of the new session.
     pub controlling_tty: bool,
-    /// Run last, just before exec.
-    pub confine: Option<SpawnHook<'a>>,
+    /// Set last, just before exec (see [`crate::confine::apply_rlimits`]).
+    pub rlimits: &'a [crate::confine::Rlimit],
 }
 
 /// A stack for the child, made once and used by every spawn of a process:
@@ -218,7 +213,7 @@ struct ChildArgs<'a> {
     new_session: bool,
     parent_death_kill: bool,
     controlling_tty: bool,
-    confine: Option<SpawnHook<'a>>,
+    rlimits: &'a [crate::confine::Rlimit],
     /// The paths to try, in order.
     candidates: Vec<CString>,
     argv: Vec<*const libc::c_char>,
@@ -297,6 +292,8 @@ pub fn spawn(spec: SpawnSpec<'_>, stack: &mut ChildStack) -> Result<i32, SpawnEr
     // `std::process::Command::env` does); a name with `=` in it would set
     // another variable, and is refused.
     let mut merged: Vec<(&str, &str)> = Vec::with_capacity(spec.env.len());
+    let mut at: std::collections::HashMap<&str, usize> =
+        std::collections::HashMap::with_capacity(spec.env.len());
     for (k, v) in spec.env {
         if k.is_empty() || k.contains('=') {
             return Err(prepare(io::Error::new(
@@ -304,9 +301,12 @@ pub fn spawn(spec: SpawnSpec<'_>, stack: &mut ChildStack) -> Result<i32, SpawnEr
                 format!("{k:?} is not a valid environment variable name"),
             )));
         }
-        match merged.iter_mut().find(|(name, _)| name == k) {
-            Some(entry) => entry.1 = v,
-            None => merged.push((k, v)),
+        match at.get(k.as_str()) {
+            Some(&i) => merged[i].1 = v,
+            None => {
+                at.insert(k, merged.len());
+                merged.push((k, v));
+            }
         }
     }
     let env: Vec<CString> = merged
@@ -361,7 +361,7 @@ pub fn spawn(spec: SpawnSpec<'_>, stack: &mut ChildStack) -> Result<i32, SpawnEr
         new_session: spec.new_session,
         parent_death_kill: spec.parent_death_kill,
         controlling_tty: spec.controlling_tty,
-        confine: spec.confine,
+        rlimits: spec.rlimits,
         candidates,
         argv,
         envp,
@@ -469,7 +469,7 @@ fn child_setup_and_exec(args: &mut ChildArgs<'_>) -> ! {
         // Signals: the parent's handlers go (they would run on its memory),
         // SIGPIPE gets its default back (as `std::process::Command` does),
         // then nothing stays blocked.
-        for sig in 1..libc::SIGRTMIN() {
+        for sig in 1..=libc::SIGRTMAX() {
             if sig == libc::SIGKILL || sig == libc::SIGSTOP {
                 continue;
             }
@@ -537,16 +537,15 @@ fn child_setup_and_exec(args: &mut ChildArgs<'_>) -> ! {
             err.raw_os_error().unwrap_or(libc::EIO),
         );
     }
-    let confined = match args.confine.as_mut() {
-        Some(hook) => hook(),
-        None => Ok(()),
-    };
-    if let Err(err) = confined {
-        fail(
-            args,
-            SpawnStep::Confine,
-            err.raw_os_error().unwrap_or(libc::EPERM),
-        );
+    // No allocation on failure either: the error's errno is passed on.
+    if let Err(err) = crate::confine::apply_rlimits(args.rlimits) {
+        let errno = match err {
+            crate::confine::ConfineError::Rlimit { source, .. } => {
+                source.raw_os_error().unwrap_or(libc::EINVAL)
+            }
+            _ => libc::EINVAL,
+        };
+        fail(args, SpawnStep::Limits, errno);
     }
     // As `execvp`: each candidate in turn; one that exists but is not a
     // binary runs under /bin/sh; EACCES is remembered and the search goes
@@ -608,7 +607,7 @@ mod tests {
         env: Vec<(String, String)>,
         cwd: Option<std::path::PathBuf>,
         fd3: Option<OwnedFd>,
-        hook_fails: bool,
+        rlimits: Vec<crate::confine::Rlimit>,
     }
 
     fn run(argv: &[&str]) -> Run {
@@ -617,7 +616,7 @@ mod tests {
             env: vec![("PATH".into(), "/usr/bin:/bin".into())],
             cwd: None,
             fd3: None,
-            hook_fails: false,
+            rlimits: Vec::new(),
         }
     }
 
@@ -633,13 +632,6 @@ mod tests {
         let (out_r, out_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
             .unwrap_or_else(|e| panic!("{e}"));
         let mut stack = ChildStack::new().unwrap_or_else(|e| panic!("{e}"));
-        let mut hook = || -> io::Result<()> {
-            if r.hook_fails {
-                Err(io::Error::from_raw_os_error(libc::EPERM))
-            } else {
-                Ok(())
-            }
-        };
         let spawned = spawn(
             SpawnSpec {
                 argv: &r.argv,
@@ -650,7 +642,7 @@ mod tests {
                 new_session: true,
                 parent_death_kill: true,
                 controlling_tty: false,
-                confine: Some(&mut hook),
+                rlimits: &r.rlimits,
             },
             &mut stack,
         );
@@ -773,26 +765,48 @@ mod tests {
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o755))
             .unwrap_or_else(|e| panic!("{e}"));
-        let (text, code) = go(run(&[&path])).unwrap_or_else(|e| panic!("{e}"));
+        // Another test's child, forked while the file was open for writing,
+        // may hold it open until it execs: "text file busy" for a moment.
+        let mut tries = 0;
+        let (text, code) = loop {
+            match go(run(&[&path])) {
+                Err(e) if e.error.raw_os_error() == Some(libc::ETXTBSY) && tries < 200 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                other => break other.unwrap_or_else(|e| panic!("{e}")),
+            }
+        };
         assert_eq!((text.as_str(), code), ("from-script\n", 0));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
-    fn a_failing_confinement_step_stops_the_command_before_it_runs() {
+    fn limits_are_set_before_exec_and_one_that_cannot_be_stops_the_command() {
+        use crate::confine::{Resource, Rlimit};
+        let mut r = run(&["sh", "-c", "ulimit -n"]);
+        r.rlimits = vec![Rlimit::new(Resource::Nofile, 77)];
+        let (text, code) = go(r).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((text.as_str(), code), ("77\n", 0));
         let marker = std::env::temp_dir().join(format!("hako-vfork-ran-{}", std::process::id()));
         let mut r = run(&["touch", &marker.to_string_lossy()]);
-        r.hook_fails = true;
+        // A soft limit above its hard one cannot be set.
+        r.rlimits = vec![Rlimit {
+            resource: Resource::Nofile,
+            soft: 100,
+            hard: 10,
+        }];
         let err = go(r)
             .err()
-            .unwrap_or_else(|| panic!("ran although confining failed"));
+            .unwrap_or_else(|| panic!("ran although its limits failed"));
         assert_eq!(
             (err.step, err.error.raw_os_error()),
-            (SpawnStep::Confine, Some(libc::EPERM))
+            (SpawnStep::Limits, Some(libc::EINVAL))
         );
         assert!(!marker.exists(), "the command ran");
         assert!(
-            err.to_string().starts_with("cannot confine the command"),
+            err.to_string()
+                .starts_with("cannot set the command's limits"),
             "{err}"
         );
     }
@@ -826,7 +840,7 @@ mod tests {
                 new_session: false,
                 parent_death_kill: false,
                 controlling_tty: false,
-                confine: None,
+                rlimits: &[],
             },
             &mut stack,
         )

@@ -199,7 +199,8 @@ case! {
 case! {
     /// A command stops every other child of the sandbox's guest: the
     /// supervisors waiting, idle, for the next commands. The commands that
-    /// follow, one after another and several at once, still run and
+    /// follow, several at once and each too large to wait unread in a
+    /// supervisor's socket, still run, on those very supervisors, and
     /// return.
     fn stopping_the_idle_supervisors_does_not_hang_the_next_commands(h) {
         // Several at once first, so that supervisors are left idle.
@@ -215,39 +216,66 @@ case! {
             expect_output(&out?, b"warm\n", "a concurrent exec")?;
         }
         // The guest is the supervisor's parent; stop each of its other
-        // children (on `host` these are the only processes touched).
-        let attack = "guest=$(cut -d' ' -f4 /proc/$PPID/stat); n=0; \
+        // children (on `host` these are the only processes touched), again
+        // and again for two seconds, and name every one stopped.
+        let attack = "guest=$(cut -d' ' -f4 /proc/$PPID/stat); seen=' '; end=$(($(date +%s) + 2)); \
+            while [ $(date +%s) -le $end ]; do \
             for d in /proc/[0-9]*; do p=${d#/proc/}; \
             [ \"$p\" = \"$PPID\" ] && continue; \
             [ \"$(cut -d' ' -f4 $d/stat 2>/dev/null)\" = \"$guest\" ] || continue; \
-            kill -STOP $p 2>/dev/null && n=$((n+1)); done; echo $n";
-        let out = sh(h, attack)?;
-        let stopped: usize = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(0);
-        ensure!(
-            stopped >= 1,
-            "the attack found no idle supervisor to stop, so it proves nothing: stdout {} stderr {}",
-            show(&out.stdout),
-            show(&out.stderr)
-        );
-        let follow = || -> Res {
-            for _ in 0..4 {
-                expect_output(&sh(h, "echo next")?, b"next\n", "a command after the attack")?;
-            }
-            let runs: Vec<Res<Output>> = std::thread::scope(|scope| {
+            kill -STOP $p 2>/dev/null || continue; \
+            case \"$seen\" in *\" $p \"*) ;; *) seen=\"$seen$p \";; esac; done; done; echo $seen";
+        // Meanwhile, several commands at once, each carrying 300 KiB of
+        // arguments (more than a supervisor's socket takes unread).
+        let big = "x".repeat(100 << 10);
+        let script = "echo $PPID; sleep 0.5";
+        let both = || -> Res<(Output, Vec<Output>)> {
+            std::thread::scope(|scope| {
+                let attacker = scope.spawn(|| sh(h, attack));
+                std::thread::sleep(Duration::from_millis(300));
                 let runs: Vec<_> = (0..4)
-                    .map(|_| scope.spawn(|| sh(h, "echo together")))
+                    .map(|_| {
+                        scope.spawn(|| {
+                            let argv = ["sh", "-c", script, "sh", &big, &big, &big];
+                            // Not `run`: its message would quote 300 KiB.
+                            h.sandbox()
+                                .exec(&Command::new(argv))
+                                .ctx("a command with 300 KiB of arguments while supervisors are stopped")
+                        })
+                    })
                     .collect();
-                runs.into_iter()
+                let outs = runs
+                    .into_iter()
                     .map(|r| r.join().unwrap_or_else(|_| Err(Outcome::Failed("exec panicked".into()))))
-                    .collect()
-            });
-            for out in runs {
-                expect_output(&out?, b"together\n", "concurrent commands after the attack")?;
-            }
-            Ok(())
+                    .collect::<Res<Vec<Output>>>()?;
+                let attack = attacker
+                    .join()
+                    .unwrap_or_else(|_| Err(Outcome::Failed("exec panicked".into())))?;
+                Ok((attack, outs))
+            })
         };
-        within(HANG_GUARD, "the commands after the attack", follow, || {
+        let (attacked, outs) = within(HANG_GUARD, "commands while supervisors are stopped", both, || {
             let _ = h.sandbox().close();
-        })?
+        })??;
+        let stopped: Vec<String> = String::from_utf8_lossy(&attacked.stdout)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        let mut parents = Vec::new();
+        for out in &outs {
+            ensure!(
+                out.status == ExitStatus::Code(0),
+                "a command while supervisors were stopped: {:?} stderr {}",
+                out.status,
+                show(&out.stderr)
+            );
+            parents.push(String::from_utf8_lossy(&out.stdout).trim().to_string());
+        }
+        ensure!(
+            parents.iter().any(|p| stopped.contains(p)),
+            "no command ran on a supervisor the attack stopped (stopped {stopped:?}, used {parents:?}), so the check proves nothing; attack stderr {}",
+            show(&attacked.stderr)
+        );
+        still_works(h, "supervisors were stopped")
     }
 }

@@ -265,6 +265,50 @@ fn a_setsid_background_process_does_not_survive_the_run() {
 }
 
 #[test]
+fn starving_the_supervisor_of_descriptors_to_outlive_the_deadline_is_refused() {
+    // With no descriptor left, the supervisor could not list what to kill;
+    // a setsid'd child would then outlive the command's deadline.
+    let (_d, ws) = workspace();
+    let sb = sandbox(&ws);
+    let marker = format!("{}", 51_000_000 + std::process::id());
+    let script = format!(
+        "prlimit --pid $PPID --nofile=0:0 && echo supervisor-starved; \
+         prlimit --pid 1 --nofile=0:0 && echo pid1-starved; \
+         prlimit --pid $$ --nofile=1000:1000 && echo self-by-pid; \
+         setsid sleep {marker} & sleep 60"
+    );
+    let out = sb
+        .exec(&Command::shell(&script).timeout(std::time::Duration::from_secs(3)))
+        .unwrap();
+    assert!(out.timed_out, "{out:?}");
+    let stdout = text(&out.stdout);
+    assert!(
+        !stdout.contains("starved"),
+        "{stdout} {}",
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stderr).contains("Operation not permitted"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Its own limits by pid 0 stay settable (setrlimit is prlimit64(0, ...)).
+    let own = sh(&sb, "ulimit -n 100 && ulimit -n");
+    assert_eq!(text(&own.stdout), "100\n", "{}", text(&own.stderr));
+    let mut left = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let mut cmdline = String::new();
+        if let Ok(mut f) = std::fs::File::open(entry.path().join("cmdline")) {
+            let _ = f.read_to_string(&mut cmdline);
+        }
+        if cmdline.contains(&marker) {
+            left.push(cmdline);
+        }
+    }
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
 fn changing_the_host_hostname_is_refused() {
     let before = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
     let (_d, ws) = workspace();
