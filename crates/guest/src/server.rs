@@ -54,6 +54,9 @@ const SPARE_AFTER: Duration = Duration::from_millis(2);
 /// is used again and again: a spare is forked as soon as the last idle
 /// supervisor is taken (while its command runs), not after a quiet spell.
 const EAGER_SPARE_AFTER_HANDOFFS: u64 = 2;
+/// How often, while commands run, every supervisor is continued in case a
+/// command stopped it and the notice was missed.
+const SWEEP_EVERY: Duration = Duration::from_millis(500);
 /// The most supervisors kept idle, for the commands to come, once their
 /// command has ended (more run at once when as many commands do).
 const MAX_IDLE_SUPERVISORS: usize = 4;
@@ -213,6 +216,8 @@ struct Server<'a> {
     last_event: Instant,
     /// Commands handed to supervisors so far.
     handoffs: u64,
+    /// When supervisors were last continued (see `continue_supervisors`).
+    last_sweep: Instant,
     /// Supervisors here cannot be subreapers (old gVisor): a command's
     /// orphans come to this process, pid 1, instead.
     orphans_come_here: bool,
@@ -258,6 +263,7 @@ pub(crate) fn serve(ctl: Link, proof: &SingleThreaded, mode: Mode) -> u8 {
         idle: Vec::new(),
         last_event: Instant::now(),
         handoffs: 0,
+        last_sweep: Instant::now(),
         orphans_come_here: false,
         kernel_tty_signals: None,
     };
@@ -313,6 +319,9 @@ impl Server<'_> {
             }
             self.finish_execs();
             self.tend_sessions();
+            if self.last_sweep.elapsed() >= SWEEP_EVERY {
+                self.continue_supervisors();
+            }
         }
         // Whatever is left (a stuck supervisor, the idle ones, an orphan)
         // goes now; then hako need not wait for this process's own exit.
@@ -378,20 +387,26 @@ impl Server<'_> {
                 .as_ref()
                 .is_some_and(|r| r.deadline.is_some());
         }
-        let tick = Timespec {
-            tv_sec: 0,
-            tv_nsec: 20_000_000,
-        };
+        let tick = Duration::from_millis(20);
         // Wake up to fork a spare supervisor once things are quiet.
-        let spare_in = (self.idle.is_empty() && self.ctl_open).then(|| {
-            Timespec::try_from(SPARE_AFTER.saturating_sub(self.last_event.elapsed()))
-                .unwrap_or(tick)
-        });
-        let timeout = match (draining || closing, spare_in) {
-            (true, _) => Some(tick),
-            (false, Some(t)) => Some(t),
-            (false, None) => None,
+        let spare_in = (self.idle.is_empty() && self.ctl_open)
+            .then(|| SPARE_AFTER.saturating_sub(self.last_event.elapsed()));
+        // While commands run, wake up now and then to continue any of
+        // their supervisors a command stopped (see `reap`), should the
+        // notice of the stop have been missed.
+        let sweep = (!self.execs.is_empty() || !self.sessions.is_empty())
+            .then(|| SWEEP_EVERY.saturating_sub(self.last_sweep.elapsed()));
+        let wait_for = if draining || closing {
+            Some(tick)
+        } else {
+            spare_in.into_iter().chain(sweep).min()
         };
+        let timeout = wait_for.map(|d| {
+            Timespec::try_from(d).unwrap_or(Timespec {
+                tv_sec: 0,
+                tv_nsec: 20_000_000,
+            })
+        });
         let timeout = timeout.as_ref();
         match poll(&mut fds, timeout) {
             Ok(_) | Err(Errno::INTR) => {}
@@ -722,6 +737,22 @@ impl Server<'_> {
         Ok(())
     }
 
+    /// Sends SIGCONT to every supervisor, busy or idle: a no-op for one that
+    /// runs; one a command stopped goes on (`reap` does the same when the
+    /// kernel reports the stop; this is for a report that never came).
+    fn continue_supervisors(&mut self) {
+        self.last_sweep = Instant::now();
+        let pids = self
+            .execs
+            .iter()
+            .map(|e| e.supervisor)
+            .chain(self.sessions.iter().map(|s| s.supervisor))
+            .chain(self.idle.iter().map(|(p, _)| *p));
+        for pid in pids {
+            let _ = rproc::kill_process(pid, Signal::CONT);
+        }
+    }
+
     /// Whether to fork a spare supervisor now.
     fn spare_due(&self) -> bool {
         self.idle.is_empty()
@@ -775,7 +806,11 @@ impl Server<'_> {
         fds.extend(fd3.as_ref().map(AsFd::as_fd));
         loop {
             let (pid, sock, forked) = match self.idle.pop() {
-                Some((pid, sock)) => (pid, sock, false),
+                Some((pid, sock)) => {
+                    // Stopped while it waited, it would never take the job.
+                    let _ = rproc::kill_process(pid, Signal::CONT);
+                    (pid, sock, false)
+                }
                 None => {
                     let (pid, sock) = self.fork_spare()?;
                     (pid, sock, true)

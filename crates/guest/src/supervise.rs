@@ -137,7 +137,7 @@ impl Supervisor {
             fd3,
             controlling_tty,
         } = options;
-        let cwd = match &cwd {
+        let spawn_cwd = match &cwd {
             CwdChoice::Fd(fd) => SpawnCwd::Fd(fd.as_fd()),
             CwdChoice::Path(path) => SpawnCwd::Path(path),
         };
@@ -149,7 +149,7 @@ impl Supervisor {
                     argv: &request.argv,
                     env: &request.env,
                     stdio: [stdio[0].as_fd(), stdio[1].as_fd(), stdio[2].as_fd()],
-                    cwd: Some(cwd),
+                    cwd: Some(spawn_cwd),
                     fd3: fd3.as_ref().map(AsFd::as_fd),
                     new_session: true,
                     // If the supervisor is killed outright, its direct
@@ -164,7 +164,7 @@ impl Supervisor {
         // The command holds the stdio now (hako sees end of file only when
         // every process of the command has closed it): let go of ours, and
         // of the working directory and descriptor 3.
-        drop((stdio, fd3));
+        drop((stdio, fd3, cwd));
         let main = match spawned {
             Ok(pid) => Pid::from_raw(pid),
             Err(err) => {
