@@ -244,6 +244,21 @@ fn a_50_mb_file_under_max_file_size_10m_is_cut() {
     assert!(size <= 10 << 20, "{size}");
 }
 
+/// The command lines of host processes that contain `marker`.
+fn host_processes_with(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let mut cmdline = String::new();
+        if let Ok(mut f) = std::fs::File::open(entry.path().join("cmdline")) {
+            let _ = f.read_to_string(&mut cmdline);
+        }
+        if cmdline.contains(marker) {
+            found.push(cmdline);
+        }
+    }
+    found
+}
+
 #[test]
 fn a_setsid_background_process_does_not_survive_the_run() {
     let (_d, ws) = workspace();
@@ -251,16 +266,7 @@ fn a_setsid_background_process_does_not_survive_the_run() {
     let marker = format!("{}", 50_000_000 + std::process::id());
     let out = sh(&sb, &format!("setsid sleep {marker} & echo started"));
     assert_eq!(text(&out.stdout), "started\n");
-    let mut left = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let mut cmdline = String::new();
-        if let Ok(mut f) = std::fs::File::open(entry.path().join("cmdline")) {
-            let _ = f.read_to_string(&mut cmdline);
-        }
-        if cmdline.contains(&marker) {
-            left.push(cmdline);
-        }
-    }
+    let left = host_processes_with(&marker);
     assert!(left.is_empty(), "{left:?}");
 }
 
@@ -295,16 +301,7 @@ fn starving_the_supervisor_of_descriptors_to_outlive_the_deadline_is_refused() {
     // Its own limits by pid 0 stay settable (setrlimit is prlimit64(0, ...)).
     let own = sh(&sb, "ulimit -n 100 && ulimit -n");
     assert_eq!(text(&own.stdout), "100\n", "{}", text(&own.stderr));
-    let mut left = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let mut cmdline = String::new();
-        if let Ok(mut f) = std::fs::File::open(entry.path().join("cmdline")) {
-            let _ = f.read_to_string(&mut cmdline);
-        }
-        if cmdline.contains(&marker) {
-            left.push(cmdline);
-        }
-    }
+    let left = host_processes_with(&marker);
     assert!(left.is_empty(), "{left:?}");
 }
 
