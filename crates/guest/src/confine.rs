@@ -6,15 +6,16 @@
 //!    it; none of the steps below is refused by it.
 //! 1. Landlock: the ruleset pid 1 built, enforced with one call by each
 //!    supervisor when it starts, before it is given a command (it sets
-//!    `no_new_privs` first, as the kernel requires).
+//!    `no_new_privs` first, as the kernel requires). The supervisor has
+//!    made itself not dumpable just before, while it still held pid 1's
+//!    capabilities.
 //! 2. `no_new_privs`: from here on nothing the supervisor or its commands
 //!    exec can gain privileges (setuid bits, file capabilities).
 //! 3. Drop every capability (bounding, ambient, effective, permitted,
-//!    inheritable) in the supervisor, which is then made not dumpable.
-//!    Steps 1 to 3 are inherited by every command it starts
-//!    ([`Confinement::confine_supervisor`]).
+//!    inheritable) in the supervisor. Steps 1 to 3 are inherited by every
+//!    command it starts ([`Confinement::confine_supervisor`]).
 //! 4. rlimits: plain `setrlimit` in each command's process just before
-//!    exec ([`Confinement::hook`]).
+//!    exec ([`Confinement::rlimits`]).
 
 use std::sync::Arc;
 
