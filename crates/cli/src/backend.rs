@@ -67,6 +67,19 @@ impl BackendKind {
             BackendKind::Vm => Isolation::Vm,
         }
     }
+
+    /// The policy gate, before anything starts: refuses a backend whose
+    /// isolation is weaker than `required`.
+    pub fn require_isolation(self, required: Isolation) -> Result<(), Error> {
+        if self.isolation() < required {
+            return Err(Error::IsolationTooWeak {
+                required,
+                actual: self.isolation(),
+                backend: self.name().into(),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Why a backend cannot be used here, and what to do about it.

@@ -66,27 +66,6 @@ impl SpawnStep {
             SpawnStep::Exec => "execute the command",
         }
     }
-
-    fn code(self) -> u8 {
-        self as u8
-    }
-
-    fn from_code(code: u8) -> SpawnStep {
-        const ALL: [SpawnStep; 9] = [
-            SpawnStep::Prepare,
-            SpawnStep::Descriptors,
-            SpawnStep::Signals,
-            SpawnStep::ParentDeath,
-            SpawnStep::Session,
-            SpawnStep::Terminal,
-            SpawnStep::Cwd,
-            SpawnStep::Limits,
-            SpawnStep::Exec,
-        ];
-        ALL.get(usize::from(code))
-            .copied()
-            .unwrap_or(SpawnStep::Exec)
-    }
 }
 
 /// Why a program could not be started.
@@ -222,7 +201,7 @@ struct ChildArgs<'a> {
     /// candidate that is not a binary (`ENOEXEC`), as `execvp` does.
     sh_argv: Vec<*const libc::c_char>,
     /// Written by the child: the failed step, and its errno (0: none).
-    failed_step: u8,
+    failed_step: SpawnStep,
     errno: i32,
 }
 
@@ -366,7 +345,7 @@ pub fn spawn(spec: SpawnSpec<'_>, stack: &mut ChildStack) -> Result<i32, SpawnEr
         argv,
         envp,
         sh_argv,
-        failed_step: 0,
+        failed_step: SpawnStep::Exec,
         errno: 0,
     };
 
@@ -405,7 +384,8 @@ pub fn spawn(spec: SpawnSpec<'_>, stack: &mut ChildStack) -> Result<i32, SpawnEr
     }
     // The child has exec'd or exited: `child` is ours again. Read what it
     // wrote through a volatile load (the compiler cannot see the write).
-    // SAFETY: both fields are plain integers of a live local.
+    // SAFETY: both fields are plain data (an integer, a fieldless enum) of a
+    // live local, only ever written with valid values.
     let errno = unsafe { std::ptr::read_volatile(&child.errno) };
     // SAFETY: as above.
     let step = unsafe { std::ptr::read_volatile(&child.failed_step) };
@@ -415,7 +395,7 @@ pub fn spawn(spec: SpawnSpec<'_>, stack: &mut ChildStack) -> Result<i32, SpawnEr
         // SAFETY: waiting for our own child, into a local.
         unsafe { libc::waitpid(pid, &mut status, 0) };
         return Err(SpawnError {
-            step: SpawnStep::from_code(step),
+            step,
             error: io::Error::from_raw_os_error(errno),
         });
     }
@@ -426,7 +406,7 @@ const SH: &CStr = c"/bin/sh";
 
 /// In the child: records the failed step and errno, then exits.
 fn fail(args: &mut ChildArgs<'_>, step: SpawnStep, errno: i32) -> ! {
-    args.failed_step = step.code();
+    args.failed_step = step;
     args.errno = if errno == 0 { libc::EIO } else { errno };
     // SAFETY: _exit ends the child at once, running nothing of the
     // parent's (no atexit handler, no buffer flush on shared memory).

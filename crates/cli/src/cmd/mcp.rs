@@ -63,12 +63,8 @@ pub fn run(args: McpArgs) -> u8 {
         Err(e) => return fail(&e),
     };
     // The policy gate, before anything is served.
-    if kind.isolation() < args.min_isolation {
-        return fail(&hako_core::Error::IsolationTooWeak {
-            required: args.min_isolation,
-            actual: kind.isolation(),
-            backend: kind.name().into(),
-        });
+    if let Err(e) = kind.require_isolation(args.min_isolation) {
+        return fail(&e);
     }
     // With --http: the token and the bound socket, before the audit log is
     // opened, so a port in use leaves no log behind.

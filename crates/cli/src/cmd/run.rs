@@ -121,12 +121,7 @@ pub fn run(args: RunArgs) -> u8 {
     };
     // The policy gate comes first: a run that needs a stronger boundary
     // than this backend has never starts.
-    if kind.isolation() < args.min_isolation {
-        let err = hako_core::Error::IsolationTooWeak {
-            required: args.min_isolation,
-            actual: kind.isolation(),
-            backend: kind.name().into(),
-        };
+    if let Err(err) = kind.require_isolation(args.min_isolation) {
         return refuse(Some(kind.name()), &err, exit::SANDBOX_FAILED);
     }
     let sandbox = match backend::open(kind, &spec) {

@@ -94,12 +94,8 @@ pub fn run(args: ShellArgs) -> u8 {
         Ok(kind) => kind,
         Err(e) => return fail(&e),
     };
-    if kind.isolation() < args.min_isolation {
-        return fail(&hako_core::Error::IsolationTooWeak {
-            required: args.min_isolation,
-            actual: kind.isolation(),
-            backend: kind.name().into(),
-        });
+    if let Err(e) = kind.require_isolation(args.min_isolation) {
+        return fail(&e);
     }
     let sandbox: Arc<dyn Sandbox> = match backend::open(kind, &spec) {
         Ok(sb) => Arc::from(sb),

@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 
 use hako_core::{NetDecision, NetProtocol};
-use hako_net::hand_over;
+use hako_net::{hand_over, Proxy};
 
 use crate::support::*;
 
@@ -21,8 +21,11 @@ fn pair() -> (TcpStream, TcpStream) {
     (c, accepted)
 }
 
-#[test]
-fn a_handed_over_connection_on_the_proxy_port_is_served_as_a_client() {
+/// A server that answers `pong` to `ping`, reached by a CONNECT tunnel on
+/// a connection handed over to the proxy (left non-blocking, and written
+/// to only after the proxy's first read, when `nonblocking`); returns the
+/// proxy and the sandbox's end of the connection.
+fn ping_pong_through_a_handed_over_connection(nonblocking: bool) -> (Proxy, TcpStream) {
     let (port, srv) = server(|mut s| {
         let mut got = [0u8; 4];
         s.read_exact(&mut got).unwrap();
@@ -31,9 +34,16 @@ fn a_handed_over_connection_on_the_proxy_port_is_served_as_a_client() {
     });
     let p = proxy(&entry(format!("127.0.0.1:{port}")));
     let (mut inside, accepted) = pair();
+    if nonblocking {
+        accepted.set_nonblocking(true).unwrap();
+    }
     assert!(hand_over(&client(&p), accepted.as_fd(), None).unwrap());
     // The forwarder's copy closes; the proxy keeps the connection.
     drop(accepted);
+    if nonblocking {
+        // The request comes later than the proxy's first read.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
     inside
         .write_all(format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\nping").as_bytes())
         .unwrap();
@@ -43,6 +53,12 @@ fn a_handed_over_connection_on_the_proxy_port_is_served_as_a_client() {
     inside.read_exact(&mut pong).unwrap();
     assert_eq!(&pong, b"pong");
     assert_eq!(&srv.join().unwrap(), b"ping");
+    (p, inside)
+}
+
+#[test]
+fn a_handed_over_connection_on_the_proxy_port_is_served_as_a_client() {
+    let (p, inside) = ping_pong_through_a_handed_over_connection(false);
     inside.shutdown(Shutdown::Write).unwrap();
     let ev = one_event(&p);
     assert_eq!(
@@ -248,28 +264,7 @@ fn a_truncated_or_malformed_handover_header_is_refused_and_closes_the_descriptor
 
 #[test]
 fn a_handed_over_socket_left_nonblocking_is_still_served() {
-    let (port, srv) = server(|mut s| {
-        let mut got = [0u8; 4];
-        s.read_exact(&mut got).unwrap();
-        s.write_all(b"pong").unwrap();
-        got
-    });
-    let p = proxy(&entry(format!("127.0.0.1:{port}")));
-    let (mut inside, accepted) = pair();
-    accepted.set_nonblocking(true).unwrap();
-    assert!(hand_over(&client(&p), accepted.as_fd(), None).unwrap());
-    drop(accepted);
-    // The request comes later than the proxy's first read.
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    inside
-        .write_all(format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\nping").as_bytes())
-        .unwrap();
-    let head = read_head(&mut inside);
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    let mut pong = [0u8; 4];
-    inside.read_exact(&mut pong).unwrap();
-    assert_eq!(&pong, b"pong");
-    assert_eq!(&srv.join().unwrap(), b"ping");
+    ping_pong_through_a_handed_over_connection(true);
 }
 
 #[test]
