@@ -169,6 +169,8 @@ struct Table {
     bye: bool,
     /// Why the guest is gone, once it is.
     gone: Option<String>,
+    /// Sessions asked for (a shell may still run in one).
+    sessions_opened: u64,
 }
 
 /// The table, and a signal for those waiting on a process's output or end.
@@ -275,6 +277,23 @@ impl Wire {
 
 /// Threads reaping the guests of closed sandboxes.
 static REAPERS: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
+
+/// Set by [`exit_follows_close`].
+static EXIT_FOLLOWS_CLOSE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Tells closing sandboxes that this process exits right after (a
+/// one-command `hako run`): see [`Connection::close_before_exit`]. A
+/// long-lived process must not call this: each sandbox it closed would
+/// leave its guest's process unreaped until it exits.
+pub fn exit_follows_close() {
+    EXIT_FOLLOWS_CLOSE.store(true, Ordering::Release);
+}
+
+/// Whether [`exit_follows_close`] was called.
+pub fn exit_follows() -> bool {
+    EXIT_FOLLOWS_CLOSE.load(Ordering::Acquire)
+}
 
 /// Reaps `child` on a thread of its own, off the caller's path.
 fn reap_later(child: GuestProcess) {
@@ -813,6 +832,9 @@ impl Connection {
     /// returns its id.
     pub fn open_session(&self, env: Vec<(String, String)>, cwd: ExecCwd) -> Result<u64> {
         let (id, rx) = self.register("open a session")?;
+        if let Ok(mut table) = self.shared.table.lock() {
+            table.sessions_opened += 1;
+        }
         let (cwd, fd) = cwd.split();
         let request = SessionRequest {
             id,
@@ -1146,6 +1168,36 @@ impl Connection {
                 self.exited_cleanly.store(true, Ordering::Release);
             }
         }
+    }
+
+    /// Ends the sandbox as [`close`](Self::close) does, for a process that
+    /// exits next (see [`exit_follows_close`]) and has nothing to tear down
+    /// after the guest: tells the guest to end the sandbox and returns at
+    /// once, leaving the guest's goodbye unread and its process to be
+    /// adopted when this process exits. Every command this connection ran
+    /// has been reported, and a command is reported only once its
+    /// supervisor has killed and reaped its whole tree, so what is left
+    /// runs no command's code: the guest itself and its idle helpers, which
+    /// end on the closed connection (and a `linux` sandbox's pid 1 also
+    /// when this process, its parent, exits). A guest reached through a
+    /// runtime's client (a container) is closed and waited for as usual.
+    pub fn close_before_exit(&self) {
+        let piped = self
+            .child
+            .lock()
+            .is_ok_and(|c| matches!(*c, Some(GuestProcess::Piped(_))));
+        let quiet = self.shared.table.lock().is_ok_and(|t| {
+            t.waiting.is_empty() && !t.procs.any_running() && t.sessions_opened == 0
+        });
+        if piped || !quiet {
+            return self.close();
+        }
+        if let Ok(mut writer) = self.writer.lock() {
+            writer.close_write();
+        }
+        // Not joined, not reaped: a later `close` has nothing to wait for.
+        drop(self.reader.lock().ok().and_then(|mut r| r.take()));
+        drop(self.child.lock().ok().and_then(|mut c| c.take()));
     }
 
     /// Whether the guest's process has been waited for (by `close`) and

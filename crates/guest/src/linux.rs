@@ -3,11 +3,12 @@
 //! The guest runs as two processes:
 //!
 //! 1. The **launcher** (the process hako started, still in hako's pid
-//!    namespace) unshares user, mount, pid, network, IPC, UTS and cgroup
-//!    namespaces, maps its uid and gid, and forks.
-//! 2. Its child is **pid 1** of the new pid namespace. It builds the
-//!    filesystem view on a fresh tmpfs, `pivot_root`s into it and detaches
-//!    the host's tree, names the host, brings up loopback, and then serves
+//!    namespace) clones its child into new user, mount, pid, IPC, UTS and
+//!    cgroup namespaces and maps the child's uid and gid.
+//! 2. The child is **pid 1** of the new pid namespace. While a thread of it
+//!    makes the network namespace (loopback up), it builds the filesystem
+//!    view on a fresh tmpfs, `pivot_root`s into it and detaches the host's
+//!    tree, names the host, enters the network namespace, and then serves
 //!    commands exactly as the host guest does (see
 //!    [`server`](crate::server)), each confined just before exec (rlimits,
 //!    Landlock, no_new_privs, no capabilities, seccomp).
@@ -35,13 +36,16 @@ use crate::server::Mode as ServeMode;
 /// Where the new root is assembled, inside the new mount namespace only.
 const STAGING: &str = "/tmp";
 
-/// Every namespace a sandbox gets (the pid namespace is handled apart).
-const SHARED_NAMESPACES: i32 = ns::CLONE_NEWUSER
+/// The namespaces pid 1 is cloned into (with a new pid namespace). Its
+/// network namespace pid 1 makes itself, on a thread of its own while it
+/// builds the view (see [`ns::NetworkNamespace::make_aside`]): it is most
+/// of the kernel's work, and so a sandbox is ready sooner.
+const CLONED_NAMESPACES: i32 = ns::CLONE_NEWUSER
     | ns::CLONE_NEWNS
-    | ns::CLONE_NEWNET
     | ns::CLONE_NEWIPC
     | ns::CLONE_NEWUTS
-    | ns::CLONE_NEWCGROUP;
+    | ns::CLONE_NEWCGROUP
+    | ns::CLONE_NEWPID;
 
 /// Moves process `pid` into the sandbox's cgroups.
 fn join_cgroups(spec: &LinuxSpec, pid: i32) -> Result<(), String> {
@@ -83,12 +87,7 @@ pub(crate) fn spawn_pid1(
     let (go_r, go_w) =
         hako_sys::rustix::pipe::pipe_with(hako_sys::rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(|e| format!("cannot create a pipe: {e}"))?;
-    let namespaces = if spec.host_network {
-        SHARED_NAMESPACES & !ns::CLONE_NEWNET
-    } else {
-        SHARED_NAMESPACES
-    };
-    match ns::fork_into_namespaces(proof, namespaces | ns::CLONE_NEWPID) {
+    match ns::fork_into_namespaces(proof, CLONED_NAMESPACES) {
         Err(err) => {
             let hint = ns::user_namespaces_allowed()
                 .err()
@@ -151,6 +150,13 @@ fn pid1(
     let _ = hako_sys::proc::disguise_as("hako-guest");
     // A pid 1 cloned by hako itself did not pass through the guest's entry.
     let _ = hako_sys::signal::restore_ignored_signals();
+    // Until the thread making it is joined (in `set_up`, before anything
+    // forks), this process has two threads.
+    let network = if spec.host_network {
+        None
+    } else {
+        Some(ns::NetworkNamespace::make_aside())
+    };
     let mut confinement = confinement;
     let compiled = confinement.compile_seccomp();
     let mut byte = [0u8; 1];
@@ -160,7 +166,7 @@ fn pid1(
     }
     drop(go);
     let ready = compiled
-        .and_then(|()| set_up(spec))
+        .and_then(|()| set_up(spec, network))
         .and_then(|()| confinement.prepare_landlock())
         .and_then(|()| confinement.seal_pid1());
     // The forwarder inherits the seccomp filter.
@@ -191,8 +197,12 @@ fn pid1(
     )
 }
 
-/// Pid 1's part of building a sandbox: the view, the host name, loopback.
-fn set_up(spec: &LinuxSpec) -> Result<(), String> {
+/// Pid 1's part of building a sandbox: the view, the host name, and the
+/// network namespace (`None` for the host's network), which it enters.
+fn set_up(
+    spec: &LinuxSpec,
+    network: Option<std::io::Result<ns::NetworkNamespace>>,
+) -> Result<(), String> {
     ns::die_with_parent().map_err(|e| format!("cannot set the parent-death signal: {e}"))?;
     // Pid 1 stays dumpable: an unprivileged hako must be able to join its
     // namespaces through a pidfd, which a non-dumpable target refuses. The
@@ -202,10 +212,14 @@ fn set_up(spec: &LinuxSpec) -> Result<(), String> {
     build_view(&spec.mounts)
         .map_err(|err| format!("cannot build the sandbox's filesystem view: {err}"))?;
     ns::sethostname(&spec.hostname).map_err(|e| format!("cannot set the host name: {e}"))?;
-    if spec.host_network {
-        return Ok(());
+    // (On the early returns above, pid 1 refuses and exits, forking
+    // nothing, with the thread unjoined.)
+    match network {
+        None => Ok(()),
+        Some(made) => made.and_then(ns::NetworkNamespace::enter).map_err(|e| {
+            format!("cannot make the sandbox's network namespace (loopback only): {e}")
+        }),
     }
-    ns::loopback_up().map_err(|e| format!("cannot bring up loopback: {e}"))
 }
 
 /// The launcher: wait for pid 1; on a stop signal, kill it (and with it the

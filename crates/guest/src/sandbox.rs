@@ -58,6 +58,14 @@ pub trait Launcher: Send + Sync + std::fmt::Debug {
     fn close(&self, guest_exited_cleanly: bool) {
         let _ = guest_exited_cleanly;
     }
+
+    /// Whether [`close`](Self::close) tears down something that every
+    /// process of the sandbox must have left first (a cgroup): then the
+    /// guest's end is always waited for, even when hako exits next (see
+    /// [`crate::client::exit_follows_close`]).
+    fn waits_for_guest(&self) -> bool {
+        false
+    }
 }
 
 /// The limits every guest-run sandbox enforces the same way: the command's
@@ -204,7 +212,15 @@ struct Life {
 impl Life {
     fn close(&self) {
         self.closed.store(true, Ordering::Release);
-        self.guest.close();
+        // With nothing to tear down after the guest (no cgroup, no proxy
+        // whose records must be complete) and this process exiting next,
+        // the guest's own end is not waited for.
+        if crate::client::exit_follows() && self.proxy.is_none() && !self.launcher.waits_for_guest()
+        {
+            self.guest.close_before_exit();
+        } else {
+            self.guest.close();
+        }
         self.launcher.close(self.guest.exited_cleanly());
         // After the guest: every connection from inside has ended, and its
         // record is kept.

@@ -325,9 +325,16 @@ impl Server<'_> {
         }
         // Whatever is left (a stuck supervisor, the idle ones, an orphan)
         // goes now; then hako need not wait for this process's own exit.
-        self.idle.clear();
-        let mut status = None;
-        supervise::kill_tree(None, &mut status);
+        let helpers: Vec<Pid> = self
+            .idle
+            .drain(..)
+            .map(|(pid, _)| pid)
+            .chain(self.mode.forwarder)
+            .collect();
+        if !self.kill_helpers_if_all_that_is_left(&helpers) {
+            let mut status = None;
+            supervise::kill_tree(None, &mut status);
+        }
         if let Ok(bytes) = proto::encode(&Frame::Message(FromGuest::Bye {})) {
             let _ = self.ctl.write_all(&bytes);
         }
@@ -751,6 +758,29 @@ impl Server<'_> {
         for pid in pids {
             let _ = rproc::kill_process(pid, Signal::CONT);
         }
+    }
+
+    /// At shutdown, as pid 1 of the sandbox's pid namespace: when the only
+    /// children left are `helpers` (idle supervisors and the forwarder,
+    /// which never run a command's code), kills them without waiting, and
+    /// says whether it did. This process's own exit then waits for them
+    /// (the kernel kills and reaps every process of the namespace before
+    /// pid 1 is gone), off hako's path. Anything else left (an orphan of a
+    /// command, a stuck supervisor) is for `kill_tree`, which waits.
+    fn kill_helpers_if_all_that_is_left(&self, helpers: &[Pid]) -> bool {
+        let me = rproc::getpid();
+        if !me.is_init() {
+            return false;
+        }
+        let only_helpers = hako_sys::proc::children_of(me)
+            .is_ok_and(|children| children.iter().all(|c| helpers.contains(c)));
+        if !only_helpers {
+            return false;
+        }
+        for &pid in helpers {
+            let _ = rproc::kill_process(pid, Signal::KILL);
+        }
+        true
     }
 
     /// Whether to fork a spare supervisor now.

@@ -109,6 +109,10 @@ impl Launcher for Namespaces {
         Some(self.mount_point.join(rel))
     }
 
+    fn waits_for_guest(&self) -> bool {
+        self.cgroups.lock().map_or(true, |c| c.is_some())
+    }
+
     fn close(&self, _guest_exited_cleanly: bool) {
         // Called after the guest is gone, and with it every process.
         if let Ok(mut cgroups) = self.cgroups.lock() {

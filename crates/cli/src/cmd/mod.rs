@@ -24,6 +24,7 @@ use crate::backend::{BackendArg, SandboxSpec};
 use clap::ValueEnum;
 use hako_linux::Limits;
 use profile::Profile;
+pub use run::RunArgs;
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
