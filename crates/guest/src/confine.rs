@@ -34,10 +34,10 @@ fn resource(r: RlimitResource) -> Resource {
 }
 
 /// The confinement of every command of a sandbox, checked and compiled
-/// once: checked in the process that creates pid 1 (Landlock's
-/// availability), then compiled and built in pid 1 (the seccomp program,
-/// loaded on pid 1 itself; the Landlock ruleset, whose descriptor each
-/// supervisor keeps for its command).
+/// once: checked and compiled in the process that creates pid 1
+/// (Landlock's availability; the seccomp program, which pid 1 loads on
+/// itself), then built in pid 1 (the Landlock ruleset, whose descriptor
+/// each supervisor keeps for its command).
 pub(crate) struct Confinement {
     rlimits: Arc<Vec<Rlimit>>,
     /// The write rules and whether they are required, until pid 1 builds

@@ -82,8 +82,11 @@ pub(crate) fn spawn_pid1(
     ctl: &UnixStream,
     proof: &SingleThreaded,
 ) -> Result<i32, String> {
-    // Checked and compiled once, before any command.
-    let confinement = Confinement::new(spec)?;
+    // Checked and compiled once, before any command, and before pid 1
+    // exists: its own work before the view is then shorter than its
+    // parent's (mapping its ids), which it waits for anyway.
+    let mut confinement = Confinement::new(spec)?;
+    confinement.compile_seccomp()?;
     let (go_r, go_w) =
         hako_sys::rustix::pipe::pipe_with(hako_sys::rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(|e| format!("cannot create a pipe: {e}"))?;
@@ -139,7 +142,7 @@ fn pid1(
 ) -> u8 {
     // While the parent maps our ids: keep only the connection (at fd 3)
     // and the go pipe, stop showing the parent's command line and
-    // environment, and compile the seccomp program.
+    // environment, and start making the network namespace.
     let kept = hako_sys::spawn::become_forked_helper_keeping(None, ctl.as_fd(), Some(go.as_fd()));
     // Its number was closed with every other one; it now lives at 4.
     std::mem::forget(go);
@@ -158,15 +161,13 @@ fn pid1(
         Some(ns::NetworkNamespace::make_aside())
     };
     let mut confinement = confinement;
-    let compiled = confinement.compile_seccomp();
     let mut byte = [0u8; 1];
     if !matches!(hako_sys::rustix::io::read(&go, &mut byte), Ok(1)) {
         // The parent failed (and says why) or died.
         return 1;
     }
     drop(go);
-    let ready = compiled
-        .and_then(|()| set_up(spec, network))
+    let ready = set_up(spec, network)
         .and_then(|()| confinement.prepare_landlock())
         .and_then(|()| confinement.seal_pid1());
     // The forwarder inherits the seccomp filter.
@@ -273,20 +274,47 @@ fn open_path(path: &Path) -> std::io::Result<OwnedFd> {
         .map_err(|e| std::io::Error::new(e.kind(), format!("open {}: {e}", path.display())))
 }
 
-fn make_file(path: &Path) -> std::io::Result<()> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)?;
+/// Runs `make` (which creates `path`); if `path`'s directory is missing,
+/// creates it and runs `make` again. Most paths of a view sit in a
+/// directory made just before, so trying first saves a look-up each.
+fn with_parent(path: &Path, make: impl Fn() -> std::io::Result<()>) -> std::io::Result<()> {
+    match make() {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            make()
+        }
+        other => other,
     }
-    std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .map(drop)
 }
 
-fn exists(path: &Path) -> bool {
-    std::fs::symlink_metadata(path).is_ok()
+fn make_file(path: &Path) -> std::io::Result<()> {
+    with_parent(path, || {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .map(drop)
+    })
+}
+
+/// A mount over `at` that is only made where `at` exists (a file or
+/// directory to mask, which the host may not have): the kernel's ENOENT
+/// for the target says it does not.
+fn mount_if_present(at: &Path, mount: impl FnOnce() -> std::io::Result<()>) -> std::io::Result<()> {
+    match mount() {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // Only the target can be missing: every source is open, or is
+            // `at` itself.
+            match std::fs::symlink_metadata(at) {
+                Err(missing) if missing.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(e),
+            }
+        }
+        other => other,
+    }
 }
 
 /// Builds the view described by `ops` on a tmpfs at [`STAGING`] and makes it
@@ -306,11 +334,19 @@ fn build_view(ops: &[MountOp]) -> std::io::Result<()> {
             }
         }
     }
-    let src = |p: &Path| -> std::io::Result<PathBuf> {
+    let opened = |p: &Path| {
         sources
             .get(p)
-            .map(|fd| fd_path(fd.as_fd()))
             .ok_or_else(|| std::io::Error::other(format!("{} was not opened", p.display())))
+    };
+    let src = |p: &Path| opened(p).map(|fd| fd_path(fd.as_fd()));
+    let src_is_dir = |p: &Path| -> std::io::Result<bool> {
+        let st = rfs::fstat(opened(p)?)?;
+        Ok(rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::Directory)
+    };
+    let source = Source {
+        path: &src,
+        is_dir: &src_is_dir,
     };
     let staging = Path::new(STAGING);
     m::mount(
@@ -322,24 +358,28 @@ fn build_view(ops: &[MountOp]) -> std::io::Result<()> {
     )?;
     let soft = m::MS_NOSUID | m::MS_NODEV;
     for op in ops {
-        apply(op, &src, &null, soft)
+        apply(op, &source, &null, soft)
             .map_err(|e| std::io::Error::new(e.kind(), format!("{op:?}: {e}")))?;
     }
     std::env::set_current_dir(staging)?;
     // The root itself is read-only: nothing can be created beside the
     // mount points.
-    m::remount_readonly(Path::new("."), soft)?;
+    m::remount_readonly(Path::new("."), soft, m::Reach::Mount)?;
     drop(sources);
     m::pivot_root_to_cwd()
 }
 
+/// The host sources of a view, opened before the staging tmpfs could hide
+/// them.
+struct Source<'a> {
+    /// The path through which the kernel reaches a source.
+    path: &'a dyn Fn(&Path) -> std::io::Result<PathBuf>,
+    /// Whether a source is a directory.
+    is_dir: &'a dyn Fn(&Path) -> std::io::Result<bool>,
+}
+
 /// Carries out one step of the view.
-fn apply(
-    op: &MountOp,
-    src: &dyn Fn(&Path) -> std::io::Result<PathBuf>,
-    null: &Path,
-    soft: m::Flags,
-) -> std::io::Result<()> {
+fn apply(op: &MountOp, src: &Source<'_>, null: &Path, soft: m::Flags) -> std::io::Result<()> {
     {
         match op {
             MountOp::Dir { path } => std::fs::create_dir_all(staged(path))?,
@@ -360,24 +400,24 @@ fn apply(
                 read_only,
             } => {
                 let at = staged(path);
-                let from = src(source)?;
-                if std::fs::metadata(&from)?.is_dir() {
+                let from = (src.path)(source)?;
+                if (src.is_dir)(source)? {
                     std::fs::create_dir_all(&at)?;
                 } else {
                     make_file(&at)?;
                 }
                 m::mount(Some(&from), &at, None, m::MS_BIND | m::MS_REC, None)?;
                 if *read_only {
-                    m::remount_readonly(&at, soft)?;
+                    m::remount_readonly(&at, soft, m::Reach::Subtree)?;
                 } else {
-                    m::remount_flags(&at, soft)?;
+                    m::remount_flags(&at, soft, m::Reach::Subtree)?;
                 }
             }
             MountOp::DevNode { source, path } => {
                 let at = staged(path);
                 make_file(&at)?;
-                m::mount(Some(&src(source)?), &at, None, m::MS_BIND, None)?;
-                m::remount_flags(&at, m::MS_NOSUID | m::MS_NOEXEC)?;
+                m::mount(Some(&(src.path)(source)?), &at, None, m::MS_BIND, None)?;
+                m::remount_flags(&at, m::MS_NOSUID | m::MS_NOEXEC, m::Reach::Mount)?;
             }
             MountOp::Proc { path } => {
                 let at = staged(path);
@@ -403,37 +443,40 @@ fn apply(
             }
             MountOp::MaskFile { path } => {
                 let at = staged(path);
-                if exists(&at) {
-                    m::mount(Some(&src(null)?), &at, None, m::MS_BIND, None)?;
-                }
+                let null = (src.path)(null)?;
+                mount_if_present(&at, || m::mount(Some(&null), &at, None, m::MS_BIND, None))?;
             }
             MountOp::MaskDir { path } => {
                 let at = staged(path);
-                if exists(&at) {
+                mount_if_present(&at, || {
                     m::mount(
                         Some(Path::new("tmpfs")),
                         &at,
                         Some("tmpfs"),
                         m::MS_RDONLY | m::MS_NOSUID | m::MS_NODEV | m::MS_NOEXEC,
                         Some("mode=0000,size=0"),
-                    )?;
-                }
+                    )
+                })?;
             }
             MountOp::ReadOnlySelf { path } => {
                 let at = staged(path);
-                if exists(&at) {
+                let mut bound = false;
+                mount_if_present(&at, || {
                     m::mount(Some(&at), &at, None, m::MS_BIND | m::MS_REC, None)?;
-                    m::remount_readonly(&at, soft)?;
+                    bound = true;
+                    Ok(())
+                })?;
+                if bound {
+                    m::remount_readonly(&at, soft, m::Reach::Subtree)?;
                 }
             }
             MountOp::Symlink { target, path } => {
                 let at = staged(path);
-                if let Some(parent) = at.parent() {
-                    std::fs::create_dir_all(parent)?;
-                }
-                std::os::unix::fs::symlink(target, &at)?;
+                with_parent(&at, || std::os::unix::fs::symlink(target, &at))?;
             }
-            MountOp::ReadOnly { path } => m::remount_readonly(&staged(path), 0)?,
+            MountOp::ReadOnly { path } => {
+                m::remount_readonly(&staged(path), 0, m::Reach::Mount)?;
+            }
         }
     }
     Ok(())

@@ -95,9 +95,80 @@ fn locked_flags(path: &Path) -> io::Result<libc::c_ulong> {
     Ok(flags)
 }
 
-/// Remounts the bind mount at `path` read-only, adding `extra` flags and
-/// keeping the ones the kernel locked.
-pub fn remount_readonly(path: &Path, extra: libc::c_ulong) -> io::Result<()> {
+/// Which mounts a remount changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// The mount at the path only (the mounts below it keep their flags:
+    /// for a directory whose submounts are set up apart, such as `/dev`).
+    Mount,
+    /// The mount at the path and every mount below it (for a recursive
+    /// bind: a host mount below a directory bound read-only must not stay
+    /// writable).
+    Subtree,
+}
+
+/// Adds `flags` (`MS_RDONLY`, `MS_NOSUID`, `MS_NODEV`, `MS_NOEXEC`) to the
+/// mount at `path`, and with [`Reach::Subtree`] to every mount below it,
+/// with `mount_setattr(2)`: it only sets what it is given, so the flags the
+/// kernel locked stay as they are. `Ok(false)` where the kernel has no
+/// `mount_setattr` (before Linux 5.12).
+fn set_mount_flags(path: &Path, flags: libc::c_ulong, reach: Reach) -> io::Result<bool> {
+    let mut attr_set = 0u64;
+    for (ms_flag, attr) in [
+        (libc::MS_RDONLY, 0x1u64),
+        (libc::MS_NOSUID, 0x2),
+        (libc::MS_NODEV, 0x4),
+        (libc::MS_NOEXEC, 0x8),
+    ] {
+        if flags & ms_flag != 0 {
+            attr_set |= attr;
+        }
+    }
+    if flags & !(libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC) != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("flags {flags:#x} cannot be set on a mount"),
+        ));
+    }
+    // struct mount_attr: attr_set, attr_clr, propagation, userns_fd.
+    let attr: [u64; 4] = [attr_set, 0, 0, 0];
+    let at_flags = match reach {
+        Reach::Mount => 0,
+        Reach::Subtree => libc::AT_RECURSIVE,
+    };
+    let c = c_path(path)?;
+    // SAFETY: a valid C string, a mount_attr-sized buffer of plain data that
+    // outlives the call (the kernel only reads it), and its size.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            at_flags,
+            attr.as_ptr(),
+            std::mem::size_of_val(&attr),
+        )
+    };
+    if ret == 0 {
+        return Ok(true);
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::ENOSYS) {
+        return Ok(false);
+    }
+    Err(with_context(
+        err,
+        format!("mount_setattr {}", path.display()),
+    ))
+}
+
+/// Remounts the bind mount at `path` (and with [`Reach::Subtree`] every
+/// mount below it) read-only, adding `extra` flags and keeping the ones the
+/// kernel locked. On a kernel before 5.12 only the mount at `path` changes.
+pub fn remount_readonly(path: &Path, extra: libc::c_ulong, reach: Reach) -> io::Result<()> {
+    if set_mount_flags(path, libc::MS_RDONLY | extra, reach)? {
+        return Ok(());
+    }
     let flags = locked_flags(path)? | extra;
     mount(
         None,
@@ -108,9 +179,14 @@ pub fn remount_readonly(path: &Path, extra: libc::c_ulong) -> io::Result<()> {
     )
 }
 
-/// Remounts the bind mount at `path` with `extra` flags (e.g. nosuid,
-/// nodev), keeping the locked ones and its read-write state.
-pub fn remount_flags(path: &Path, extra: libc::c_ulong) -> io::Result<()> {
+/// Remounts the bind mount at `path` (and with [`Reach::Subtree`] every
+/// mount below it) with `extra` flags (e.g. nosuid, nodev), keeping the
+/// locked ones and its read-write state. On a kernel before 5.12 only the
+/// mount at `path` changes.
+pub fn remount_flags(path: &Path, extra: libc::c_ulong, reach: Reach) -> io::Result<()> {
+    if set_mount_flags(path, extra, reach)? {
+        return Ok(());
+    }
     let flags = locked_flags(path)? | extra;
     mount(
         None,
