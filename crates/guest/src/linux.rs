@@ -87,6 +87,11 @@ pub(crate) fn spawn_pid1(
     // parent's (mapping its ids), which it waits for anyway.
     let mut confinement = Confinement::new(spec)?;
     confinement.compile_seccomp()?;
+    // Likewise what pid 1 and its supervisors need to know to disguise
+    // themselves and to drop their capabilities: a fork inherits it.
+    let disguise = hako_sys::proc::Disguise::of_this_process()
+        .map_err(|e| format!("cannot read this process's arguments' place: {e}"))?;
+    hako_sys::confine::learn_capabilities();
     let (go_r, go_w) =
         hako_sys::rustix::pipe::pipe_with(hako_sys::rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(|e| format!("cannot create a pipe: {e}"))?;
@@ -99,7 +104,7 @@ pub(crate) fn spawn_pid1(
         }
         Ok(Forked::Child) => {
             drop(go_w);
-            let code = pid1(spec, ctl, go_r, confinement, proof);
+            let code = pid1(spec, ctl, go_r, confinement, disguise, proof);
             hako_sys::spawn::exit_now(i32::from(code))
         }
         Ok(Forked::Parent(pid)) => {
@@ -138,6 +143,7 @@ fn pid1(
     ctl: &UnixStream,
     go: OwnedFd,
     confinement: Confinement,
+    disguise: hako_sys::proc::Disguise,
     proof: &SingleThreaded,
 ) -> u8 {
     // While the parent maps our ids: keep only the connection (at fd 3)
@@ -150,7 +156,12 @@ fn pid1(
         Ok((ctl, Some(go))) => (UnixStream::from(ctl), go),
         _ => return 1,
     };
-    let _ = hako_sys::proc::disguise_as("hako-guest");
+    // hako's arguments and environment must not show inside: fail closed.
+    if let Err(e) = disguise.apply("hako-guest") {
+        let message = format!("cannot hide hako's arguments from the sandbox: {e}");
+        let _ = crate::proto::write_frame(&ctl, &FromGuest::Refused { message });
+        return 1;
+    }
     // A pid 1 cloned by hako itself did not pass through the guest's entry.
     let _ = hako_sys::signal::restore_ignored_signals();
     // Until the thread making it is joined (in `set_up`, before anything

@@ -312,11 +312,23 @@ fn wanted_securebits() -> CapabilitiesSecureBits {
 /// The highest capability number the kernel knows, from
 /// `/proc/sys/kernel/cap_last_cap`, or 63 when that cannot be read (numbers
 /// the kernel does not know are then refused with `EINVAL` and skipped).
+/// Read once per process; a fork inherits what was read.
 fn last_cap() -> u32 {
-    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-        .ok()
-        .and_then(|s| s.trim().parse::<u32>().ok())
-        .map_or(63, |n| n.min(63))
+    static LAST_CAP: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *LAST_CAP.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .map_or(63, |n| n.min(63))
+    })
+}
+
+/// Reads now what [`drop_all_capabilities`] needs to know of the kernel
+/// (its highest capability number), so that a process forked afterwards
+/// (a sandbox's pid 1, its supervisors) drops its capabilities without
+/// opening a file.
+pub fn learn_capabilities() {
+    let _ = last_cap();
 }
 
 fn cap_bit(cap: u32) -> CapabilitySet {

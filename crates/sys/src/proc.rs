@@ -108,42 +108,67 @@ pub fn arg_env_areas(stat: &str) -> Option<([usize; 2], [usize; 2])> {
     (areas.0[0] <= areas.0[1] && areas.1[0] <= areas.1[1]).then_some(areas)
 }
 
-/// Makes this process show as `name`: its command line (`/proc/PID/cmdline`)
-/// becomes `name`, its initial environment (`/proc/PID/environ`) is blanked,
-/// and its thread name (`comm`) is set.
-///
-/// For a helper forked without exec: it would otherwise show its parent's
-/// arguments and environment to anyone allowed to read them. The process
-/// must not read its own arguments or environment afterwards (they read as
-/// empty) and must be single-threaded.
-pub fn disguise_as(name: &str) -> io::Result<()> {
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
-    let (args, env) =
-        arg_env_areas(&stat).ok_or_else(|| io::Error::other("cannot parse /proc/self/stat"))?;
-    let bytes = name.as_bytes();
-    for (area, text) in [(args, bytes), (env, &[][..])] {
-        let len = area[1] - area[0];
-        if len == 0 {
-            continue;
-        }
-        // Keep a final NUL so the kernel reads the area as plain strings.
-        let keep = text.len().min(len - 1);
-        let start = area[0] as *mut u8;
-        // SAFETY: the kernel reports these ranges as this process's argument
-        // and environment strings, which lie in its initial stack mapping
-        // (readable and writable) and stay mapped for the process's life.
-        // The process is single-threaded (the caller's promise), and no Rust
-        // reference to these bytes exists: std and libc keep raw pointers to
-        // them, which only see the strings change.
-        unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), start, keep);
-            std::ptr::write_bytes(start.add(keep), 0, len - keep);
-        }
+/// Where this process's argument and environment strings lie, read once
+/// (see [`Disguise::apply`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Disguise {
+    args: [usize; 2],
+    env: [usize; 2],
+}
+
+impl Disguise {
+    /// Reads where this process's argument and environment strings lie. A
+    /// child forked afterwards has them at the same addresses, so a parent
+    /// may read this for it, off the child's path.
+    pub fn of_this_process() -> io::Result<Disguise> {
+        let stat = std::fs::read_to_string("/proc/self/stat")?;
+        let (args, env) =
+            arg_env_areas(&stat).ok_or_else(|| io::Error::other("cannot parse /proc/self/stat"))?;
+        Ok(Disguise { args, env })
     }
-    rustix::thread::set_name(
-        &std::ffi::CString::new(name).map_err(|_| io::Error::other("name contains NUL"))?,
-    )?;
-    Ok(())
+
+    /// Makes this process (the one read, or a fork of it) show as `name`:
+    /// its command line (`/proc/PID/cmdline`) becomes `name`, its initial
+    /// environment (`/proc/PID/environ`) is blanked, and its thread name
+    /// (`comm`) is set.
+    ///
+    /// For a helper forked without exec: it would otherwise show its
+    /// parent's arguments and environment to anyone allowed to read them.
+    /// The process must not read its own arguments or environment
+    /// afterwards (they read as empty) and must be single-threaded.
+    pub fn apply(&self, name: &str) -> io::Result<()> {
+        let bytes = name.as_bytes();
+        for (area, text) in [(self.args, bytes), (self.env, &[][..])] {
+            let len = area[1] - area[0];
+            if len == 0 {
+                continue;
+            }
+            // Keep a final NUL so the kernel reads the area as plain strings.
+            let keep = text.len().min(len - 1);
+            let start = area[0] as *mut u8;
+            // SAFETY: the kernel reported these ranges as the argument and
+            // environment strings of this process or of the process it was
+            // forked from (a fork has the same addresses), which lie in its
+            // initial stack mapping (readable and writable) and stay mapped
+            // for the process's life. The process is single-threaded (the
+            // caller's promise), and no Rust reference to these bytes
+            // exists: std and libc keep raw pointers to them, which only see
+            // the strings change.
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), start, keep);
+                std::ptr::write_bytes(start.add(keep), 0, len - keep);
+            }
+        }
+        rustix::thread::set_name(
+            &std::ffi::CString::new(name).map_err(|_| io::Error::other("name contains NUL"))?,
+        )?;
+        Ok(())
+    }
+}
+
+/// Makes this process show as `name` (see [`Disguise::apply`]).
+pub fn disguise_as(name: &str) -> io::Result<()> {
+    Disguise::of_this_process()?.apply(name)
 }
 
 #[cfg(test)]
