@@ -264,6 +264,18 @@ impl Wire {
         }
     }
 
+    /// Tells the guest no more commands come, and stops reading what it
+    /// says: the reader thread, blocked on the socket, ends now rather
+    /// than when this process exits (which would wait for it).
+    fn shut(&mut self) {
+        match self {
+            Wire::Socket(s) => {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+            Wire::Pipe(_) => self.close_write(),
+        }
+    }
+
     /// Tells the guest no more commands come: it ends the sandbox.
     fn close_write(&mut self) {
         match self {
@@ -1193,7 +1205,7 @@ impl Connection {
             return self.close();
         }
         if let Ok(mut writer) = self.writer.lock() {
-            writer.close_write();
+            writer.shut();
         }
         // Not joined, not reaped: a later `close` has nothing to wait for.
         drop(self.reader.lock().ok().and_then(|mut r| r.take()));

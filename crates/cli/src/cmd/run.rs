@@ -147,8 +147,11 @@ pub fn run(args: RunArgs) -> u8 {
     }
     let result = execute(sandbox.as_ref(), &command, json);
     // hako exits next: once the command is reported (its whole tree
-    // gone), the guest's own end need not be waited for.
-    hako_guest::client::exit_follows_close();
+    // gone), the guest's own end need not be waited for. After a failed
+    // exec, the sandbox is closed and waited for as usual.
+    if result.is_ok() {
+        hako_guest::client::exit_follows_close();
+    }
     // Closing ends every connection from inside, so each is recorded.
     let _ = sandbox.close();
     let network = sandbox.network_events().map(|n| n.take_network_events());
