@@ -83,8 +83,7 @@ pub(crate) fn spawn_pid1(
     proof: &SingleThreaded,
 ) -> Result<i32, String> {
     // Checked and compiled once, before any command, and before pid 1
-    // exists: its own work before the view is then shorter than its
-    // parent's (mapping its ids), which it waits for anyway.
+    // exists, so that pid 1 has less to do before it builds the view.
     let mut confinement = Confinement::new(spec)?;
     confinement.compile_seccomp()?;
     // Likewise what pid 1 and its supervisors need to know to disguise
