@@ -52,3 +52,49 @@ fn parse() -> cmd::Command {
     }
     Cli::parse().command
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn run_alone_parses_every_command_line_as_the_full_parser_does() {
+        let lines: [&[&str]; 3] = [
+            &["hako", "run", "--", "true"],
+            &[
+                "hako",
+                "run",
+                "--backend",
+                "linux",
+                "--timeout",
+                "5s",
+                "--env",
+                "A=1",
+                "--cwd",
+                "sub",
+                "--",
+                "sh",
+                "-c",
+                "echo hi",
+            ],
+            &[
+                "hako", "run", "--json", "--stdin", "--memory", "256M", "--", "cat",
+            ],
+        ];
+        for argv in lines {
+            let full = Cli::try_parse_from(argv).expect("the full parser takes it");
+            let RunOnly {
+                command: RunOnlyCommand::Run(args),
+            } = RunOnly::try_parse_from(argv).expect("the run-only parser takes it");
+            assert_eq!(
+                format!("{:?}", full.command),
+                format!("{:?}", cmd::Command::Run(args)),
+                "{argv:?}"
+            );
+        }
+        // What it refuses goes to the full parser, whose message is shown.
+        assert!(RunOnly::try_parse_from(["hako", "run", "--bogus", "--", "true"]).is_err());
+        assert!(RunOnly::try_parse_from(["hako", "fs", "ls", "."]).is_err());
+    }
+}
