@@ -334,30 +334,16 @@ fn build_view(ops: &[MountOp]) -> std::io::Result<()> {
     m::mount(None, Path::new("/"), None, m::MS_REC | m::MS_PRIVATE, None)?;
     // Open every host source first: the staging tmpfs may hide some of
     // them (a workspace under /tmp), their descriptors keep them reachable.
-    let mut sources: HashMap<PathBuf, OwnedFd> = HashMap::new();
+    let mut sources = Sources(HashMap::new());
     let null = PathBuf::from("/dev/null");
-    sources.insert(null.clone(), open_path(&null)?);
+    sources.0.insert(null.clone(), open_path(&null)?);
     for op in ops {
         if let MountOp::Bind { source, .. } | MountOp::DevNode { source, .. } = op {
-            if !sources.contains_key(source) {
-                sources.insert(source.clone(), open_path(source)?);
+            if !sources.0.contains_key(source) {
+                sources.0.insert(source.clone(), open_path(source)?);
             }
         }
     }
-    let opened = |p: &Path| {
-        sources
-            .get(p)
-            .ok_or_else(|| std::io::Error::other(format!("{} was not opened", p.display())))
-    };
-    let src = |p: &Path| opened(p).map(|fd| fd_path(fd.as_fd()));
-    let src_is_dir = |p: &Path| -> std::io::Result<bool> {
-        let st = rfs::fstat(opened(p)?)?;
-        Ok(rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::Directory)
-    };
-    let source = Source {
-        path: &src,
-        is_dir: &src_is_dir,
-    };
     let staging = Path::new(STAGING);
     m::mount(
         Some(Path::new("tmpfs")),
@@ -368,7 +354,7 @@ fn build_view(ops: &[MountOp]) -> std::io::Result<()> {
     )?;
     let soft = m::MS_NOSUID | m::MS_NODEV;
     for op in ops {
-        apply(op, &source, &null, soft)
+        apply(op, &sources, &null, soft)
             .map_err(|e| std::io::Error::new(e.kind(), format!("{op:?}: {e}")))?;
     }
     std::env::set_current_dir(staging)?;
@@ -379,17 +365,31 @@ fn build_view(ops: &[MountOp]) -> std::io::Result<()> {
     m::pivot_root_to_cwd()
 }
 
-/// The host sources of a view, opened before the staging tmpfs could hide
-/// them.
-struct Source<'a> {
-    /// The path through which the kernel reaches a source.
-    path: &'a dyn Fn(&Path) -> std::io::Result<PathBuf>,
-    /// Whether a source is a directory.
-    is_dir: &'a dyn Fn(&Path) -> std::io::Result<bool>,
+/// The host sources of a view, by host path, opened before the staging
+/// tmpfs could hide them.
+struct Sources(HashMap<PathBuf, OwnedFd>);
+
+impl Sources {
+    fn opened(&self, p: &Path) -> std::io::Result<&OwnedFd> {
+        self.0
+            .get(p)
+            .ok_or_else(|| std::io::Error::other(format!("{} was not opened", p.display())))
+    }
+
+    /// The path through which the kernel reaches source `p`.
+    fn path(&self, p: &Path) -> std::io::Result<PathBuf> {
+        self.opened(p).map(|fd| fd_path(fd.as_fd()))
+    }
+
+    /// Whether source `p` is a directory.
+    fn is_dir(&self, p: &Path) -> std::io::Result<bool> {
+        let st = rfs::fstat(self.opened(p)?)?;
+        Ok(rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::Directory)
+    }
 }
 
 /// Carries out one step of the view.
-fn apply(op: &MountOp, src: &Source<'_>, null: &Path, soft: m::Flags) -> std::io::Result<()> {
+fn apply(op: &MountOp, src: &Sources, null: &Path, soft: m::Flags) -> std::io::Result<()> {
     {
         match op {
             MountOp::Dir { path } => std::fs::create_dir_all(staged(path))?,
@@ -410,8 +410,8 @@ fn apply(op: &MountOp, src: &Source<'_>, null: &Path, soft: m::Flags) -> std::io
                 read_only,
             } => {
                 let at = staged(path);
-                let from = (src.path)(source)?;
-                if (src.is_dir)(source)? {
+                let from = src.path(source)?;
+                if src.is_dir(source)? {
                     std::fs::create_dir_all(&at)?;
                 } else {
                     make_file(&at)?;
@@ -426,7 +426,7 @@ fn apply(op: &MountOp, src: &Source<'_>, null: &Path, soft: m::Flags) -> std::io
             MountOp::DevNode { source, path } => {
                 let at = staged(path);
                 make_file(&at)?;
-                m::mount(Some(&(src.path)(source)?), &at, None, m::MS_BIND, None)?;
+                m::mount(Some(&src.path(source)?), &at, None, m::MS_BIND, None)?;
                 m::remount_flags(&at, m::MS_NOSUID | m::MS_NOEXEC, m::Reach::Mount)?;
             }
             MountOp::Proc { path } => {
@@ -453,7 +453,7 @@ fn apply(op: &MountOp, src: &Source<'_>, null: &Path, soft: m::Flags) -> std::io
             }
             MountOp::MaskFile { path } => {
                 let at = staged(path);
-                let null = (src.path)(null)?;
+                let null = src.path(null)?;
                 mount_if_present(&at, || m::mount(Some(&null), &at, None, m::MS_BIND, None))?;
             }
             MountOp::MaskDir { path } => {

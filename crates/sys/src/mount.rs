@@ -166,17 +166,7 @@ fn set_mount_flags(path: &Path, flags: libc::c_ulong, reach: Reach) -> io::Resul
 /// mount below it) read-only, adding `extra` flags and keeping the ones the
 /// kernel locked. On a kernel before 5.12 only the mount at `path` changes.
 pub fn remount_readonly(path: &Path, extra: libc::c_ulong, reach: Reach) -> io::Result<()> {
-    if set_mount_flags(path, libc::MS_RDONLY | extra, reach)? {
-        return Ok(());
-    }
-    let flags = locked_flags(path)? | extra;
-    mount(
-        None,
-        path,
-        None,
-        libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | flags,
-        None,
-    )
+    remount(path, libc::MS_RDONLY | extra, reach)
 }
 
 /// Remounts the bind mount at `path` (and with [`Reach::Subtree`] every
@@ -184,10 +174,17 @@ pub fn remount_readonly(path: &Path, extra: libc::c_ulong, reach: Reach) -> io::
 /// locked ones and its read-write state. On a kernel before 5.12 only the
 /// mount at `path` changes.
 pub fn remount_flags(path: &Path, extra: libc::c_ulong, reach: Reach) -> io::Result<()> {
-    if set_mount_flags(path, extra, reach)? {
+    remount(path, extra, reach)
+}
+
+/// Adds `flags` to the bind mount at `path`: with `mount_setattr` where the
+/// kernel has it, else with a remount of that mount alone that keeps its
+/// locked flags.
+fn remount(path: &Path, flags: libc::c_ulong, reach: Reach) -> io::Result<()> {
+    if set_mount_flags(path, flags, reach)? {
         return Ok(());
     }
-    let flags = locked_flags(path)? | extra;
+    let flags = locked_flags(path)? | flags;
     mount(
         None,
         path,
