@@ -1,11 +1,12 @@
 //! The `hako` command line.
 
+// The entry point is `main` below, not Rust's runtime start-up: see it.
+#![cfg_attr(not(test), no_main)]
+
 mod backend;
 mod cmd;
 mod exit;
 mod log;
-
-use std::process::ExitCode;
 
 use clap::Parser;
 
@@ -18,7 +19,18 @@ struct Cli {
     command: cmd::Command,
 }
 
-fn main() -> ExitCode {
+// The process's entry point: the C library calls `main`, defined here by
+// the macro, in place of Rust's runtime start-up, which would first read
+// all of `/proc/self/maps` to find where this thread's stack ends (about a
+// tenth of `hako`'s start; see `hako_sys::start`).
+#[cfg(not(test))]
+hako_sys::entry_point!(run);
+// A test build has the test harness's entry point instead.
+#[cfg(test)]
+const _: fn() -> u8 = run;
+
+/// Everything `hako` does: its exit code.
+fn run() -> u8 {
     log::init();
     cmd::dispatch(parse())
 }

@@ -88,6 +88,51 @@ fn run_echo_prints_hi() {
 }
 
 #[test]
+fn hako_started_with_stdout_closed_prints_its_result_into_no_file_it_opens() {
+    // A caller that starts hako with descriptor 1 closed: the audit log,
+    // opened next, must not take its number and receive the JSON result.
+    let d = dirs();
+    let log = d.ws.join("audit.log");
+    let out = Command::new("sh")
+        .args(["-c", "exec \"$0\" \"$@\" >&-"])
+        .arg(env!("CARGO_BIN_EXE_hako"))
+        .args(["run", "--backend", "host", "--json", "--workspace"])
+        .arg(&d.ws)
+        .arg("--audit")
+        .arg(&log)
+        .args(["--", "echo", "into-the-void"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let written = std::fs::read_to_string(&log).unwrap();
+    assert!(written.contains("\"exec\""), "{written}");
+    assert!(!written.contains("exit_code\":0,\"signal"), "{written}");
+    let verify = hako().args(["audit", "verify"]).arg(&log).output().unwrap();
+    assert_eq!(verify.status.code(), Some(0), "{}", text(&verify.stdout));
+}
+
+#[test]
+fn hako_whose_output_pipe_is_closed_is_not_killed_by_sigpipe() {
+    use std::os::unix::process::ExitStatusExt;
+    let d = dirs();
+    let mut child = hako()
+        .args(["run", "--backend", "host", "--workspace"])
+        .arg(&d.ws)
+        .args(["--", "sh", "-c", "echo one; sleep 0.2; echo two"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Nobody reads: every write hako makes to its stdout fails with EPIPE.
+    drop(child.stdout.take());
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), None, "{status:?}");
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}
+
+#[test]
 fn run_uses_the_current_directory_as_workspace_by_default() {
     let d = dirs();
     let out = hako()
@@ -228,6 +273,52 @@ fn stdin_flag_feeds_the_command() {
         .unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(text(&out.stdout).trim(), "300000");
+}
+
+#[test]
+fn stdin_larger_than_a_socket_buffer_comes_back_whole_through_cat_on_linux() {
+    // The guest echoes output while hako still writes the input: hako
+    // must read while it writes, or both wait for each other forever.
+    let d = dirs();
+    let input: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
+    let mut child = hako()
+        .args([
+            "run",
+            "--backend",
+            "linux",
+            "--stdin",
+            "--max-output",
+            "16M",
+        ])
+        .arg("--workspace")
+        .arg(&d.ws)
+        .args(["--", "cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let feed = input.clone();
+    let writer = std::thread::spawn(move || stdin.write_all(&feed));
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        std::io::Read::read_to_end(&mut stdout, &mut got).map(|_| got)
+    });
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("hako run --stdin -- cat of 8 MiB did not finish in 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    writer.join().unwrap().unwrap();
+    let got = reader.join().unwrap().unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert_eq!(got.len(), input.len());
+    assert!(got == input, "the output differs from the input");
 }
 
 #[test]

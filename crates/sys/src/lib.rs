@@ -18,6 +18,7 @@ pub mod proc;
 pub mod raw;
 pub mod signal;
 pub mod spawn;
+pub mod start;
 pub mod tty;
 pub mod vfork;
 

@@ -13,7 +13,6 @@ mod serve;
 mod shell;
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use hako_core::env::EnvPolicy;
@@ -52,8 +51,8 @@ pub enum Command {
 }
 
 /// Runs a subcommand and returns the process exit code.
-pub fn dispatch(command: Command) -> ExitCode {
-    let code = match command {
+pub fn dispatch(command: Command) -> u8 {
+    match command {
         Command::Run(args) => run::run(args),
         Command::Audit(args) => audit::run(args),
         Command::Serve(args) => serve::run(args),
@@ -64,8 +63,7 @@ pub fn dispatch(command: Command) -> ExitCode {
         Command::Image(args) => image::run(args),
         Command::Gc(args) => gc::run(args),
         Command::Mcp(args) => mcp::run(args),
-    };
-    ExitCode::from(code)
+    }
 }
 
 /// Flags that pick and shape a sandbox, shared by `run` and `fs`.
