@@ -5,14 +5,17 @@
 //! One [`Connection`] per sandbox. A reader thread takes every frame the
 //! guest sends and hands it to the command it belongs to, so any number of
 //! threads can run commands at once; each waits only for its own events.
+//! A process that runs one command and exits (see [`read_on_calling_thread`])
+//! starts no such thread: the thread that waits reads the frames itself.
 
 use std::collections::HashMap;
-use std::io::Write;
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{RecvTimeoutError, TryRecvError};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -187,6 +190,9 @@ const HELLO_ID: u64 = 0;
 /// How long [`Connection::start`] waits for the guest to build the sandbox.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The buffer the guest's frames are read through.
+const READ_BUF: usize = 64 * 1024;
+
 /// How long closing waits for a container runtime's client to exit after
 /// its guest has ended.
 const PIPED_EXIT_GRACE: Duration = Duration::from_secs(30);
@@ -232,6 +238,10 @@ pub struct Connection {
     writer: Mutex<Wire>,
     shared: Arc<Shared>,
     reader: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Who reads the guest's frames (see [`read_on_calling_thread`]).
+    read_by: Mutex<ReadBy>,
+    /// Signalled when a waiting thread is done reading a frame.
+    turn_over: Condvar,
     child: Mutex<Option<GuestProcess>>,
     next_id: AtomicU64,
     /// The guest's process was waited for and exited with status 0.
@@ -305,6 +315,43 @@ pub fn exit_follows_close() {
 /// Whether [`exit_follows_close`] was called.
 pub fn exit_follows() -> bool {
     EXIT_FOLLOWS_CLOSE.load(Ordering::Acquire)
+}
+
+/// Set by [`read_on_calling_thread`].
+static READ_ON_CALLER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Tells sandboxes started from now on (whose guest is reached through a
+/// socket) that this process mostly runs one command at a time (the
+/// `hako` CLI): the guest's frames are then read by the threads that wait
+/// for them, taking turns a frame at a time, and a reader thread starts
+/// only once frames may come with nobody waiting (a long-lived process, a
+/// session) or while hako writes a command's input. That spares a thread's
+/// start while the sandbox is built, and a hand-off between two threads
+/// for every reply.
+pub fn read_on_calling_thread() {
+    READ_ON_CALLER.store(true, Ordering::Release);
+}
+
+/// Who reads what the guest sends.
+enum ReadBy {
+    /// A reader thread, or nobody any more (the guest is gone).
+    Thread,
+    /// The threads that wait for the guest, one frame at a time each:
+    /// `end` is here while none of them reads. `thread_wanted`: a reader
+    /// thread is to take over; the thread reading starts it when done.
+    Callers {
+        end: Option<BufReader<UnixStream>>,
+        thread_wanted: bool,
+    },
+}
+
+/// How hako reads what the guest sends.
+enum ReaderEnd {
+    /// A thread of its own reads it from the start.
+    Thread(Box<dyn Read + Send>),
+    /// Whichever thread waits reads it, until a thread of its own is
+    /// needed (see [`read_on_calling_thread`]).
+    Caller(UnixStream),
 }
 
 /// Reaps `child` on a thread of its own, off the caller's path.
@@ -538,6 +585,11 @@ impl Connection {
                 ));
             }
         };
+        let reader = if READ_ON_CALLER.load(Ordering::Acquire) {
+            ReaderEnd::Caller(reader)
+        } else {
+            ReaderEnd::Thread(Box::new(reader))
+        };
         Connection::establish(backend, Wire::Socket(ctl), reader, child, hello, None)
     }
 
@@ -570,7 +622,7 @@ impl Connection {
         Connection::establish(
             backend,
             wire,
-            stdout,
+            ReaderEnd::Thread(Box::new(stdout)),
             GuestProcess::Piped(child),
             Some(hello),
             Some(describe),
@@ -578,11 +630,11 @@ impl Connection {
     }
 
     /// The handshake (when the guest still needs it) and the wait for its
-    /// first reply, with the reader thread running from the start.
+    /// first reply, with the reader thread (if any) running from the start.
     fn establish(
         backend: &'static str,
         wire: Wire,
-        reader_end: impl std::io::Read + Send + 'static,
+        reader_end: ReaderEnd,
         child: GuestProcess,
         hello: Option<Hello>,
         describe: Option<Box<dyn Fn() -> String + Send + Sync>>,
@@ -611,21 +663,37 @@ impl Connection {
         if let Ok(mut table) = shared.table.lock() {
             table.waiting.insert(HELLO_ID, tx);
         }
-        let reader = {
-            let shared = Arc::clone(&shared);
-            std::thread::Builder::new()
-                .name(format!("hako-{backend}-guest"))
-                .spawn(move || read_events(reader_end, &shared, describe.as_deref()))
-        };
-        let reader = match reader {
-            Ok(reader) => reader,
-            Err(e) => return failed(wire, child, format!("cannot start the guest reader: {e}")),
+        let (reader, read_by) = match reader_end {
+            ReaderEnd::Thread(end) => {
+                let shared = Arc::clone(&shared);
+                let spawned = std::thread::Builder::new()
+                    .name(format!("hako-{backend}-guest"))
+                    .spawn(move || {
+                        let end = BufReader::with_capacity(READ_BUF, end);
+                        read_events(end, &shared, describe.as_deref());
+                    });
+                match spawned {
+                    Ok(reader) => (Some(reader), ReadBy::Thread),
+                    Err(e) => {
+                        return failed(wire, child, format!("cannot start the guest reader: {e}"))
+                    }
+                }
+            }
+            ReaderEnd::Caller(end) => (
+                None,
+                ReadBy::Callers {
+                    end: Some(BufReader::with_capacity(READ_BUF, end)),
+                    thread_wanted: false,
+                },
+            ),
         };
         let connection = Connection {
             backend,
             writer: Mutex::new(wire),
             shared,
-            reader: Mutex::new(Some(reader)),
+            reader: Mutex::new(reader),
+            read_by: Mutex::new(read_by),
+            turn_over: Condvar::new(),
             child: Mutex::new(Some(child)),
             next_id: AtomicU64::new(HELLO_ID + 1),
             exited_cleanly: std::sync::atomic::AtomicBool::new(false),
@@ -633,7 +701,7 @@ impl Connection {
         // Building a sandbox takes milliseconds (a container, under a
         // second); a guest that says nothing for this long is stuck, and
         // the caller must not hang with it.
-        let why = match rx.recv_timeout(START_TIMEOUT) {
+        let why = match connection.next_event(&rx, Some(START_TIMEOUT)) {
             Ok(Event::Done(FromGuest::Ready { .. })) => return Ok(connection),
             Ok(Event::Done(FromGuest::Refused { message })) => message,
             Ok(Event::Done(other)) => format!("unexpected first reply {other:?}"),
@@ -685,6 +753,145 @@ impl Connection {
         }
     }
 
+    /// The next event for the waiter of `rx`, waiting at most `timeout`
+    /// (`None`: until one comes). Where no reader thread runs, the waiting
+    /// threads take turns reading the guest's frames, one frame per turn,
+    /// each handing on what belongs to the others, until one for `rx`
+    /// comes.
+    fn next_event(
+        &self,
+        rx: &mpsc::Receiver<Event>,
+        timeout: Option<Duration>,
+    ) -> std::result::Result<Event, RecvTimeoutError> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        fn gone<E>(_: E) -> RecvTimeoutError {
+            RecvTimeoutError::Disconnected
+        }
+        let mut read_by = self.read_by.lock().map_err(gone)?;
+        loop {
+            // Frames are handed on under `read_by`: what came is here.
+            match rx.try_recv() {
+                Ok(event) => return Ok(event),
+                Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
+                Err(TryRecvError::Empty) => {}
+            }
+            let ReadBy::Callers { end, .. } = &mut *read_by else {
+                drop(read_by);
+                return match deadline {
+                    None => rx.recv().map_err(gone),
+                    Some(d) => rx.recv_timeout(d.saturating_duration_since(Instant::now())),
+                };
+            };
+            let Some(mut taken) = end.take() else {
+                // Another waiter is reading: its frame may be this one's.
+                read_by = match deadline {
+                    None => self.turn_over.wait(read_by).map_err(gone)?,
+                    Some(d) => {
+                        let left = d.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            return Err(RecvTimeoutError::Timeout);
+                        }
+                        self.turn_over.wait_timeout(read_by, left).map_err(gone)?.0
+                    }
+                };
+                continue;
+            };
+            drop(read_by);
+            let read = match deadline {
+                Some(d) if taken.buffer().is_empty() && !readable_by(taken.get_ref(), d) => None,
+                _ => Some(read_one(&mut taken, &self.shared)),
+            };
+            read_by = self.read_by.lock().map_err(gone)?;
+            let timed_out = read.is_none();
+            match read {
+                Some(Err(why)) => {
+                    // The guest is gone (or said goodbye): every waiter hears.
+                    *read_by = ReadBy::Thread;
+                    finish(&self.shared, why, None);
+                }
+                Some(Ok(())) | None => self.end_turn(&mut read_by, taken),
+            }
+            self.turn_over.notify_all();
+            if timed_out {
+                return Err(RecvTimeoutError::Timeout);
+            }
+        }
+    }
+
+    /// Puts the guest's end back for the next waiter, or gives it to a
+    /// reader thread if one is wanted.
+    fn end_turn(&self, read_by: &mut ReadBy, end: BufReader<UnixStream>) {
+        match read_by {
+            ReadBy::Callers {
+                thread_wanted: true,
+                ..
+            } => {
+                *read_by = ReadBy::Thread;
+                self.spawn_reader(end);
+            }
+            ReadBy::Callers { end: slot, .. } => *slot = Some(end),
+            ReadBy::Thread => {}
+        }
+    }
+
+    /// Starts the reader thread on `end`. If it cannot start, nothing can
+    /// read the guest any more, and every waiter is told so.
+    fn spawn_reader(&self, end: BufReader<UnixStream>) {
+        let shared = Arc::clone(&self.shared);
+        let spawned = std::thread::Builder::new()
+            .name(format!("hako-{}-guest", self.backend))
+            .spawn(move || read_events(end, &shared, None));
+        match spawned {
+            Ok(handle) => {
+                if let Ok(mut reader) = self.reader.lock() {
+                    *reader = Some(handle);
+                }
+            }
+            Err(e) => finish(
+                &self.shared,
+                format!("cannot start the guest reader: {e}"),
+                None,
+            ),
+        }
+    }
+
+    /// Has a reader thread take over from the waiting threads: from here
+    /// on frames arrive while nobody waits (a long-lived process's output,
+    /// a session's end). If a waiting thread is reading, it starts the
+    /// thread when its frame is in.
+    fn start_reader_thread(&self) {
+        let Ok(mut read_by) = self.read_by.lock() else {
+            return;
+        };
+        if let ReadBy::Callers { end, thread_wanted } = &mut *read_by {
+            match end.take() {
+                Some(end) => {
+                    *read_by = ReadBy::Thread;
+                    self.spawn_reader(end);
+                }
+                None => *thread_wanted = true,
+            }
+        }
+    }
+
+    /// The guest's end, taken from the waiting threads for good once none
+    /// of them reads it; `None` where a reader thread has it.
+    fn take_end(&self) -> Option<BufReader<UnixStream>> {
+        let mut read_by = self.read_by.lock().ok()?;
+        loop {
+            match &mut *read_by {
+                ReadBy::Thread => return None,
+                ReadBy::Callers { end, .. } => {
+                    if let Some(end) = end.take() {
+                        *read_by = ReadBy::Thread;
+                        return Some(end);
+                    }
+                }
+            }
+            read_by = self.turn_over.wait(read_by).ok()?;
+        }
+    }
+
     fn lock(&self, op: &'static str) -> Result<std::sync::MutexGuard<'_, Table>> {
         self.shared
             .table
@@ -702,6 +909,11 @@ impl Connection {
             command,
             max_output,
         } = exec;
+        if command.stdin.is_some() {
+            // The guest may answer with output before it has taken all of
+            // the input: something must read while this thread writes.
+            self.start_reader_thread();
+        }
         let (id, rx) = self.register("run command")?;
         let (cwd, fd) = cwd.split();
         let start = Instant::now();
@@ -750,7 +962,7 @@ impl Connection {
         let mut out = Capture::new(max_output);
         let mut err = Capture::new(max_output);
         let done = loop {
-            match rx.recv() {
+            match self.next_event(rx, None) {
                 Ok(Event::Output { stream, data }) => {
                     let (capture, which) = match stream {
                         StreamId::Stdout => (&mut out, Stream::Stdout),
@@ -825,7 +1037,7 @@ impl Connection {
     /// Waits for the one reply to a request.
     fn reply(&self, rx: &mpsc::Receiver<Event>, op: &'static str) -> Result<FromGuest> {
         loop {
-            match rx.recv() {
+            match self.next_event(rx, None) {
                 Ok(Event::Done(msg)) => return Ok(msg),
                 Ok(Event::Output { .. }) => {}
                 Ok(Event::Gone(why)) => return Err(backend_err(self.backend, op, why)),
@@ -843,6 +1055,8 @@ impl Connection {
     /// Starts a shell session in `cwd` with the complete environment `env`;
     /// returns its id.
     pub fn open_session(&self, env: Vec<(String, String)>, cwd: ExecCwd) -> Result<u64> {
+        // A session may end on its own, with nobody waiting.
+        self.start_reader_thread();
         let (id, rx) = self.register("open a session")?;
         if let Ok(mut table) = self.shared.table.lock() {
             table.sessions_opened += 1;
@@ -933,6 +1147,8 @@ impl Connection {
             command,
             ..
         } = exec;
+        // Its output and end come while nobody waits.
+        self.start_reader_thread();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         {
             let mut table = self.lock("start a process")?;
@@ -1145,6 +1361,11 @@ impl Connection {
         if let Ok(mut writer) = self.writer.lock() {
             writer.close_write();
         }
+        // Read by waiting threads until now: this one takes the guest's
+        // last words, to its end (after the turn of any reading now).
+        if let Some(end) = self.take_end() {
+            read_events(end, &self.shared, None);
+        }
         let reader = self.reader.lock().ok().and_then(|mut r| r.take());
         if let Some(reader) = reader {
             // A container's guest ends within moments of its stdin closing;
@@ -1209,6 +1430,9 @@ impl Connection {
         }
         // Not joined, not reaped: a later `close` has nothing to wait for.
         drop(self.reader.lock().ok().and_then(|mut r| r.take()));
+        if let Ok(mut read_by) = self.read_by.lock() {
+            *read_by = ReadBy::Thread;
+        }
         drop(self.child.lock().ok().and_then(|mut c| c.take()));
     }
 
@@ -1232,74 +1456,88 @@ impl Drop for Connection {
 /// The reader thread: hands every frame to the command it belongs to, and
 /// tells every waiting command when the guest is gone.
 fn read_events(
-    ctl: impl std::io::Read,
+    mut ctl: BufReader<impl Read>,
     shared: &Shared,
     describe: Option<&(dyn Fn() -> String + Send + Sync)>,
 ) {
-    let mut ctl = std::io::BufReader::with_capacity(64 * 1024, ctl);
     let why = loop {
-        let frame = match proto::read_any::<FromGuest>(&mut ctl) {
-            Ok(frame) => frame,
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                break "the sandbox's guest ended".to_string()
-            }
-            Err(e) => break format!("the connection to the sandbox's guest failed: {e}"),
-        };
-        let Ok(mut table) = shared.table.lock() else {
-            return;
-        };
-        if matches!(frame, Frame::Message(FromGuest::Bye {})) {
-            table.bye = true;
-            break "the sandbox's guest ended".to_string();
-        }
-        match frame {
-            Frame::Output {
-                id, stream, data, ..
-            } => {
-                if let Some(tx) = table.waiting.get(&id) {
-                    let _ = tx.send(Event::Output { stream, data });
-                } else if let Some(proc) = table.procs.map.get_mut(&id) {
-                    proc.output(stream_index(stream), &data);
-                    shared.changed.notify_all();
-                }
-            }
-            Frame::Message(msg) => {
-                let id = match &msg {
-                    FromGuest::Exited { id, .. }
-                    | FromGuest::SpawnFailed { id, .. }
-                    | FromGuest::SessionOpened { id }
-                    | FromGuest::SessionEnded { id, .. } => Some(*id),
-                    FromGuest::Failed { id, .. } => *id,
-                    FromGuest::Ready { .. } | FromGuest::Refused { .. } => Some(HELLO_ID),
-                    FromGuest::Bye {} => None,
-                };
-                if let Some(tx) = id.and_then(|id| table.waiting.remove(&id)) {
-                    let _ = tx.send(Event::Done(msg));
-                } else if let Some(id) = id.filter(|id| table.procs.map.contains_key(id)) {
-                    if let Some(proc) = table.procs.map.get_mut(&id) {
-                        match msg {
-                            FromGuest::Exited {
-                                status, timed_out, ..
-                            } => {
-                                proc.status = Some(status);
-                                proc.timed_out = timed_out;
-                            }
-                            FromGuest::SpawnFailed { message, .. }
-                            | FromGuest::Failed { message, .. } => proc.error = Some(message),
-                            _ => {}
-                        }
-                        proc.stdin_open = false;
-                    }
-                    table.procs.ended(id);
-                    shared.changed.notify_all();
-                } else {
-                    // A session whose shell ended on its own, or a stray.
-                    tracing::debug!("hako-guest: {msg:?}");
-                }
-            }
-            Frame::Stdin { .. } => tracing::warn!("hako-guest sent a stdin frame"),
+        if let Err(why) = read_one(&mut ctl, shared) {
+            break why;
         }
     };
+    finish(shared, why, describe);
+}
+
+/// Reads one frame from the guest and hands it to the command it belongs
+/// to. `Err`: why no more come (the guest said goodbye, or is gone).
+fn read_one(ctl: &mut impl BufRead, shared: &Shared) -> std::result::Result<(), String> {
+    let frame = match proto::read_any::<FromGuest>(ctl) {
+        Ok(frame) => frame,
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            return Err("the sandbox's guest ended".to_string())
+        }
+        Err(e) => return Err(format!("the connection to the sandbox's guest failed: {e}")),
+    };
+    let Ok(mut table) = shared.table.lock() else {
+        return Err("the connection's state is poisoned".to_string());
+    };
+    if matches!(frame, Frame::Message(FromGuest::Bye {})) {
+        table.bye = true;
+        return Err("the sandbox's guest ended".to_string());
+    }
+    match frame {
+        Frame::Output {
+            id, stream, data, ..
+        } => {
+            if let Some(tx) = table.waiting.get(&id) {
+                let _ = tx.send(Event::Output { stream, data });
+            } else if let Some(proc) = table.procs.map.get_mut(&id) {
+                proc.output(stream_index(stream), &data);
+                shared.changed.notify_all();
+            }
+        }
+        Frame::Message(msg) => {
+            let id = match &msg {
+                FromGuest::Exited { id, .. }
+                | FromGuest::SpawnFailed { id, .. }
+                | FromGuest::SessionOpened { id }
+                | FromGuest::SessionEnded { id, .. } => Some(*id),
+                FromGuest::Failed { id, .. } => *id,
+                FromGuest::Ready { .. } | FromGuest::Refused { .. } => Some(HELLO_ID),
+                FromGuest::Bye {} => None,
+            };
+            if let Some(tx) = id.and_then(|id| table.waiting.remove(&id)) {
+                let _ = tx.send(Event::Done(msg));
+            } else if let Some(id) = id.filter(|id| table.procs.map.contains_key(id)) {
+                if let Some(proc) = table.procs.map.get_mut(&id) {
+                    match msg {
+                        FromGuest::Exited {
+                            status, timed_out, ..
+                        } => {
+                            proc.status = Some(status);
+                            proc.timed_out = timed_out;
+                        }
+                        FromGuest::SpawnFailed { message, .. }
+                        | FromGuest::Failed { message, .. } => proc.error = Some(message),
+                        _ => {}
+                    }
+                    proc.stdin_open = false;
+                }
+                table.procs.ended(id);
+                shared.changed.notify_all();
+            } else {
+                // A session whose shell ended on its own, or a stray.
+                tracing::debug!("hako-guest: {msg:?}");
+            }
+        }
+        Frame::Stdin { .. } => tracing::warn!("hako-guest sent a stdin frame"),
+    }
+    Ok(())
+}
+
+/// Tells every waiting command, and every long-lived process still
+/// running, that the guest is gone and why.
+fn finish(shared: &Shared, why: String, describe: Option<&(dyn Fn() -> String + Send + Sync)>) {
     // A guest that ended without saying goodbye: say what became of it.
     let bye = shared.table.lock().is_ok_and(|t| t.bye);
     let why = match describe {
@@ -1319,6 +1557,27 @@ fn read_events(
         table.gone = Some(why);
     }
     shared.changed.notify_all();
+}
+
+/// Whether `socket` has something to read (or has ended) before
+/// `deadline`.
+fn readable_by(socket: &UnixStream, deadline: Instant) -> bool {
+    use hako_sys::rustix::event::{poll, PollFd, PollFlags, Timespec};
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let timeout = Timespec {
+            tv_sec: i64::try_from(left.as_secs()).unwrap_or(i64::MAX),
+            tv_nsec: i64::from(left.subsec_nanos()),
+        };
+        let mut fds = [PollFd::new(socket, PollFlags::IN)];
+        match poll(&mut fds, Some(&timeout)) {
+            Ok(0) => return false,
+            Ok(_) => return true,
+            Err(hako_sys::rustix::io::Errno::INTR) => {}
+            // Let the read say what is wrong.
+            Err(_) => return true,
+        }
+    }
 }
 
 fn stream_index(stream: StreamId) -> usize {

@@ -124,6 +124,9 @@ pub fn run(args: RunArgs) -> u8 {
     if let Err(err) = kind.require_isolation(args.min_isolation) {
         return refuse(Some(kind.name()), &err, exit::SANDBOX_FAILED);
     }
+    // One command, from this thread: no thread of its own need read the
+    // guest.
+    hako_guest::client::read_on_calling_thread();
     let sandbox = match backend::open(kind, &spec) {
         Ok(sb) => sb,
         Err(e) => return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED),
