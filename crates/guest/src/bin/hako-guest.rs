@@ -1,18 +1,27 @@
 //! The guest binary: serves hako on the control socket at fd 3, or, with
 //! `--stdio`, on its own stdin and stdout (a container's entrypoint).
 
-use std::process::ExitCode;
+// Started for every container sandbox: its entry point skips Rust's
+// runtime start-up, as `hako`'s does (see `hako_sys::start`).
+#![cfg_attr(not(test), no_main)]
 
-fn main() -> ExitCode {
+#[cfg(not(test))]
+hako_sys::entry_point!(run);
+// A test build has the test harness's entry point instead.
+#[cfg(test)]
+const _: fn() -> u8 = run;
+
+/// Everything the guest does: its exit code.
+fn run() -> u8 {
     if std::env::args().nth(1).as_deref() == Some("--stdio") {
-        return ExitCode::from(hako_guest::main_stdio());
+        return hako_guest::main_stdio();
     }
     let ctl = match hako_sys::take_inherited_fd(3) {
         Ok(fd) => fd,
         Err(err) => {
             eprintln!("hako-guest: no control socket at fd 3 ({err}) and no --stdio; this program is started by hako, not by hand");
-            return ExitCode::from(2);
+            return 2;
         }
     };
-    ExitCode::from(hako_guest::main(ctl))
+    hako_guest::main(ctl)
 }
