@@ -5,8 +5,9 @@
 //! One [`Connection`] per sandbox. A reader thread takes every frame the
 //! guest sends and hands it to the command it belongs to, so any number of
 //! threads can run commands at once; each waits only for its own events.
-//! A process that runs one command and exits (see [`read_on_calling_thread`])
-//! starts no such thread: the thread that waits reads the frames itself.
+//! A process that mostly runs one command at a time (the CLI, see
+//! [`read_on_calling_thread`]) starts no such thread until it needs one:
+//! the threads that wait read the frames themselves, taking turns.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};

@@ -64,6 +64,11 @@ pub fn runtime_start() -> io::Result<()> {
 /// in place of Rust's runtime start-up (use with `#![no_main]`). A panic
 /// in `$run` prints its message and exits with code 101, as a panic in
 /// Rust's `main` does; standard output is flushed at exit.
+///
+/// It is defined here, with the crate's other `unsafe` code, because an
+/// unmangled symbol is what the `unsafe_code` lint guards against (two
+/// symbols of one name): `main` is the one a C program must have, and an
+/// executable uses this macro once.
 #[macro_export]
 macro_rules! entry_point {
     ($run:path) => {
@@ -81,7 +86,8 @@ macro_rules! entry_point {
 /// The body of [`entry_point!`]'s `main`.
 pub fn run_main(run: fn() -> u8) -> ! {
     if let Err(e) = runtime_start() {
-        eprintln!("cannot start: {e}");
+        let program = std::env::args().next().unwrap_or_default();
+        eprintln!("{program}: cannot start: {e}");
         std::process::exit(125);
     }
     let code = std::panic::catch_unwind(run).unwrap_or(101);
