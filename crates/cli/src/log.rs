@@ -2,8 +2,8 @@
 //!
 //! With `HAKO_LOG` set (a `tracing` filter such as `debug` or
 //! `hako_net=trace`), `tracing-subscriber`'s formatter prints what it
-//! selects. Without it, only warnings and errors are printed, one line
-//! each, by [`WarningsToStderr`]: it keeps no state and costs nothing at
+//! selects. Without it, only warnings and errors are printed to stderr, one
+//! line each, by [`Warnings`]: it keeps no state and costs nothing at
 //! start-up, which a cold `hako run` would otherwise pay for on every call.
 
 use std::fmt::Write as _;
@@ -24,16 +24,17 @@ pub fn init() {
             )
             .init(),
         None => {
-            let _ = tracing::subscriber::set_global_default(WarningsToStderr);
+            let to_stderr = Warnings(|line: String| eprintln!("{line}"));
+            let _ = tracing::subscriber::set_global_default(to_stderr);
         }
     }
 }
 
-/// Prints warnings and errors to stderr as `hako: LEVEL target: message
-/// field=value ...`; everything else is disabled.
-pub struct WarningsToStderr;
+/// Hands each warning and error, as the line `hako: LEVEL target: message
+/// field=value ...`, to its function; everything else is disabled.
+pub struct Warnings<F>(F);
 
-impl Subscriber for WarningsToStderr {
+impl<F: Fn(String) + Send + Sync + 'static> Subscriber for Warnings<F> {
     fn enabled(&self, metadata: &Metadata<'_>) -> bool {
         *metadata.level() <= Level::WARN
     }
@@ -53,7 +54,7 @@ impl Subscriber for WarningsToStderr {
     fn record_follows_from(&self, _: &Id, _: &Id) {}
 
     fn event(&self, event: &Event<'_>) {
-        eprintln!("{}", format_event(event));
+        (self.0)(format_event(event));
     }
 
     fn enter(&self, _: &Id) {}
@@ -104,37 +105,22 @@ impl Visit for Line {
 mod tests {
     use super::*;
 
-    /// Captures the lines the logger would print.
-    struct Capture(std::sync::Mutex<Vec<String>>);
-
-    impl Subscriber for Capture {
-        fn enabled(&self, metadata: &Metadata<'_>) -> bool {
-            WarningsToStderr.enabled(metadata)
-        }
-        fn new_span(&self, _: &Attributes<'_>) -> Id {
-            Id::from_u64(1)
-        }
-        fn record(&self, _: &Id, _: &Record<'_>) {}
-        fn record_follows_from(&self, _: &Id, _: &Id) {}
-        fn event(&self, event: &Event<'_>) {
-            if let Ok(mut lines) = self.0.lock() {
-                lines.push(format_event(event));
-            }
-        }
-        fn enter(&self, _: &Id) {}
-        fn exit(&self, _: &Id) {}
-    }
-
     #[test]
     fn warnings_and_errors_are_printed_with_their_fields_and_the_rest_is_not() {
-        let capture = std::sync::Arc::new(Capture(std::sync::Mutex::new(Vec::new())));
-        tracing::subscriber::with_default(capture.clone(), || {
+        let captured = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = std::sync::Arc::clone(&captured);
+        let capture = Warnings(move |line: String| {
+            if let Ok(mut lines) = sink.lock() {
+                lines.push(line);
+            }
+        });
+        tracing::subscriber::with_default(capture, || {
             tracing::info!("not shown");
             tracing::debug!(x = 1, "not shown either");
             tracing::warn!(error = %"boom", count = 3, "relay stopped");
             tracing::error!("gone");
         });
-        let lines = capture.0.lock().map(|l| l.clone()).unwrap_or_default();
+        let lines = captured.lock().map(|l| l.clone()).unwrap_or_default();
         let here = module_path!();
         assert_eq!(
             lines,

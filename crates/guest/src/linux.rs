@@ -312,18 +312,22 @@ fn make_file(path: &Path) -> std::io::Result<()> {
 
 /// A mount over `at` that is only made where `at` exists (a file or
 /// directory to mask, which the host may not have): the kernel's ENOENT
-/// for the target says it does not.
-fn mount_if_present(at: &Path, mount: impl FnOnce() -> std::io::Result<()>) -> std::io::Result<()> {
+/// for the target says it does not. Whether it was made.
+fn mount_if_present(
+    at: &Path,
+    mount: impl FnOnce() -> std::io::Result<()>,
+) -> std::io::Result<bool> {
     match mount() {
+        Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             // Only the target can be missing: every source is open, or is
             // `at` itself.
             match std::fs::symlink_metadata(at) {
-                Err(missing) if missing.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(missing) if missing.kind() == std::io::ErrorKind::NotFound => Ok(false),
                 _ => Err(e),
             }
         }
-        other => other,
+        Err(e) => Err(e),
     }
 }
 
@@ -470,13 +474,9 @@ fn apply(op: &MountOp, src: &Sources, null: &Path, soft: m::Flags) -> std::io::R
             }
             MountOp::ReadOnlySelf { path } => {
                 let at = staged(path);
-                let mut bound = false;
-                mount_if_present(&at, || {
-                    m::mount(Some(&at), &at, None, m::MS_BIND | m::MS_REC, None)?;
-                    bound = true;
-                    Ok(())
-                })?;
-                if bound {
+                if mount_if_present(&at, || {
+                    m::mount(Some(&at), &at, None, m::MS_BIND | m::MS_REC, None)
+                })? {
                     m::remount_readonly(&at, soft, m::Reach::Subtree)?;
                 }
             }

@@ -28,6 +28,9 @@ use std::process::{Command, Output};
 use hako_sys::confine::{self, CapsDropped, LandlockRules, Resource, Rlimit};
 use hako_sys::rustix;
 
+mod support;
+use support::{skip, TempDir};
+
 const STAGE: &str = "HAKO_CONFINE_STAGE";
 const DIR: &str = "HAKO_CONFINE_DIR";
 const PREFIX: &str = "hako-confine: ";
@@ -86,9 +89,7 @@ fn dir_from_env() -> PathBuf {
 }
 
 fn emit(key: &str, value: impl std::fmt::Display) {
-    let mut out = io::stdout().lock();
-    writeln!(out, "{PREFIX}{key}={value}").unwrap();
-    out.flush().unwrap();
+    support::emit(PREFIX, key, value);
 }
 
 /// "ok" or the error's errno name.
@@ -120,28 +121,11 @@ fn errno_name(e: &io::Error) -> String {
 /// Parent: the `key=value` lines a child printed, after checking that it
 /// exited 0.
 fn results(out: &Output) -> HashMap<String, String> {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "child failed: {:?}\n--- stdout\n{stdout}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r = parse(&stdout);
-    let mut sorted: Vec<_> = r.iter().collect();
-    sorted.sort();
-    eprintln!("child results: {sorted:?}");
-    r
+    support::results(PREFIX, out)
 }
 
 fn parse(stdout: &str) -> HashMap<String, String> {
-    stdout
-        .lines()
-        // libtest may have printed "test <name> ... " on the same line.
-        .filter_map(|l| l.find(PREFIX).map(|i| &l[i + PREFIX.len()..]))
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect()
+    support::parse(PREFIX, stdout)
 }
 
 #[track_caller]
@@ -151,36 +135,6 @@ fn expect(r: &HashMap<String, String>, key: &str, want: &str) {
         Some(want),
         "{key}: all results: {r:#?}"
     );
-}
-
-/// Prints why a case is skipped; with `HAKO_MUST_WORK=1`, fails instead.
-fn skip(reason: &str) {
-    if std::env::var("HAKO_MUST_WORK").as_deref() == Ok("1") {
-        panic!("HAKO_MUST_WORK=1 and this case cannot run: {reason}");
-    }
-    eprintln!("SKIPPED: {reason}");
-}
-
-/// A directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let path =
-            std::env::temp_dir().join(format!("hako-confine-{tag}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir(&path).unwrap();
-        Self(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 fn status_fields() -> HashMap<String, String> {
@@ -268,7 +222,7 @@ fn after_drop_and_exec_no_capability_is_left_and_no_new_privs_is_set() {
         }
         None => {}
     }
-    let dir = TempDir::new("caps");
+    let dir = TempDir::new("confine-caps");
     let locked = dir.0.join("root-only");
     std::fs::write(&locked, "secret").unwrap();
     std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
@@ -368,7 +322,7 @@ fn file_size_limit_refuses_a_50_mb_write_with_efbig_when_sigxfsz_is_ignored() {
         Some(Stage::Check) => return write_50_mb(&dir_from_env().join("big")),
         None => {}
     }
-    let dir = TempDir::new("fsize");
+    let dir = TempDir::new("confine-fsize");
     let r = results(&run_child(TEST, Some(&dir.0), &[]));
     expect(&r, "write_50_mb", "EFBIG");
     expect(&r, "written", &(10 * MIB).to_string());
@@ -395,7 +349,7 @@ fn file_size_limit_kills_a_50_mb_writer_with_sigxfsz_by_default() {
         Some(Stage::Check) => return write_50_mb(&dir_from_env().join("big")),
         None => {}
     }
-    let dir = TempDir::new("fsize-kill");
+    let dir = TempDir::new("confine-fsize-kill");
     let out = run_child(TEST, Some(&dir.0), &[]);
     assert_eq!(
         out.status.signal(),
@@ -690,7 +644,7 @@ fn landlock_lets_the_command_write_only_beneath_the_allowed_paths() {
         return skip("this kernel has no Landlock");
     };
     eprintln!("Landlock ABI {abi}");
-    let root = TempDir::new("landlock");
+    let root = TempDir::new("confine-landlock");
     let (a, b) = (root.0.join("a"), root.0.join("b"));
     std::fs::create_dir(&a).unwrap();
     std::fs::create_dir(&b).unwrap();
@@ -795,7 +749,7 @@ fn the_whole_sequence_runs_in_the_supervisors_order() {
         }
         None => {}
     }
-    let root = TempDir::new("sequence");
+    let root = TempDir::new("confine-sequence");
     std::fs::create_dir(root.0.join("a")).unwrap();
     let r = results(&run_child(TEST, Some(&root.0), &[]));
     assert_no_privileges(&r);
@@ -816,7 +770,7 @@ fn landlock_abi_reports_the_kernels_version_without_restricting() {
             assert!(abi >= 1);
             // Nothing was restricted: this harness may still write anywhere
             // it could.
-            let dir = TempDir::new("abi");
+            let dir = TempDir::new("confine-abi");
             std::fs::write(dir.0.join("f"), "x").unwrap();
         }
         None => skip("this kernel has no Landlock"),

@@ -8,17 +8,19 @@
 //! skipped with the reason, or fails when `HAKO_MUST_WORK=1`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use hako_sys::mount::{self as m, Reach};
+
+mod support;
+use support::{skip, TempDir};
 
 const DIR: &str = "HAKO_MOUNT_TEST_DIR";
 const PREFIX: &str = "hako-mount: ";
 
 fn emit(key: &str, value: impl std::fmt::Display) {
-    println!("{PREFIX}{key}={value}");
+    support::emit(PREFIX, key, value);
 }
 
 /// "ok", or the error's errno name for the two the probes expect.
@@ -60,48 +62,24 @@ fn writing_through_a_host_mount_below_a_read_only_bind_is_refused() {
         child(Path::new(&dir));
         return;
     }
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    let dir: PathBuf =
-        std::env::temp_dir().join(format!("hako-mount-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("mount");
     let out = Command::new("unshare")
         .args(["--user", "--map-root-user", "--mount", "--"])
         .arg(std::env::current_exe().unwrap())
         .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
-        .env(DIR, &dir)
+        .env(DIR, &dir.0)
         .output();
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(dir);
     let out = match out {
         Ok(out) => out,
-        Err(e) => {
-            assert!(
-                std::env::var("HAKO_MUST_WORK").as_deref() != Ok("1"),
-                "cannot run unshare(1): {e}"
-            );
-            eprintln!("SKIPPED: cannot run unshare(1): {e}");
-            return;
-        }
+        Err(e) => return skip(&format!("cannot run unshare(1): {e}")),
     };
-    let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() && stderr.contains("unshare failed") {
-        assert!(
-            std::env::var("HAKO_MUST_WORK").as_deref() != Ok("1"),
-            "cannot create a user namespace: {stderr}"
-        );
-        eprintln!("SKIPPED: cannot create a user namespace: {stderr}");
-        return;
+        return skip(&format!("cannot create a user namespace: {stderr}"));
     }
-    assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
-    let r: HashMap<&str, &str> = stdout
-        .lines()
-        .filter_map(|l| l.find(PREFIX).map(|i| &l[i + PREFIX.len()..]))
-        .filter_map(|l| l.split_once('='))
-        .collect();
-    let get = |k: &str| r.get(k).copied().unwrap_or("missing");
+    let r = support::results(PREFIX, &out);
+    let get = |k: &str| r.get(k).map_or("missing", String::as_str);
     assert_eq!(get("subtree.top"), "EROFS", "{r:?}");
     // The attack: a write through the mount below the bound directory.
     assert_eq!(get("subtree.below"), "EROFS", "{r:?}");
