@@ -255,6 +255,9 @@ pub(crate) struct ContainerLauncher {
     pub(crate) keep: Mutex<Vec<Box<dyn std::fmt::Debug + Send>>>,
     /// The sandbox's end of the egress proxy, for the guest to set up.
     pub(crate) network: Option<hako_guest::proto::NetSpec>,
+    /// What the guest does to itself before it serves, where the runtime
+    /// leaves it to the guest (gVisor's masks).
+    pub(crate) seal: Option<hako_guest::proto::Seal>,
 }
 
 fn spawn_error(backend: &str, argv: &[String], e: &std::io::Error) -> Error {
@@ -304,6 +307,7 @@ impl Launcher for ContainerLauncher {
             child,
             describe,
             network: self.network.clone(),
+            seal: self.seal.clone(),
         })
     }
 

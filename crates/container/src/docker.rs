@@ -536,6 +536,7 @@ impl DockerSandbox {
             cleanup: vec![engine.command(["rm", "--force", plan.name.as_str()])],
             keep: Mutex::new(vec![Box::new(profile)]),
             network: network.spec.clone(),
+            seal: None,
         };
         let mut env = base_env(&config.env);
         network.apply_env(&mut env);

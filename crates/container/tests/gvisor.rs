@@ -44,7 +44,10 @@ fn the_host_view_runs_host_programs_and_masks_secrets() {
     let sandbox = GvisorSandbox::new(GvisorConfig::new(&ws)).unwrap();
     let out = sandbox
         .exec(&Command::shell(
-            "cat /etc/os-release >/dev/null && echo os; wc -c < /etc/shadow; ls /home | wc -l; uname -r; pwd",
+            "cat /etc/os-release >/dev/null && echo os; wc -c < /etc/shadow; ls /home | wc -l; uname -r; pwd; \
+             for f in /etc/shadow- /etc/gshadow /etc/gshadow- /etc/security/opasswd; do \
+               [ -e $f ] && [ \"$(wc -c < $f)\" != 0 ] && echo \"unmasked $f\"; done; \
+             ls -A /etc/ssl/private 2>/dev/null | sed 's/^/unmasked private: /'",
         ))
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
@@ -67,5 +70,42 @@ fn the_host_view_runs_host_programs_and_masks_secrets() {
         "gVisor's own kernel answers"
     );
     assert_eq!(lines.get(4).copied(), ws.to_str(), "{text}");
+    // Every other secret is masked too.
+    assert_eq!(lines.len(), 5, "{text}");
+    sandbox.close().unwrap();
+}
+
+/// The guest mounts the masks itself, then drops every capability and
+/// installs the seccomp policy before it serves: a command cannot take a
+/// mask off to read what is under it.
+#[test]
+fn unmounting_a_secret_mask_to_read_etc_shadow_is_refused() {
+    if let Err(reason) = ready() {
+        assert!(!hako_conformance::must_work(), "{reason}");
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().canonicalize().unwrap();
+    let sandbox = GvisorSandbox::new(GvisorConfig::new(&ws)).unwrap();
+    let out = sandbox
+        .exec(&Command::shell(
+            "umount /etc/shadow; echo umount=$?; umount -l /etc/shadow; echo lazy=$?; \
+             mount -t tmpfs none /etc/ssl/private; echo mount=$?; wc -c < /etc/shadow",
+        ))
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    for refused in ["umount=", "lazy=", "mount="] {
+        let line = text.lines().find(|l| l.starts_with(refused));
+        assert!(
+            line.is_some_and(|l| !l.ends_with("=0")),
+            "{refused} refused: {text}"
+        );
+    }
+    assert_eq!(
+        text.lines().last().map(str::trim),
+        Some("0"),
+        "/etc/shadow stays masked: {text}"
+    );
     sandbox.close().unwrap();
 }

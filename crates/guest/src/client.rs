@@ -571,6 +571,7 @@ impl Connection {
             version: proto::VERSION,
             linux,
             network: None,
+            seal: None,
         });
         let reader = match ctl.try_clone() {
             Ok(reader) => reader,
@@ -604,6 +605,7 @@ impl Connection {
         mut child: std::process::Child,
         describe: Box<dyn Fn() -> String + Send + Sync>,
         network: Option<proto::NetSpec>,
+        seal: Option<proto::Seal>,
     ) -> Result<Connection> {
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             let _ = child.kill();
@@ -619,6 +621,7 @@ impl Connection {
             version: proto::VERSION,
             linux: None,
             network,
+            seal,
         };
         Connection::establish(
             backend,
@@ -647,7 +650,7 @@ impl Connection {
             Err(backend_err(backend, "start the sandbox", message))
         };
         if let Some(hello) = hello {
-            let sent = proto::encode(&Frame::Message(ToGuest::Hello(hello)))
+            let sent = proto::encode(&Frame::Message(ToGuest::Hello(Box::new(hello))))
                 .and_then(|bytes| wire.send(&bytes, None));
             if let Err(e) = sent {
                 return failed(

@@ -18,6 +18,7 @@ pub mod network;
 mod processes;
 pub mod proto;
 pub mod sandbox;
+mod seal;
 mod server;
 mod supervise;
 
@@ -99,6 +100,13 @@ fn serve_link(ctl: server::Link) -> u8 {
             None => 2,
         },
         None => {
+            // First of all, what the runtime left to the guest: masks,
+            // then no capability and the seccomp filter.
+            if let Some(seal) = &hello.seal {
+                if let Err(message) = seal::apply(seal) {
+                    return refuse(&ctl, format!("cannot seal the sandbox: {message}"));
+                }
+            }
             // Commands run as the guest's uid (in a container, the invoking
             // user's): none may open the guest's descriptors through
             // /proc/PID/fd (its link to hako among them) or trace it. A

@@ -313,7 +313,7 @@ fn make_file(path: &Path) -> std::io::Result<()> {
 /// A mount over `at` that is only made where `at` exists (a file or
 /// directory to mask, which the host may not have): the kernel's ENOENT
 /// for the target says it does not. Whether it was made.
-fn mount_if_present(
+pub(crate) fn mount_if_present(
     at: &Path,
     mount: impl FnOnce() -> std::io::Result<()>,
 ) -> std::io::Result<bool> {

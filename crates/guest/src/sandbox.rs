@@ -19,7 +19,7 @@ use hako_core::{
 use hako_fence::Fence;
 
 use crate::client as driver;
-use crate::proto::{LinuxSpec, NetSpec};
+use crate::proto::{LinuxSpec, NetSpec, Seal};
 
 /// How a backend's guest comes to life.
 pub enum GuestStart {
@@ -36,6 +36,9 @@ pub enum GuestStart {
         describe: Box<dyn Fn() -> String + Send + Sync>,
         /// The sandbox's end of the egress proxy, for the guest to set up.
         network: Option<NetSpec>,
+        /// What the guest does to itself before it serves (see
+        /// [`Seal`]).
+        seal: Option<Seal>,
     },
 }
 
@@ -296,7 +299,8 @@ impl GuestSandbox {
                 child,
                 describe,
                 network,
-            } => driver::Connection::over_pipes(config.backend, child, describe, network),
+                seal,
+            } => driver::Connection::over_pipes(config.backend, child, describe, network, seal),
         });
         let guest = match guest {
             Ok(guest) => guest,

@@ -42,11 +42,12 @@ fn start() -> (Child, UnixStream) {
 fn hello(ctl: &UnixStream) {
     proto::write_frame(
         ctl,
-        &ToGuest::Hello(Hello {
+        &ToGuest::Hello(Box::new(Hello {
             version: proto::VERSION,
             linux: None,
             network: None,
-        }),
+            seal: None,
+        })),
     )
     .unwrap();
     assert!(matches!(
@@ -106,15 +107,50 @@ fn an_unknown_version_is_refused_at_the_handshake() {
     let (mut child, ctl) = start();
     proto::write_frame(
         &ctl,
-        &ToGuest::Hello(Hello {
+        &ToGuest::Hello(Box::new(Hello {
             version: proto::VERSION + 1,
             linux: None,
             network: None,
-        }),
+            seal: None,
+        })),
     )
     .unwrap();
     match proto::read_frame::<FromGuest>(&ctl).unwrap() {
         FromGuest::Refused { message } => assert!(message.contains("version"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(!child.wait().unwrap().success());
+}
+
+/// A seal that cannot be applied ends the guest before it serves: here a
+/// directory mask over a regular file, which no mount can make (for root
+/// ENOTDIR, for anyone else EPERM), so nothing is mounted on this host.
+#[test]
+fn a_seal_that_cannot_be_applied_is_refused_and_nothing_is_served() {
+    let (mut child, ctl) = start();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    proto::write_frame(
+        &ctl,
+        &ToGuest::Hello(Box::new(Hello {
+            version: proto::VERSION,
+            linux: None,
+            network: None,
+            seal: Some(proto::Seal {
+                mask_files: Vec::new(),
+                mask_dirs: vec![file.path().to_path_buf()],
+                seccomp: true,
+            }),
+        })),
+    )
+    .unwrap();
+    match proto::read_frame::<FromGuest>(&ctl).unwrap() {
+        FromGuest::Refused { message } => {
+            assert!(message.contains("cannot seal the sandbox"), "{message}");
+            assert!(
+                message.contains(&file.path().display().to_string()),
+                "names the path: {message}"
+            );
+        }
         other => panic!("{other:?}"),
     }
     assert!(!child.wait().unwrap().success());
@@ -142,11 +178,12 @@ fn bad_frames_get_an_error_and_the_guest_stays_up() {
     (&ctl).write_all(&wrong_way).unwrap();
     send(
         &ctl,
-        &Frame::Message(ToGuest::Hello(Hello {
+        &Frame::Message(ToGuest::Hello(Box::new(Hello {
             version: proto::VERSION,
             linux: None,
             network: None,
-        })),
+            seal: None,
+        }))),
     );
     let big = MAX_FRAME + 1;
     (&ctl).write_all(&big.to_be_bytes()).unwrap();
@@ -264,11 +301,12 @@ fn the_guest_serves_over_its_stdin_and_stdout_too() {
     let (mut child, mut to, mut from) = start_stdio();
     proto::write_frame(
         &mut to,
-        &ToGuest::Hello(Hello {
+        &ToGuest::Hello(Box::new(Hello {
             version: proto::VERSION,
             linux: None,
             network: None,
-        }),
+            seal: None,
+        })),
     )
     .unwrap();
     assert!(matches!(
@@ -340,11 +378,12 @@ fn a_guest_over_pipes_refuses_to_build_a_linux_sandbox() {
     };
     proto::write_frame(
         &mut to,
-        &ToGuest::Hello(Hello {
+        &ToGuest::Hello(Box::new(Hello {
             version: proto::VERSION,
             linux: Some(spec),
             network: None,
-        }),
+            seal: None,
+        })),
     )
     .unwrap();
     match proto::read_frame::<FromGuest>(&mut from).unwrap() {

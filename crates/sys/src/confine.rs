@@ -288,7 +288,8 @@ pub struct CapsDropped {
     /// the start.
     pub had_setpcap: bool,
     /// The securebits `NOROOT`, `NO_SETUID_FIXUP`, `NO_CAP_AMBIENT_RAISE` were
-    /// set and, with `KEEP_CAPS` off, all four locked. Needs `CAP_SETPCAP`.
+    /// set and, with `KEEP_CAPS` off, all four locked. Needs `CAP_SETPCAP`,
+    /// and a kernel that has securebits (gVisor's has none).
     pub securebits_locked: bool,
     /// The bounding set is empty: every capability was dropped from it (needs
     /// `CAP_SETPCAP`), or it already was.
@@ -375,10 +376,16 @@ pub fn drop_all_capabilities() -> Result<CapsDropped, ConfineError> {
     let mut securebits_locked = false;
     if had_setpcap {
         // Setting bits to the values they are locked at is allowed, so this
-        // is idempotent; a bit locked to another value gives EPERM.
-        rt::set_capabilities_secure_bits(wanted_securebits())
-            .map_err(|e| ConfineError::Securebits(e.into()))?;
-        securebits_locked = true;
+        // is idempotent; a bit locked to another value gives EPERM. EINVAL
+        // is a kernel without securebits (gVisor's; Linux refuses only
+        // with EPERM): reported in `securebits_locked`, since with the
+        // bounding and inheritable sets empty, as below, not even uid 0
+        // gains a capability by `exec`.
+        match rt::set_capabilities_secure_bits(wanted_securebits()) {
+            Ok(()) => securebits_locked = true,
+            Err(rustix::io::Errno::INVAL) => {}
+            Err(e) => return Err(ConfineError::Securebits(e.into())),
+        }
     }
 
     // Bounding set, while CAP_SETPCAP is still held.

@@ -1,0 +1,54 @@
+//! A container guest sealing itself before it serves (see [`Seal`]).
+//!
+//! Order, and why:
+//! 1. Masks, while the guest still holds `CAP_SYS_ADMIN` (the only reason
+//!    it was given it): `/dev/null` bound over each secret file, an empty
+//!    read-only tmpfs over each secret directory.
+//! 2. `no_new_privs` (the runtime sets it too; seccomp needs it once the
+//!    capabilities are gone).
+//! 3. Every capability dropped, the bounding set emptied (with the
+//!    `CAP_SETPCAP` given for this) and the securebits locked: a set that
+//!    is not empty afterwards is a failure, not a warning.
+//! 4. The default seccomp policy: from here no process of the sandbox can
+//!    mount, unmount or reach any other call the policy refuses.
+//!
+//! Any failure ends the guest before it has read a single command.
+
+use crate::proto::Seal;
+
+/// Applies `seal` to the calling (single-threaded) guest.
+pub(crate) fn apply(seal: &Seal) -> Result<(), String> {
+    use hako_sys::mount as m;
+    let null = std::path::Path::new("/dev/null");
+    for dir in &seal.mask_dirs {
+        crate::linux::mount_if_present(dir, || {
+            m::mount(
+                Some(std::path::Path::new("tmpfs")),
+                dir,
+                Some("tmpfs"),
+                m::MS_RDONLY | m::MS_NOSUID | m::MS_NODEV | m::MS_NOEXEC,
+                Some("mode=0000"),
+            )
+        })
+        .map_err(|e| format!("cannot mask {}: {e}", dir.display()))?;
+    }
+    for file in &seal.mask_files {
+        crate::linux::mount_if_present(file, || m::mount(Some(null), file, None, m::MS_BIND, None))
+            .map_err(|e| format!("cannot mask {}: {e}", file.display()))?;
+    }
+    hako_sys::confine::set_no_new_privs().map_err(|e| format!("cannot set no_new_privs: {e}"))?;
+    let dropped = hako_sys::confine::drop_all_capabilities()
+        .map_err(|e| format!("cannot drop capabilities: {e}"))?;
+    if !dropped.bounding_set_empty {
+        return Err(
+            "the bounding set could not be emptied (the guest was not given CAP_SETPCAP)".into(),
+        );
+    }
+    if seal.seccomp {
+        let program = hako_seccomp::compile(&hako_seccomp::default_policy())
+            .map_err(|e| format!("cannot compile the seccomp policy: {e}"))?;
+        hako_seccomp::apply(&program)
+            .map_err(|e| format!("cannot install the seccomp filter: {e}"))?;
+    }
+    Ok(())
+}
