@@ -41,9 +41,9 @@ pub const RULE_SOCKS_METHOD: &str = "socks-no-acceptable-method";
 /// IPv4 address, IPv6 address or name.
 pub const RULE_SOCKS_REQUEST: &str = "socks-unsupported-request";
 
-/// Descriptors one proxied connection may hold at once: its two sockets,
-/// the clones that let shutdown and the relay reach them, and a splice
-/// pipe per direction.
+/// Descriptors one proxied connection may hold at once: its two sockets
+/// and the clones that let shutdown and the relay reach them, with room to
+/// spare.
 const FDS_PER_CONNECTION: u64 = 12;
 /// Descriptors left to everything else the process does (its sandboxes,
 /// its files) whatever the proxies take.
