@@ -50,6 +50,12 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// never pay for one they do not use; a command after a pause finds one
 /// ready.
 const SPARE_AFTER: Duration = Duration::from_millis(2);
+/// The same quiet spell while a command or session still runs: a spare
+/// forked then competes for the CPU with the command's own start, which
+/// under gVisor takes milliseconds of fork and exec (and a one-command
+/// sandbox never uses the spare); a long-running command still gets one
+/// for the commands that come while it runs.
+const SPARE_WHILE_RUNNING_AFTER: Duration = Duration::from_millis(50);
 /// Once this many commands have been handed out, the sandbox is one that
 /// is used again and again: a spare is forked as soon as the last idle
 /// supervisor is taken (while its command runs), not after a quiet spell.
@@ -397,7 +403,7 @@ impl Server<'_> {
         let tick = Duration::from_millis(20);
         // Wake up to fork a spare supervisor once things are quiet.
         let spare_in = (self.idle.is_empty() && self.ctl_open)
-            .then(|| SPARE_AFTER.saturating_sub(self.last_event.elapsed()));
+            .then(|| self.spare_quiet().saturating_sub(self.last_event.elapsed()));
         // While commands run, wake up now and then to continue any of
         // their supervisors a command stopped (see `reap`), should the
         // notice of the stop have been missed.
@@ -783,12 +789,21 @@ impl Server<'_> {
         true
     }
 
+    /// How long the guest must have been quiet before it forks a spare.
+    fn spare_quiet(&self) -> Duration {
+        if self.execs.is_empty() && self.sessions.is_empty() {
+            SPARE_AFTER
+        } else {
+            SPARE_WHILE_RUNNING_AFTER
+        }
+    }
+
     /// Whether to fork a spare supervisor now.
     fn spare_due(&self) -> bool {
         self.idle.is_empty()
             && self.ctl_open
             && (self.handoffs >= EAGER_SPARE_AFTER_HANDOFFS
-                || self.last_event.elapsed() >= SPARE_AFTER)
+                || self.last_event.elapsed() >= self.spare_quiet())
     }
 
     /// Hands `job` to a supervisor (an idle one, or one forked now) with
