@@ -94,8 +94,10 @@ pub fn locate_static_guest(backend: &str, explicit: Option<&Path>) -> Result<Pat
 
 /// hako's seccomp policy as the OCI profile a container runtime applies.
 ///
-/// For gVisor, rules answering anything but `EPERM` are left out: runsc
-/// (2022-12) ignores `errnoRet` and answers `EPERM` to every refusal, and
+/// For gVisor under Docker (`--runtime runsc`; the `gvisor` backend's guest
+/// installs the compiled program itself, whose refusals keep their errno),
+/// rules answering anything but `EPERM` are left out: runsc (2022-12)
+/// ignores `errnoRet` and answers `EPERM` to every refusal, and
 /// `clone3` refused with `EPERM` instead of `ENOSYS` breaks every program
 /// that starts a thread (libc falls back to `clone` only on `ENOSYS`).
 /// `clone3`'s flags cannot be read by a filter anyway; under gVisor a user

@@ -75,6 +75,35 @@ fn the_host_view_runs_host_programs_and_masks_secrets() {
     sandbox.close().unwrap();
 }
 
+/// The guest installs the seccomp program itself (inside gVisor, where a
+/// refusal keeps its errno): `clone3` answers `ENOSYS`, so libc falls back
+/// to `clone` and a program that starts a thread works.
+#[test]
+fn a_host_program_that_starts_a_thread_runs() {
+    if let Err(reason) = ready() {
+        assert!(!hako_conformance::must_work(), "{reason}");
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().canonicalize().unwrap();
+    let sandbox = GvisorSandbox::new(GvisorConfig::new(&ws)).unwrap();
+    let out = sandbox
+        .exec(&Command::new([
+            "python3",
+            "-c",
+            "import threading; t = threading.Thread(target=print, args=('thread-ok',)); t.start(); t.join()",
+        ]))
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "thread-ok",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sandbox.close().unwrap();
+}
+
 /// The guest mounts the masks itself, then drops every capability and
 /// installs the seccomp policy before it serves: a command cannot take a
 /// mask off to read what is under it.
