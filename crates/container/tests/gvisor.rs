@@ -30,18 +30,28 @@ hako_conformance::conformance_tests!(gvisor, |ws: &Path| {
     Ok(Box::new(GvisorSandbox::new(config)?))
 });
 
-/// The host view: the host's own programs run on gVisor's kernel, and the
-/// secrets of `/etc` are masked.
-#[test]
-fn the_host_view_runs_host_programs_and_masks_secrets() {
+/// A sandbox on the default root (the host view) in a new workspace, kept
+/// alive by the directory returned with it; `None`, with the reason
+/// printed, where gVisor cannot run (a failure under `HAKO_MUST_WORK`).
+fn host_view() -> Option<(tempfile::TempDir, PathBuf, GvisorSandbox)> {
     if let Err(reason) = ready() {
         assert!(!hako_conformance::must_work(), "{reason}");
         eprintln!("SKIPPED: {reason}");
-        return;
+        return None;
     }
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().canonicalize().unwrap();
     let sandbox = GvisorSandbox::new(GvisorConfig::new(&ws)).unwrap();
+    Some((dir, ws, sandbox))
+}
+
+/// The host view: the host's own programs run on gVisor's kernel, and the
+/// secrets of `/etc` are masked.
+#[test]
+fn the_host_view_runs_host_programs_and_masks_secrets() {
+    let Some((_dir, ws, sandbox)) = host_view() else {
+        return;
+    };
     let out = sandbox
         .exec(&Command::shell(
             "cat /etc/os-release >/dev/null && echo os; wc -c < /etc/shadow; ls /home | wc -l; uname -r; pwd; \
@@ -80,14 +90,9 @@ fn the_host_view_runs_host_programs_and_masks_secrets() {
 /// to `clone` and a program that starts a thread works.
 #[test]
 fn a_host_program_that_starts_a_thread_runs() {
-    if let Err(reason) = ready() {
-        assert!(!hako_conformance::must_work(), "{reason}");
-        eprintln!("SKIPPED: {reason}");
+    let Some((_dir, _, sandbox)) = host_view() else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let ws = dir.path().canonicalize().unwrap();
-    let sandbox = GvisorSandbox::new(GvisorConfig::new(&ws)).unwrap();
+    };
     let out = sandbox
         .exec(&Command::new([
             "python3",
@@ -109,14 +114,9 @@ fn a_host_program_that_starts_a_thread_runs() {
 /// mask off to read what is under it.
 #[test]
 fn unmounting_a_secret_mask_to_read_etc_shadow_is_refused() {
-    if let Err(reason) = ready() {
-        assert!(!hako_conformance::must_work(), "{reason}");
-        eprintln!("SKIPPED: {reason}");
+    let Some((_dir, _, sandbox)) = host_view() else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let ws = dir.path().canonicalize().unwrap();
-    let sandbox = GvisorSandbox::new(GvisorConfig::new(&ws)).unwrap();
+    };
     let out = sandbox
         .exec(&Command::shell(
             "umount /etc/shadow; echo umount=$?; umount -l /etc/shadow; echo lazy=$?; \

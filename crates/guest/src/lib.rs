@@ -82,6 +82,14 @@ fn serve_link(ctl: server::Link) -> u8 {
             ),
         );
     }
+    if hello.linux.is_some() && hello.seal.is_some() {
+        // A linux sandbox's pid 1 confines itself from its own spec; a
+        // seal here would be a caller's mistake, never silently ignored.
+        return refuse(
+            &ctl,
+            "a seal is for a guest that serves where it is, not for a linux sandbox".into(),
+        );
+    }
     if hello.linux.is_some() && !ctl.is_socket() {
         return refuse(
             &ctl,

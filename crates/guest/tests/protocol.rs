@@ -361,10 +361,8 @@ fn the_guest_serves_over_its_stdin_and_stdout_too() {
     assert!(child.wait().unwrap().success());
 }
 
-#[test]
-fn a_guest_over_pipes_refuses_to_build_a_linux_sandbox() {
-    let (mut child, mut to, mut from) = start_stdio();
-    let spec = hako_guest::proto::LinuxSpec {
+fn empty_linux_spec() -> hako_guest::proto::LinuxSpec {
+    hako_guest::proto::LinuxSpec {
         uid: (1000, 1000),
         gid: (1000, 1000),
         hostname: "x".into(),
@@ -375,7 +373,35 @@ fn a_guest_over_pipes_refuses_to_build_a_linux_sandbox() {
         cgroup_procs: vec![],
         host_network: false,
         network: None,
-    };
+    }
+}
+
+/// A seal goes with a guest that serves where it is; beside a linux spec
+/// it is refused, never ignored (and no sandbox is built).
+#[test]
+fn a_seal_beside_a_linux_spec_is_refused() {
+    let (mut child, ctl) = start();
+    proto::write_frame(
+        &ctl,
+        &ToGuest::Hello(Box::new(Hello {
+            version: proto::VERSION,
+            linux: Some(empty_linux_spec()),
+            network: None,
+            seal: Some(proto::Seal::default()),
+        })),
+    )
+    .unwrap();
+    match proto::read_frame::<FromGuest>(&ctl).unwrap() {
+        FromGuest::Refused { message } => assert!(message.contains("seal"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(!child.wait().unwrap().success());
+}
+
+#[test]
+fn a_guest_over_pipes_refuses_to_build_a_linux_sandbox() {
+    let (mut child, mut to, mut from) = start_stdio();
+    let spec = empty_linux_spec();
     proto::write_frame(
         &mut to,
         &ToGuest::Hello(Box::new(Hello {
