@@ -7,8 +7,11 @@
 //! 2. `no_new_privs` (the runtime sets it too; seccomp needs it once the
 //!    capabilities are gone).
 //! 3. Every capability dropped, the bounding set emptied (with the
-//!    `CAP_SETPCAP` given for this) and the securebits locked: a set that
-//!    is not empty afterwards is a failure, not a warning.
+//!    `CAP_SETPCAP` given for this) and the securebits locked where the
+//!    kernel has them (gVisor's has none; with the bounding and
+//!    inheritable sets empty, not even uid 0 gains a capability by
+//!    `exec`): a set that is not empty afterwards is a failure, not a
+//!    warning.
 //! 4. The default seccomp policy: from here no process of the sandbox can
 //!    mount, unmount or reach any other call the policy refuses.
 //!
