@@ -174,17 +174,15 @@ impl BundlePlan {
     /// Sentry's alone), then no capability left and the seccomp policy
     /// installed. Serving starts only once all of it held.
     pub fn seal(&self) -> Seal {
+        // An image has no host secrets to hide.
+        let (mask_files, mask_dirs) = if self.host_view {
+            (self.masked_files.clone(), self.masked_dirs.clone())
+        } else {
+            (Vec::new(), Vec::new())
+        };
         Seal {
-            mask_files: if self.host_view {
-                self.masked_files.clone()
-            } else {
-                Vec::new()
-            },
-            mask_dirs: if self.host_view {
-                self.masked_dirs.clone()
-            } else {
-                Vec::new()
-            },
+            mask_files,
+            mask_dirs,
             seccomp: true,
         }
     }

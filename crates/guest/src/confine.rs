@@ -33,6 +33,14 @@ fn resource(r: RlimitResource) -> Resource {
     }
 }
 
+/// The default seccomp policy, compiled for this machine (every guest that
+/// installs a filter installs this one: a `linux` sandbox's pid 1, a
+/// sealed container guest).
+pub(crate) fn default_seccomp() -> Result<hako_seccomp::Program, String> {
+    hako_seccomp::compile(&hako_seccomp::default_policy())
+        .map_err(|e| format!("cannot compile the seccomp policy: {e}"))
+}
+
 /// The confinement of every command of a sandbox, checked and compiled
 /// once: checked and compiled in the process that creates pid 1
 /// (Landlock's availability; the seccomp program, which pid 1 loads on
@@ -86,10 +94,7 @@ impl Confinement {
     /// Compiles the seccomp program, if the sandbox has one.
     pub(crate) fn compile_seccomp(&mut self) -> Result<(), String> {
         if self.wants_seccomp && self.seccomp.is_none() {
-            self.seccomp = Some(
-                hako_seccomp::compile(&hako_seccomp::default_policy())
-                    .map_err(|e| format!("cannot compile the seccomp policy: {e}"))?,
-            );
+            self.seccomp = Some(default_seccomp()?);
         }
         Ok(())
     }

@@ -48,8 +48,7 @@ pub(crate) fn apply(seal: &Seal) -> Result<(), String> {
         );
     }
     if seal.seccomp {
-        let program = hako_seccomp::compile(&hako_seccomp::default_policy())
-            .map_err(|e| format!("cannot compile the seccomp policy: {e}"))?;
+        let program = crate::confine::default_seccomp()?;
         hako_seccomp::apply(&program)
             .map_err(|e| format!("cannot install the seccomp filter: {e}"))?;
     }

@@ -102,24 +102,28 @@ fn collect(ctl: &UnixStream, id: u64) -> (Vec<u8>, FromGuest) {
     }
 }
 
+/// Sends `hello` to a new guest, which must refuse it and exit with a
+/// failure; returns what it said.
+fn refused_at_handshake(hello: Hello) -> String {
+    let (mut child, ctl) = start();
+    proto::write_frame(&ctl, &ToGuest::Hello(Box::new(hello))).unwrap();
+    let message = match proto::read_frame::<FromGuest>(&ctl).unwrap() {
+        FromGuest::Refused { message } => message,
+        other => panic!("{other:?}"),
+    };
+    assert!(!child.wait().unwrap().success());
+    message
+}
+
 #[test]
 fn an_unknown_version_is_refused_at_the_handshake() {
-    let (mut child, ctl) = start();
-    proto::write_frame(
-        &ctl,
-        &ToGuest::Hello(Box::new(Hello {
-            version: proto::VERSION + 1,
-            linux: None,
-            network: None,
-            seal: None,
-        })),
-    )
-    .unwrap();
-    match proto::read_frame::<FromGuest>(&ctl).unwrap() {
-        FromGuest::Refused { message } => assert!(message.contains("version"), "{message}"),
-        other => panic!("{other:?}"),
-    }
-    assert!(!child.wait().unwrap().success());
+    let message = refused_at_handshake(Hello {
+        version: proto::VERSION + 1,
+        linux: None,
+        network: None,
+        seal: None,
+    });
+    assert!(message.contains("version"), "{message}");
 }
 
 /// A seal that cannot be applied ends the guest before it serves: here a
@@ -127,33 +131,22 @@ fn an_unknown_version_is_refused_at_the_handshake() {
 /// ENOTDIR, for anyone else EPERM), so nothing is mounted on this host.
 #[test]
 fn a_seal_that_cannot_be_applied_is_refused_and_nothing_is_served() {
-    let (mut child, ctl) = start();
     let file = tempfile::NamedTempFile::new().unwrap();
-    proto::write_frame(
-        &ctl,
-        &ToGuest::Hello(Box::new(Hello {
-            version: proto::VERSION,
-            linux: None,
-            network: None,
-            seal: Some(proto::Seal {
-                mask_files: Vec::new(),
-                mask_dirs: vec![file.path().to_path_buf()],
-                seccomp: true,
-            }),
-        })),
-    )
-    .unwrap();
-    match proto::read_frame::<FromGuest>(&ctl).unwrap() {
-        FromGuest::Refused { message } => {
-            assert!(message.contains("cannot seal the sandbox"), "{message}");
-            assert!(
-                message.contains(&file.path().display().to_string()),
-                "names the path: {message}"
-            );
-        }
-        other => panic!("{other:?}"),
-    }
-    assert!(!child.wait().unwrap().success());
+    let message = refused_at_handshake(Hello {
+        version: proto::VERSION,
+        linux: None,
+        network: None,
+        seal: Some(proto::Seal {
+            mask_files: Vec::new(),
+            mask_dirs: vec![file.path().to_path_buf()],
+            seccomp: true,
+        }),
+    });
+    assert!(message.contains("cannot seal the sandbox"), "{message}");
+    assert!(
+        message.contains(&file.path().display().to_string()),
+        "names the path: {message}"
+    );
 }
 
 #[test]
@@ -380,22 +373,13 @@ fn empty_linux_spec() -> hako_guest::proto::LinuxSpec {
 /// it is refused, never ignored (and no sandbox is built).
 #[test]
 fn a_seal_beside_a_linux_spec_is_refused() {
-    let (mut child, ctl) = start();
-    proto::write_frame(
-        &ctl,
-        &ToGuest::Hello(Box::new(Hello {
-            version: proto::VERSION,
-            linux: Some(empty_linux_spec()),
-            network: None,
-            seal: Some(proto::Seal::default()),
-        })),
-    )
-    .unwrap();
-    match proto::read_frame::<FromGuest>(&ctl).unwrap() {
-        FromGuest::Refused { message } => assert!(message.contains("seal"), "{message}"),
-        other => panic!("{other:?}"),
-    }
-    assert!(!child.wait().unwrap().success());
+    let message = refused_at_handshake(Hello {
+        version: proto::VERSION,
+        linux: Some(empty_linux_spec()),
+        network: None,
+        seal: Some(proto::Seal::default()),
+    });
+    assert!(message.contains("seal"), "{message}");
 }
 
 #[test]

@@ -2,7 +2,6 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
@@ -13,7 +12,7 @@ use std::thread;
 pub(crate) const RELAY_BUF: usize = 256 * 1024;
 
 /// A connected stream socket the relay can copy to and from.
-pub trait RelaySocket: Read + Write + AsFd + Send + Sized + 'static {
+pub trait RelaySocket: Read + Write + Send + Sized + 'static {
     /// A second handle to the same socket (for the second direction).
     fn try_clone_socket(&self) -> io::Result<Self>;
     /// `shutdown(2)`.
@@ -129,15 +128,15 @@ impl Buffer {
         if n < len || len >= RELAY_BUF_MAX {
             return;
         }
-        let more = len;
+        // Doubling takes `len` more bytes from the budget.
         let reserved = GROWN
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                (used + more <= GROWN_BUDGET).then_some(used + more)
+                (used + len <= GROWN_BUDGET).then_some(used + len)
             })
             .is_ok();
         if reserved {
-            self.reserved += more;
-            self.bytes.resize(len + more, 0);
+            self.reserved += len;
+            self.bytes.resize(2 * len, 0);
         }
     }
 }
@@ -335,15 +334,6 @@ impl Write for Sock {
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
-    }
-}
-
-impl AsFd for Sock {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        match self {
-            Sock::Unix(s) => s.as_fd(),
-            Sock::Tcp(s) => s.as_fd(),
-        }
     }
 }
 
