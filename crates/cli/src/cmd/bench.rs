@@ -146,6 +146,9 @@ struct Throughput {
 #[derive(Debug, Serialize)]
 struct Report {
     iterations: usize,
+    /// How the measured `hako` was linked: `static` (as `scripts/build`
+    /// links it), `dynamic`, or `unknown`. A dynamic one starts slower.
+    linked: &'static str,
     /// Every ratio by backend and plain name (`cold_run.ratio_vs_bwrap`,
     /// `warm_exec.ratio_vs_fork_exec`, ...), for scripts.
     figures: std::collections::BTreeMap<String, std::collections::BTreeMap<String, f64>>,
@@ -520,6 +523,51 @@ fn bench_fence(
     Ok(())
 }
 
+/// How this executable was linked: `dynamic` when its ELF program headers
+/// name an interpreter (the dynamic loader), `static` when they do not.
+fn linkage() -> &'static str {
+    let Ok(exe) = std::env::current_exe() else {
+        return "unknown";
+    };
+    let mut head = vec![0u8; 4096];
+    let read = std::fs::File::open(exe).and_then(|mut f| {
+        use std::io::Read;
+        f.read(&mut head)
+    });
+    match (read, elf_has_interpreter(&head)) {
+        (Ok(_), Some(true)) => "dynamic",
+        (Ok(_), Some(false)) => "static",
+        _ => "unknown",
+    }
+}
+
+/// Whether the 64-bit little-endian ELF image starting with `head` has a
+/// `PT_INTERP` program header; `None` when `head` is not one or its
+/// program headers are not within it.
+fn elf_has_interpreter(head: &[u8]) -> Option<bool> {
+    const PT_INTERP: u32 = 3;
+    if head.get(..6)? != b"\x7fELF\x02\x01" {
+        return None;
+    }
+    let u16_at = |at: usize| {
+        head.get(at..at + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    let u32_at = |at: usize| {
+        head.get(at..at + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let phoff = usize::try_from(u64::from_le_bytes(head.get(32..40)?.try_into().ok()?)).ok()?;
+    let entsize = usize::from(u16_at(54)?);
+    let count = usize::from(u16_at(56)?);
+    for i in 0..count {
+        if u32_at(phoff.checked_add(i.checked_mul(entsize)?)?)? == PT_INTERP {
+            return Some(true);
+        }
+    }
+    Some(false)
+}
+
 /// Bytes each transfer of the proxy benchmark moves.
 const TRANSFER_BYTES: u64 = 100 << 20;
 
@@ -592,6 +640,7 @@ pub fn run(args: BenchArgs) -> u8 {
     let workspace = std::env::temp_dir().join(format!("hako-bench-{}", std::process::id()));
     let mut report = Report {
         iterations: n,
+        linked: linkage(),
         figures: Default::default(),
         comparisons: Vec::new(),
         throughput: Vec::new(),
@@ -647,6 +696,9 @@ pub fn run(args: BenchArgs) -> u8 {
         );
     } else {
         println!("{n} runs each; median (p90); ratio = hako / reference, lower is better");
+        if report.linked == "dynamic" {
+            println!("note: this hako is dynamically linked, and its cold starts pay for the dynamic loader; ./scripts/build links it static-pie");
+        }
         for c in &report.comparisons {
             println!(
                 "{:<62} {:>9.1} us ({:>9.1})  vs {:<16} {:>9.1} us  ratio {:>6.2}",
@@ -676,4 +728,45 @@ pub fn run(args: BenchArgs) -> u8 {
         }
     }
     u8::from(!report.errors.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::elf_has_interpreter;
+
+    /// A 64-bit little-endian ELF header with `count` program headers of
+    /// type `kind` right after it.
+    fn image(count: u16, kind: u32) -> Vec<u8> {
+        let mut head = vec![0u8; 64 + 56 * usize::from(count)];
+        head[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        head[32..40].copy_from_slice(&64u64.to_le_bytes());
+        head[54..56].copy_from_slice(&56u16.to_le_bytes());
+        head[56..58].copy_from_slice(&count.to_le_bytes());
+        for i in 0..usize::from(count) {
+            head[64 + 56 * i..68 + 56 * i].copy_from_slice(&kind.to_le_bytes());
+        }
+        head
+    }
+
+    #[test]
+    fn an_interpreter_header_means_dynamic_and_none_means_static() {
+        assert_eq!(elf_has_interpreter(&image(2, 3)), Some(true));
+        assert_eq!(elf_has_interpreter(&image(2, 1)), Some(false));
+        assert_eq!(elf_has_interpreter(&image(0, 3)), Some(false));
+    }
+
+    #[test]
+    fn what_is_not_a_whole_elf_header_is_unknown() {
+        assert_eq!(elf_has_interpreter(b"#!/bin/sh\n"), None);
+        let mut cut = image(3, 1);
+        cut.truncate(64 + 56);
+        assert_eq!(elf_has_interpreter(&cut), None);
+    }
+
+    #[test]
+    fn the_system_shell_is_dynamically_linked() {
+        // Debian's /bin/sh (dash) is linked against libc.
+        let head = std::fs::read("/bin/sh").expect("read /bin/sh");
+        assert_eq!(elf_has_interpreter(&head), Some(true));
+    }
 }
