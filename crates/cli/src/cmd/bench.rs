@@ -534,10 +534,11 @@ fn linkage() -> &'static str {
         use std::io::Read;
         f.read(&mut head)
     });
-    match (read, elf_has_interpreter(&head)) {
-        (Ok(_), Some(true)) => "dynamic",
-        (Ok(_), Some(false)) => "static",
-        _ => "unknown",
+    let Ok(n) = read else { return "unknown" };
+    match elf_has_interpreter(&head[..n]) {
+        Some(true) => "dynamic",
+        Some(false) => "static",
+        None => "unknown",
     }
 }
 
