@@ -523,50 +523,15 @@ fn bench_fence(
     Ok(())
 }
 
-/// How this executable was linked: `dynamic` when its ELF program headers
-/// name an interpreter (the dynamic loader), `static` when they do not.
+/// How this executable was linked: `dynamic` when it names a program
+/// interpreter (the dynamic loader), `static` when it does not.
 fn linkage() -> &'static str {
-    let Ok(exe) = std::env::current_exe() else {
-        return "unknown";
-    };
-    let mut head = vec![0u8; 4096];
-    let read = std::fs::File::open(exe).and_then(|mut f| {
-        use std::io::Read;
-        f.read(&mut head)
-    });
-    let Ok(n) = read else { return "unknown" };
-    match elf_has_interpreter(&head[..n]) {
-        Some(true) => "dynamic",
-        Some(false) => "static",
+    let exe = std::env::current_exe().ok();
+    match exe.as_deref().and_then(hako_container::is_static_elf) {
+        Some(true) => "static",
+        Some(false) => "dynamic",
         None => "unknown",
     }
-}
-
-/// Whether the 64-bit little-endian ELF image starting with `head` has a
-/// `PT_INTERP` program header; `None` when `head` is not one or its
-/// program headers are not within it.
-fn elf_has_interpreter(head: &[u8]) -> Option<bool> {
-    const PT_INTERP: u32 = 3;
-    if head.get(..6)? != b"\x7fELF\x02\x01" {
-        return None;
-    }
-    let u16_at = |at: usize| {
-        head.get(at..at + 2)
-            .map(|b| u16::from_le_bytes([b[0], b[1]]))
-    };
-    let u32_at = |at: usize| {
-        head.get(at..at + 4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    };
-    let phoff = usize::try_from(u64::from_le_bytes(head.get(32..40)?.try_into().ok()?)).ok()?;
-    let entsize = usize::from(u16_at(54)?);
-    let count = usize::from(u16_at(56)?);
-    for i in 0..count {
-        if u32_at(phoff.checked_add(i.checked_mul(entsize)?)?)? == PT_INTERP {
-            return Some(true);
-        }
-    }
-    Some(false)
 }
 
 /// Bytes each transfer of the proxy benchmark moves.
@@ -729,45 +694,4 @@ pub fn run(args: BenchArgs) -> u8 {
         }
     }
     u8::from(!report.errors.is_empty())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::elf_has_interpreter;
-
-    /// A 64-bit little-endian ELF header with `count` program headers of
-    /// type `kind` right after it.
-    fn image(count: u16, kind: u32) -> Vec<u8> {
-        let mut head = vec![0u8; 64 + 56 * usize::from(count)];
-        head[..6].copy_from_slice(b"\x7fELF\x02\x01");
-        head[32..40].copy_from_slice(&64u64.to_le_bytes());
-        head[54..56].copy_from_slice(&56u16.to_le_bytes());
-        head[56..58].copy_from_slice(&count.to_le_bytes());
-        for i in 0..usize::from(count) {
-            head[64 + 56 * i..68 + 56 * i].copy_from_slice(&kind.to_le_bytes());
-        }
-        head
-    }
-
-    #[test]
-    fn an_interpreter_header_means_dynamic_and_none_means_static() {
-        assert_eq!(elf_has_interpreter(&image(2, 3)), Some(true));
-        assert_eq!(elf_has_interpreter(&image(2, 1)), Some(false));
-        assert_eq!(elf_has_interpreter(&image(0, 3)), Some(false));
-    }
-
-    #[test]
-    fn what_is_not_a_whole_elf_header_is_unknown() {
-        assert_eq!(elf_has_interpreter(b"#!/bin/sh\n"), None);
-        let mut cut = image(3, 1);
-        cut.truncate(64 + 56);
-        assert_eq!(elf_has_interpreter(&cut), None);
-    }
-
-    #[test]
-    fn the_system_shell_is_dynamically_linked() {
-        // Debian's /bin/sh (dash) is linked against libc.
-        let head = std::fs::read("/bin/sh").expect("read /bin/sh");
-        assert_eq!(elf_has_interpreter(&head), Some(true));
-    }
 }
