@@ -201,10 +201,11 @@ pub fn config_json(plan: &BundlePlan) -> Value {
         json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
                "options": ["nosuid", "nodev", "mode=1777", format!("size={}", plan.tmp_size)]}),
     ];
-    if plan.host_view {
-        for dir in &plan.system_dirs {
-            mounts.push(bind(dir, dir, true));
-        }
+    // A host view's system directories and the guest are bound on the
+    // host side, into the root view (see `view_argv`); an image's root has
+    // no system directory to bind and gets the guest as a bundle mount.
+    if !plan.host_view {
+        mounts.push(bind(&plan.guest, Path::new(GUEST_INSIDE), true));
     }
     for dir in &plan.ro {
         mounts.push(bind(dir, dir, true));
@@ -213,7 +214,6 @@ pub fn config_json(plan: &BundlePlan) -> Value {
         mounts.push(bind(dir, dir, false));
     }
     mounts.push(bind(&plan.workspace, &plan.workspace, false));
-    mounts.push(bind(&plan.guest, Path::new(GUEST_INSIDE), true));
     if let RunNetwork::Proxy(dir) = &plan.network {
         mounts.push(bind(dir, Path::new(NET_DIR), true));
     }
@@ -286,7 +286,50 @@ pub fn config_json(plan: &BundlePlan) -> Value {
     })
 }
 
-/// The `runsc` argv that runs the bundle, attached; `cgroups`: a limit
+impl BundlePlan {
+    /// What a host view binds into its root on the host side, read-only:
+    /// `(host source, path inside)`. Each bind a bundle lists costs `runsc`
+    /// a gofer connection at every start; these are served through the
+    /// root's. Empty for an image's root.
+    pub fn host_binds(&self) -> Vec<(PathBuf, PathBuf)> {
+        if !self.host_view {
+            return Vec::new();
+        }
+        self.system_dirs
+            .iter()
+            .map(|dir| (dir.clone(), dir.clone()))
+            .chain([(self.guest.clone(), PathBuf::from(GUEST_INSIDE))])
+            .collect()
+    }
+}
+
+/// The argv prefix that starts `runsc` through the guest's `--host-view`
+/// mode (see `hako_guest::host_view`), which mounts the plan's
+/// [`host_binds`](BundlePlan::host_binds) in a mount namespace of its own
+/// first; empty when there are none.
+pub fn view_argv(plan: &BundlePlan) -> Vec<String> {
+    let binds = plan.host_binds();
+    if binds.is_empty() {
+        return Vec::new();
+    }
+    let mut argv = vec![
+        plan.guest.display().to_string(),
+        hako_guest::host_view::FLAG.into(),
+        plan.root.display().to_string(),
+    ];
+    for (source, inside) in binds {
+        argv.extend([
+            "--bind".into(),
+            source.display().to_string(),
+            inside.display().to_string(),
+        ]);
+    }
+    argv.push("--".into());
+    argv
+}
+
+/// The `runsc` argv that runs the bundle, attached, after the plan's
+/// [`view_argv`]; `cgroups`: a limit
 /// needs the sandbox's cgroup. With the egress proxy, gVisor is let open
 /// host unix sockets (`--host-uds=open`): the bundle binds only the
 /// proxy's.
@@ -301,12 +344,14 @@ pub fn run_argv(
     id: &str,
     rootless: bool,
     cgroups: bool,
-    network: &RunNetwork,
+    plan: &BundlePlan,
 ) -> Vec<String> {
+    let network = &plan.network;
     let mut argv = Vec::new();
     if rootless {
         argv.extend(["unshare", "--user", "--map-root-user", "--"].map(String::from));
     }
+    argv.extend(view_argv(plan));
     argv.extend([
         runsc.display().to_string(),
         "--root".into(),
@@ -449,15 +494,7 @@ impl GvisorSandbox {
         let runsc = runsc_path(config.runsc.as_deref());
         let cgroups =
             limits.memory.is_some() || limits.pids.is_some() || limits.cpus_milli.is_some();
-        let argv = run_argv(
-            &runsc,
-            &state,
-            dir.path(),
-            &name,
-            rootless,
-            cgroups,
-            &plan.network,
-        );
+        let argv = run_argv(&runsc, &state, dir.path(), &name, rootless, cgroups, &plan);
         let mut cleanup_argv = vec![
             runsc.display().to_string(),
             "--root".into(),
@@ -692,18 +729,68 @@ mod tests {
         };
         let ws = find("/w").unwrap_or_else(|| panic!("workspace mount"));
         assert!(ws["options"].to_string().contains("\"rw\""));
-        for ro in ["/usr", "/etc", GUEST_INSIDE] {
-            let m = find(ro).unwrap_or_else(|| panic!("{ro} mount"));
-            assert!(
-                m["options"].to_string().contains("\"ro\""),
-                "{ro} is read-only"
-            );
+        // The system directories and the guest are in the root view
+        // (bound on the host side), which is read-only as a whole.
+        for inside in ["/usr", "/etc", GUEST_INSIDE] {
+            assert!(find(inside).is_none(), "{inside} is no bundle mount");
         }
         assert!(
             find("/etc/shadow").is_none(),
             "masks are the guest's, not gofer mounts"
         );
         assert!(find("/home").is_none(), "no host home directory");
+    }
+
+    #[test]
+    fn a_host_views_system_directories_and_guest_are_bound_on_the_host_side() {
+        let mut p = plan();
+        let view = view_argv(&p);
+        assert_eq!(
+            view,
+            [
+                "/g",
+                "--host-view",
+                "/b/rootfs",
+                "--bind",
+                "/usr",
+                "/usr",
+                "--bind",
+                "/etc",
+                "/etc",
+                "--bind",
+                "/g",
+                GUEST_INSIDE,
+                "--"
+            ]
+        );
+        // Rootless, the view is mounted inside runsc's user namespace, and
+        // runsc comes after it.
+        let argv = run_argv(
+            Path::new("runsc"),
+            Path::new("/s"),
+            Path::new("/b"),
+            "id",
+            true,
+            false,
+            &p,
+        );
+        assert_eq!(&argv[..4], ["unshare", "--user", "--map-root-user", "--"]);
+        assert_eq!(&argv[4..4 + view.len()], &view[..]);
+        assert_eq!(argv[4 + view.len()], "runsc");
+        // An image's root binds nothing on the host: the guest is a
+        // read-only bundle mount there.
+        p.host_view = false;
+        assert!(view_argv(&p).is_empty());
+        let config = config_json(&p);
+        let guest = config["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["destination"] == GUEST_INSIDE)
+            .cloned()
+            .unwrap();
+        assert_eq!(guest["source"], "/g");
+        assert!(guest["options"].to_string().contains("\"ro\""));
     }
 
     #[test]
@@ -752,6 +839,8 @@ mod tests {
         assert_eq!(mount["source"], "/tmp/hako-net-x");
         assert!(mount["options"].to_string().contains("\"ro\""));
         let argv = |network: &RunNetwork| {
+            let mut plan = plan();
+            plan.network = network.clone();
             run_argv(
                 Path::new("runsc"),
                 Path::new("/s"),
@@ -759,7 +848,7 @@ mod tests {
                 "id",
                 false,
                 false,
-                network,
+                &plan,
             )
         };
         let proxied = argv(&p.network);
@@ -776,6 +865,9 @@ mod tests {
 
     #[test]
     fn runsc_argv_has_no_network() {
+        // An image's root: no host view to bind first.
+        let mut image = plan();
+        image.host_view = false;
         let argv = |rootless, cgroups| {
             run_argv(
                 Path::new("runsc"),
@@ -784,7 +876,7 @@ mod tests {
                 "id",
                 rootless,
                 cgroups,
-                &RunNetwork::None,
+                &image,
             )
         };
         assert_eq!(

@@ -85,6 +85,55 @@ fn the_host_view_runs_host_programs_and_masks_secrets() {
     sandbox.close().unwrap();
 }
 
+/// The host view's system directories are bound into its root on the
+/// host side, by the guest's `--host-view` mode in a mount namespace of its
+/// own: they are read-only inside, and nothing of them is mounted in the
+/// host's namespace (where removing the bundle would descend into them).
+#[test]
+fn the_host_views_binds_are_read_only_and_never_mounted_in_the_host_namespace() {
+    let Some((_dir, _, sandbox)) = host_view() else {
+        return;
+    };
+    let out = sandbox
+        .exec(&Command::shell(
+            "echo /usr/bin/* | wc -w; for d in /usr /etc /usr/bin; do touch $d/hako-probe 2>/dev/null && echo \"wrote $d\"; done; true",
+        ))
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let programs: usize = text
+        .lines()
+        .next()
+        .unwrap_or("0")
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    assert!(programs > 10, "the host's programs are visible: {text}");
+    assert!(!text.contains("wrote"), "{text}");
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mountinfo.contains("hako-gvisor-"),
+        "a bundle path is mounted on the host: {mountinfo}"
+    );
+    // The view's mount points, seen from the host, are empty directories.
+    let prefix = format!("hako-gvisor-{}-", std::process::id());
+    let bundles: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .collect();
+    assert!(
+        !bundles.is_empty(),
+        "this process's bundle is in the temp dir"
+    );
+    for bundle in bundles {
+        let usr = bundle.path().join("rootfs/usr");
+        if usr.is_dir() {
+            assert_eq!(std::fs::read_dir(&usr).unwrap().count(), 0, "{usr:?}");
+        }
+    }
+    sandbox.close().unwrap();
+}
+
 /// The guest installs the seccomp program itself (inside gVisor, where a
 /// refusal keeps its errno): `clone3` answers `ENOSYS`, so libc falls back
 /// to `clone` and a program that starts a thread works.

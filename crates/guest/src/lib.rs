@@ -13,6 +13,7 @@
 pub mod client;
 mod confine;
 mod forward;
+pub mod host_view;
 mod linux;
 pub mod network;
 mod processes;
