@@ -188,3 +188,77 @@ fn containers_gc_runs_and_a_timeout_says_not_to_retry_blindly() {
     assert!(err.contains("timed out after 1s"), "{err}");
     assert!(err.contains("will time out again"), "{err}");
 }
+
+/// This process's `hako` children's gVisor bundles (by the owner pid in
+/// their name) that are still in the temp directory.
+fn bundles_of(pid: u32) -> Vec<std::path::PathBuf> {
+    let prefix = format!("hako-gvisor-{pid}-");
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// Waits (at most a minute: a bound, not a measurement) for `pid`'s
+/// bundles to be gone; the ones left.
+fn bundles_left_by(pid: u32) -> Vec<std::path::PathBuf> {
+    let start = Instant::now();
+    loop {
+        let left = bundles_of(pid);
+        if left.is_empty() || start.elapsed() > Duration::from_secs(60) {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A one-command `hako run` on gVisor exits once its command is reported
+/// and leaves the sandbox's teardown to the cleaner the guest's
+/// `--host-view` mode forked: its exit code is the command's, and the
+/// bundle (the root view, `config.json`, runsc's state) is removed after
+/// it. So it is when hako is killed with SIGKILL mid-command: the cleaner
+/// waits for runsc, which the closed pipes end.
+#[test]
+fn containers_a_gvisor_run_leaves_no_bundle_even_when_hako_is_killed() {
+    if !works("gvisor") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let child = hako()
+        .args(["run", "--backend", "gvisor", "--workspace"])
+        .arg(dir.path())
+        .args(["--", "sh", "-c", "echo out; exit 7"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "out\n");
+    assert_eq!(bundles_left_by(pid), Vec::<std::path::PathBuf>::new());
+
+    let mut child = hako()
+        .args(["run", "--backend", "gvisor", "--workspace"])
+        .arg(dir.path())
+        .args(["--", "sh", "-c", "touch started; sleep 1000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let start = Instant::now();
+    while !dir.path().join("started").exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the command never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(bundles_of(pid).len(), 1, "the running sandbox's bundle");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(bundles_left_by(pid), Vec::<std::path::PathBuf>::new());
+}

@@ -260,6 +260,9 @@ pub(crate) struct ContainerLauncher {
     /// What the guest does to itself before it serves, where the runtime
     /// leaves it to the guest (gVisor's masks).
     pub(crate) seal: Option<hako_guest::proto::Seal>,
+    /// Whether a process of its own removes what `keep` holds once the
+    /// client exits (gVisor's bundle: see `hako_guest::host_view`).
+    pub(crate) self_cleaning: bool,
 }
 
 fn spawn_error(backend: &str, argv: &[String], e: &std::io::Error) -> Error {
@@ -339,6 +342,20 @@ impl Launcher for ContainerLauncher {
         }
         if let Ok(mut keep) = self.keep.lock() {
             keep.clear();
+        }
+    }
+
+    fn cleans_up_after_itself(&self) -> bool {
+        self.self_cleaning
+    }
+
+    fn abandon(&self) {
+        // The container is still ending, and its cleaner removes these
+        // once it has: not dropped (which would remove them now).
+        if let Ok(mut keep) = self.keep.lock() {
+            for held in keep.drain(..) {
+                std::mem::forget(held);
+            }
         }
     }
 }

@@ -537,6 +537,7 @@ impl DockerSandbox {
             keep: Mutex::new(vec![Box::new(profile)]),
             network: network.spec.clone(),
             seal: None,
+            self_cleaning: false,
         };
         let mut env = base_env(&config.env);
         network.apply_env(&mut env);

@@ -304,27 +304,23 @@ impl BundlePlan {
 }
 
 /// The argv prefix that starts `runsc` through the guest's `--host-view`
-/// mode (see `hako_guest::host_view`), which mounts the plan's
-/// [`host_binds`](BundlePlan::host_binds) in a mount namespace of its own
-/// first; empty when there are none.
-pub fn view_argv(plan: &BundlePlan) -> Vec<String> {
-    let binds = plan.host_binds();
-    if binds.is_empty() {
-        return Vec::new();
-    }
+/// mode (see `hako_guest::host_view`): it mounts the plan's
+/// [`host_binds`](BundlePlan::host_binds) in a mount namespace of its own,
+/// and leaves a cleaner that removes `bundle` once `runsc` has exited.
+pub fn view_argv(plan: &BundlePlan, bundle: &Path) -> Vec<String> {
     let mut argv = vec![
         plan.guest.display().to_string(),
         hako_guest::host_view::FLAG.into(),
         plan.root.display().to_string(),
     ];
-    for (source, inside) in binds {
+    for (source, inside) in plan.host_binds() {
         argv.extend([
             "--bind".into(),
             source.display().to_string(),
             inside.display().to_string(),
         ]);
     }
-    argv.push("--".into());
+    argv.extend(["--remove".into(), bundle.display().to_string(), "--".into()]);
     argv
 }
 
@@ -351,7 +347,7 @@ pub fn run_argv(
     if rootless {
         argv.extend(["unshare", "--user", "--map-root-user", "--"].map(String::from));
     }
-    argv.extend(view_argv(plan));
+    argv.extend(view_argv(plan, bundle));
     argv.extend([
         runsc.display().to_string(),
         "--root".into(),
@@ -529,6 +525,7 @@ impl GvisorSandbox {
             keep: Mutex::new(vec![Box::new(dir)]),
             network: network.spec.clone(),
             seal: Some(plan.seal()),
+            self_cleaning: true,
         };
         let mut env = base_env(&config.env);
         network.apply_env(&mut env);
@@ -604,18 +601,33 @@ pub fn stale_bundles() -> Vec<PathBuf> {
         .filter(|e| e.file_name().to_string_lossy().starts_with(BUNDLE_PREFIX))
         .map(|e| e.path())
         .filter(|p| {
-            let owner = std::fs::read_to_string(p.join("owner")).ok();
-            let owner = owner.as_deref().and_then(|text| {
-                let mut words = text.split_whitespace();
-                Some(Owner {
-                    pid: words.next()?.parse().ok()?,
-                    start: words.next()?.parse().ok()?,
-                })
-            });
-            // Only our own user's bundles, and only with a dead owner.
-            owner.is_some_and(|o| !o.alive())
+            // Only our own user's bundles, and only once every owner (the
+            // hako process, and the cleaner it left) is gone.
+            std::fs::read_to_string(p.join("owner"))
+                .ok()
+                .and_then(|text| owners(&text))
+                .is_some_and(|owners| owners.iter().all(|o| !o.alive()))
         })
         .collect()
+}
+
+/// The owners a bundle's `owner` file names, a `pid start` pair per line:
+/// the hako process that wrote it, then any cleaner (see
+/// `hako_guest::host_view`). `None` for a file that is not one.
+fn owners(text: &str) -> Option<Vec<Owner>> {
+    let owners = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let mut words = line.split_whitespace();
+            let owner = Owner {
+                pid: words.next()?.parse().ok()?,
+                start: words.next()?.parse().ok()?,
+            };
+            words.next().is_none().then_some(owner)
+        })
+        .collect::<Option<Vec<_>>>()?;
+    (!owners.is_empty()).then_some(owners)
 }
 
 /// Deletes any container left in a bundle's state, then the bundle.
@@ -744,7 +756,7 @@ mod tests {
     #[test]
     fn a_host_views_system_directories_and_guest_are_bound_on_the_host_side() {
         let mut p = plan();
-        let view = view_argv(&p);
+        let view = view_argv(&p, Path::new("/b"));
         assert_eq!(
             view,
             [
@@ -760,6 +772,8 @@ mod tests {
                 "--bind",
                 "/g",
                 GUEST_INSIDE,
+                "--remove",
+                "/b",
                 "--"
             ]
         );
@@ -780,7 +794,10 @@ mod tests {
         // An image's root binds nothing on the host: the guest is a
         // read-only bundle mount there.
         p.host_view = false;
-        assert!(view_argv(&p).is_empty());
+        assert_eq!(
+            view_argv(&p, Path::new("/b")),
+            ["/g", "--host-view", "/b/rootfs", "--remove", "/b", "--"]
+        );
         let config = config_json(&p);
         let guest = config["mounts"]
             .as_array()
@@ -791,6 +808,30 @@ mod tests {
             .unwrap();
         assert_eq!(guest["source"], "/g");
         assert!(guest["options"].to_string().contains("\"ro\""));
+    }
+
+    #[test]
+    fn a_bundle_is_stale_only_once_every_owner_is_gone() {
+        let me = Owner::current();
+        let dead = Owner {
+            pid: u32::MAX - 1,
+            start: 1,
+        };
+        let text = |o: &[&Owner]| {
+            o.iter()
+                .map(|o| format!("{} {}\n", o.pid, o.start))
+                .collect::<String>()
+        };
+        assert_eq!(owners(&text(&[&me])), Some(vec![me.clone()]));
+        // The cleaner's line follows the writer's, after a blank line.
+        let both = format!("{}\n{}", text(&[&dead]), text(&[&me]));
+        let both = owners(&both).unwrap();
+        assert_eq!(both, vec![dead.clone(), me.clone()]);
+        assert!(!both.iter().all(|o| !o.alive()), "a live cleaner keeps it");
+        assert!(owners(&text(&[&dead])).unwrap().iter().all(|o| !o.alive()));
+        for bad in ["", "12", "12 x", "12 3 4", "\n\n"] {
+            assert_eq!(owners(bad), None, "{bad:?}");
+        }
     }
 
     #[test]
@@ -879,8 +920,10 @@ mod tests {
                 &image,
             )
         };
+        let view = ["/g", "--host-view", "/b/rootfs", "--remove", "/b", "--"];
+        assert_eq!(&argv(false, true)[..view.len()], view);
         assert_eq!(
-            argv(false, true),
+            argv(false, true)[view.len()..],
             [
                 "runsc",
                 "--root",
@@ -898,6 +941,7 @@ mod tests {
             &rootless[..4],
             ["unshare", "--user", "--map-root-user", "--"]
         );
+        assert_eq!(&rootless[4..4 + view.len()], view);
         assert!(rootless.contains(&"--rootless".to_string()));
         assert!(rootless.contains(&"--ignore-cgroups".to_string()));
     }

@@ -1417,8 +1417,12 @@ impl Connection {
     /// runs no command's code: the guest itself and its idle helpers, which
     /// end on the closed connection (and a `linux` sandbox's pid 1 also
     /// when this process, its parent, exits). A guest reached through a
-    /// runtime's client (a container) is closed and waited for as usual.
-    pub fn close_before_exit(&self) {
+    /// runtime's client (a container) is closed and waited for as usual,
+    /// unless `piped_too`: what the client leaves is removed by a process
+    /// of its own (see `Launcher::cleans_up_after_itself`), and the closed
+    /// stdin ends the container. Returns whether it left the guest so
+    /// (`false`: it was closed and waited for).
+    pub fn close_before_exit(&self, piped_too: bool) -> bool {
         let piped = self
             .child
             .lock()
@@ -1426,8 +1430,9 @@ impl Connection {
         let quiet = self.shared.table.lock().is_ok_and(|t| {
             t.waiting.is_empty() && !t.procs.any_running() && t.sessions_opened == 0
         });
-        if piped || !quiet {
-            return self.close();
+        if (piped && !piped_too) || !quiet {
+            self.close();
+            return false;
         }
         if let Ok(mut writer) = self.writer.lock() {
             writer.shut();
@@ -1438,6 +1443,7 @@ impl Connection {
             *read_by = ReadBy::Thread;
         }
         drop(self.child.lock().ok().and_then(|mut c| c.take()));
+        true
     }
 
     /// Whether the guest's process has been waited for (by `close`) and

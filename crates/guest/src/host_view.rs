@@ -11,9 +11,18 @@
 //! ends with them: nothing is mounted in the host's namespace, and removing
 //! the bundle afterwards cannot descend into a host directory.
 //!
-//! Argv: `--host-view ROOT [--bind SOURCE INSIDE]... -- PROGRAM [ARG]...`,
-//! where `INSIDE` is an absolute path inside the view (a directory or file
-//! already made there).
+//! With `--remove BUNDLE`, a cleaner forked first (in the host's mount
+//! namespace) waits for this process, `runsc` by then, to exit and then
+//! removes the bundle: a `hako run` that exits once its command is
+//! reported leaves the sandbox's teardown to it and need not wait (see
+//! `hako_guest::client::exit_follows_close`). The cleaner adds itself to
+//! the bundle's `owner` file, so that no other hako process collects the
+//! bundle as stale while it works; if it is killed, the bundle is
+//! collected as usual once every owner is gone.
+//!
+//! Argv: `--host-view ROOT [--bind SOURCE INSIDE]... [--remove BUNDLE] --
+//! PROGRAM [ARG]...`, where `INSIDE` is an absolute path inside the view
+//! (a directory or file already made there).
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -31,6 +40,8 @@ pub struct Plan {
     pub root: PathBuf,
     /// `(host source, path inside the view)`.
     pub binds: Vec<(PathBuf, PathBuf)>,
+    /// The bundle the cleaner removes once the program has exited.
+    pub remove: Option<PathBuf>,
     /// What to run once they are mounted.
     pub program: Vec<OsString>,
 }
@@ -43,8 +54,16 @@ pub fn parse(args: &[OsString]) -> Result<Plan, String> {
         return Err(format!("the root view {} is not absolute", root.display()));
     }
     let mut binds = Vec::new();
+    let mut remove = None;
     loop {
         match it.next().and_then(|a| a.to_str()) {
+            Some("--remove") => {
+                let dir = PathBuf::from(it.next().ok_or("--remove needs a directory")?);
+                if !dir.is_absolute() {
+                    return Err(format!("--remove {}: not absolute", dir.display()));
+                }
+                remove = Some(dir);
+            }
             Some("--bind") => {
                 let (Some(source), Some(inside)) = (it.next(), it.next()) else {
                     return Err("--bind needs a source and a path inside the view".into());
@@ -68,7 +87,7 @@ pub fn parse(args: &[OsString]) -> Result<Plan, String> {
                 binds.push((source, inside));
             }
             Some("--") => break,
-            _ => return Err("expected --bind or -- before the program".into()),
+            _ => return Err("expected --bind, --remove or -- before the program".into()),
         }
     }
     let program: Vec<OsString> = it.cloned().collect();
@@ -78,6 +97,7 @@ pub fn parse(args: &[OsString]) -> Result<Plan, String> {
     Ok(Plan {
         root,
         binds,
+        remove,
         program,
     })
 }
@@ -114,6 +134,59 @@ fn mount_view(plan: &Plan) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Forks the cleaner of `bundle` (see the module's documentation); the
+/// parent returns at once.
+fn spawn_cleaner(bundle: &Path) -> std::io::Result<()> {
+    let proof = hako_sys::ns::single_threaded()?;
+    let parent = std::process::id();
+    match hako_sys::ns::fork_single_threaded(&proof)? {
+        hako_sys::ns::Forked::Parent(_) => Ok(()),
+        hako_sys::ns::Forked::Child => {
+            clean_after(parent, bundle);
+            hako_sys::spawn::exit_now(0)
+        }
+    }
+}
+
+/// The cleaner: waits for `parent` to exit, then removes `bundle`.
+fn clean_after(parent: u32, bundle: &Path) {
+    use hako_sys::rustix::event::{poll, PollFd, PollFlags};
+    use hako_sys::rustix::process::{getppid, pidfd_open, Pid, PidfdFlags};
+    // Nothing of the sandbox's stdio is held, and a signal meant for the
+    // client's process group does not stop the removal.
+    if hako_sys::stdio_to_null().is_err() || hako_sys::signal::block_terminating_signals().is_err()
+    {
+        return;
+    }
+    let Some(pid) = i32::try_from(parent).ok().and_then(Pid::from_raw) else {
+        return;
+    };
+    let owners = bundle.join("owner");
+    // Is this a bundle at all? (Its owner file is written before it runs.)
+    if !owners.is_file() {
+        return;
+    }
+    let me = std::process::id();
+    let line = format!("\n{me} {}\n", hako_sys::proc::start_time(me).unwrap_or(0));
+    let appended = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&owners)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+    if appended.is_err() {
+        return;
+    }
+    // The descriptor names the parent for sure only while it is still
+    // this process's parent (had it exited, this process would have been
+    // adopted, and the pid could be another's).
+    if let Ok(pidfd) = pidfd_open(pid, PidfdFlags::empty()) {
+        if getppid() == Some(pid) {
+            let mut fds = [PollFd::new(&pidfd, PollFlags::IN)];
+            while let Err(hako_sys::rustix::io::Errno::INTR) = poll(&mut fds, None) {}
+        }
+    }
+    let _ = std::fs::remove_dir_all(bundle);
+}
+
 /// Runs the mode: returns only on failure (its exit code), having said
 /// why on stderr.
 pub fn main(args: &[OsString]) -> u8 {
@@ -124,6 +197,12 @@ pub fn main(args: &[OsString]) -> u8 {
             return 2;
         }
     };
+    if let Some(bundle) = &plan.remove {
+        if let Err(e) = spawn_cleaner(bundle) {
+            eprintln!("hako-guest {FLAG}: cannot start the bundle's cleaner: {e}");
+            return 125;
+        }
+    }
     if let Err(e) = mount_view(&plan) {
         eprintln!("hako-guest {FLAG}: cannot bind the root view: {e}");
         return 125;
@@ -189,6 +268,8 @@ mod tests {
             &["/r", "--"],
             &["r", "--", "x"],
             &["/r", "--bindx", "--", "x"],
+            &["/r", "--remove", "b", "--", "x"],
+            &["/r", "--remove"],
             &[],
         ] {
             assert!(parse(&args(bad)).is_err(), "{bad:?}");

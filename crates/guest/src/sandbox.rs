@@ -69,6 +69,21 @@ pub trait Launcher: Send + Sync + std::fmt::Debug {
     fn waits_for_guest(&self) -> bool {
         false
     }
+
+    /// Whether what the runtime's client leaves behind is removed by a
+    /// process of its own once the client exits (gVisor's bundle, by the
+    /// cleaner of `hako_guest::host_view`): then a process that exits next
+    /// need not wait for the client (see
+    /// [`crate::client::exit_follows_close`]), and calls
+    /// [`abandon`](Self::abandon) instead of [`close`](Self::close).
+    fn cleans_up_after_itself(&self) -> bool {
+        false
+    }
+
+    /// In place of [`close`](Self::close) when the client was not waited
+    /// for (see [`cleans_up_after_itself`](Self::cleans_up_after_itself)):
+    /// leaves what the cleaner removes where it is.
+    fn abandon(&self) {}
 }
 
 /// The limits every guest-run sandbox enforces the same way: the command's
@@ -218,13 +233,19 @@ impl Life {
         // With nothing to tear down after the guest (no cgroup, no proxy
         // whose records must be complete) and this process exiting next,
         // the guest's own end is not waited for.
-        if crate::client::exit_follows() && self.proxy.is_none() && !self.launcher.waits_for_guest()
-        {
-            self.guest.close_before_exit();
-        } else {
+        let exit_follows = crate::client::exit_follows()
+            && self.proxy.is_none()
+            && !self.launcher.waits_for_guest();
+        let self_cleaning = self.launcher.cleans_up_after_itself();
+        let left = exit_follows && self.guest.close_before_exit(self_cleaning);
+        if !exit_follows {
             self.guest.close();
         }
-        self.launcher.close(self.guest.exited_cleanly());
+        if left && self_cleaning {
+            self.launcher.abandon();
+        } else {
+            self.launcher.close(self.guest.exited_cleanly());
+        }
         // After the guest: every connection from inside has ended, and its
         // record is kept.
         if let Some(proxy) = &self.proxy {
