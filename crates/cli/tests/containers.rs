@@ -214,6 +214,23 @@ fn bundles_left_by(pid: u32) -> Vec<std::path::PathBuf> {
     }
 }
 
+/// `hako run --backend gvisor` of a shell script in `ws`, started.
+fn gvisor_run(
+    ws: &std::path::Path,
+    script: &str,
+    stdout: fn() -> Stdio,
+    stderr: fn() -> Stdio,
+) -> std::process::Child {
+    hako()
+        .args(["run", "--backend", "gvisor", "--workspace"])
+        .arg(ws)
+        .args(["--", "sh", "-c", script])
+        .stdout(stdout())
+        .stderr(stderr())
+        .spawn()
+        .unwrap()
+}
+
 /// A one-command `hako run` on gVisor exits once its command is reported
 /// and leaves the sandbox's teardown to the cleaner the guest's
 /// `--host-view` mode forked: its exit code is the command's, and the
@@ -226,28 +243,19 @@ fn containers_a_gvisor_run_leaves_no_bundle_even_when_hako_is_killed() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let child = hako()
-        .args(["run", "--backend", "gvisor", "--workspace"])
-        .arg(dir.path())
-        .args(["--", "sh", "-c", "echo out; exit 7"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = gvisor_run(dir.path(), "echo out; exit 7", Stdio::piped, Stdio::piped);
     let pid = child.id();
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "out\n");
     assert_eq!(bundles_left_by(pid), Vec::<std::path::PathBuf>::new());
 
-    let mut child = hako()
-        .args(["run", "--backend", "gvisor", "--workspace"])
-        .arg(dir.path())
-        .args(["--", "sh", "-c", "touch started; sleep 1000"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = gvisor_run(
+        dir.path(),
+        "touch started; sleep 1000",
+        Stdio::null,
+        Stdio::null,
+    );
     let pid = child.id();
     let start = Instant::now();
     while !dir.path().join("started").exists() {
