@@ -325,10 +325,9 @@ pub fn view_argv(plan: &BundlePlan, bundle: &Path) -> Vec<String> {
 }
 
 /// The `runsc` argv that runs the bundle, attached, after the plan's
-/// [`view_argv`]; `cgroups`: a limit
-/// needs the sandbox's cgroup. With the egress proxy, gVisor is let open
-/// host unix sockets (`--host-uds=open`): the bundle binds only the
-/// proxy's.
+/// [`view_argv`]; `cgroups`: a limit needs the sandbox's cgroup. With the
+/// egress proxy, gVisor is let open host unix sockets (`--host-uds=open`):
+/// the bundle binds only the proxy's.
 ///
 /// Run by a user without root, `runsc` is started the way `runsc --rootless
 /// do` starts itself: in a user namespace where that user is root (with no
@@ -382,7 +381,7 @@ const BUNDLE_PREFIX: &str = "hako-gvisor-";
 
 /// Creates `path` (and parents) inside the root view, for a mount point.
 fn mount_point(root: &Path, path: &Path, file: bool) -> std::io::Result<()> {
-    let inside = root.join(path.strip_prefix("/").unwrap_or(path));
+    let inside = hako_guest::host_view::in_view(root, path);
     if file {
         if let Some(parent) = inside.parent() {
             std::fs::create_dir_all(parent)?;
@@ -431,7 +430,7 @@ impl GvisorSandbox {
             .map_err(io("create the bundle"))?;
         std::fs::write(
             dir.path().join("owner"),
-            format!("{} {}", owner.pid, owner.start),
+            hako_guest::host_view::owner_line(owner.pid, owner.start),
         )
         .map_err(io("create the bundle"))?;
         let workspace = fence.workdir().to_path_buf();
@@ -560,7 +559,7 @@ fn build_view(plan: &BundlePlan, facts: &hako_linux::plan::HostFacts) -> std::io
         match kind {
             hako_linux::plan::HostPath::Dir => mount_point(root, path, false)?,
             hako_linux::plan::HostPath::Symlink(target) => {
-                let inside = root.join(path.strip_prefix("/").unwrap_or(path));
+                let inside = hako_guest::host_view::in_view(root, path);
                 std::os::unix::fs::symlink(target, inside)?;
             }
             hako_linux::plan::HostPath::Absent => {}
@@ -615,19 +614,13 @@ pub fn stale_bundles() -> Vec<PathBuf> {
 /// the hako process that wrote it, then any cleaner (see
 /// `hako_guest::host_view`). `None` for a file that is not one.
 fn owners(text: &str) -> Option<Vec<Owner>> {
-    let owners = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|line| {
-            let mut words = line.split_whitespace();
-            let owner = Owner {
-                pid: words.next()?.parse().ok()?,
-                start: words.next()?.parse().ok()?,
-            };
-            words.next().is_none().then_some(owner)
-        })
-        .collect::<Option<Vec<_>>>()?;
-    (!owners.is_empty()).then_some(owners)
+    let owners = hako_guest::host_view::parse_owners(text)?;
+    Some(
+        owners
+            .into_iter()
+            .map(|(pid, start)| Owner { pid, start })
+            .collect(),
+    )
 }
 
 /// Deletes any container left in a bundle's state, then the bundle.

@@ -102,9 +102,31 @@ pub fn parse(args: &[OsString]) -> Result<Plan, String> {
     })
 }
 
-/// Where `inside` is in the view at `root`.
-fn target(root: &Path, inside: &Path) -> PathBuf {
+/// Where the absolute path `inside` is in the view at `root`.
+pub fn in_view(root: &Path, inside: &Path) -> PathBuf {
     root.join(inside.strip_prefix("/").unwrap_or(inside))
+}
+
+/// A line of a bundle's `owner` file: `pid start` (the start time in clock
+/// ticks since boot, 0 when unknown). hako writes the first, the cleaner
+/// appends its own.
+pub fn owner_line(pid: u32, start: u64) -> String {
+    format!("{pid} {start}\n")
+}
+
+/// The `(pid, start)` of every line of a bundle's `owner` file; `None`
+/// for a file that is not one.
+pub fn parse_owners(text: &str) -> Option<Vec<(u32, u64)>> {
+    let owners = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let mut words = line.split_whitespace();
+            let owner = (words.next()?.parse().ok()?, words.next()?.parse().ok()?);
+            words.next().is_none().then_some(owner)
+        })
+        .collect::<Option<Vec<_>>>()?;
+    (!owners.is_empty()).then_some(owners)
 }
 
 /// Mounts the plan's binds in a new mount namespace of this process. Any
@@ -121,7 +143,7 @@ fn mount_view(plan: &Plan) -> std::io::Result<()> {
         None,
     )?;
     for (source, inside) in &plan.binds {
-        let at = target(&plan.root, inside);
+        let at = in_view(&plan.root, inside);
         mount::mount(
             Some(source),
             &at,
@@ -161,16 +183,13 @@ fn clean_after(parent: u32, bundle: &Path) {
     let Some(pid) = i32::try_from(parent).ok().and_then(Pid::from_raw) else {
         return;
     };
-    let owners = bundle.join("owner");
-    // Is this a bundle at all? (Its owner file is written before it runs.)
-    if !owners.is_file() {
-        return;
-    }
     let me = std::process::id();
-    let line = format!("\n{me} {}\n", hako_sys::proc::start_time(me).unwrap_or(0));
+    let line = owner_line(me, hako_sys::proc::start_time(me).unwrap_or(0));
+    // Not created: a directory without an owner file (written before
+    // runsc runs) is no bundle, and is left alone.
     let appended = std::fs::OpenOptions::new()
         .append(true)
-        .open(&owners)
+        .open(bundle.join("owner"))
         .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
     if appended.is_err() {
         return;
@@ -253,7 +272,7 @@ mod tests {
         );
         assert_eq!(plan.program, args(&["runsc", "--root", "/s", "run"]));
         assert_eq!(
-            target(&plan.root, &plan.binds[1].1),
+            in_view(&plan.root, &plan.binds[1].1),
             PathBuf::from("/b/rootfs/.hako-guest")
         );
     }

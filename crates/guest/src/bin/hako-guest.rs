@@ -15,13 +15,11 @@ const _: fn() -> u8 = run;
 
 /// Everything the guest does: its exit code.
 fn run() -> u8 {
-    let first = std::env::args_os().nth(1);
-    if first.as_deref() == Some("--stdio".as_ref()) {
-        return hako_guest::main_stdio();
-    }
-    if first.as_deref() == Some(hako_guest::host_view::FLAG.as_ref()) {
-        let rest: Vec<_> = std::env::args_os().skip(2).collect();
-        return hako_guest::host_view::main(&rest);
+    let args: Vec<_> = std::env::args_os().skip(1).collect();
+    match args.first().and_then(|a| a.to_str()) {
+        Some("--stdio") => return hako_guest::main_stdio(),
+        Some(hako_guest::host_view::FLAG) => return hako_guest::host_view::main(&args[1..]),
+        _ => {}
     }
     let ctl = match hako_sys::take_inherited_fd(3) {
         Ok(fd) => fd,
