@@ -31,34 +31,6 @@ use hako_sys::rustix::process::Pid;
 
 use crate::proto::NetSpec;
 
-/// Pid 1's part of the direct path for forwarded host ports (see
-/// `hako_net`'s `direct` module): installs on itself, so on every command
-/// to come, a seccomp filter that sends each `connect` to the proxy, and
-/// gives the proxy its listener over a connection to the proxy's socket
-/// that stays open for pid 1's life.
-///
-/// Where the filter cannot be installed (a sandbox inside a sandbox: the
-/// kernel allows one listener per process), nothing changes and the
-/// forwarder serves the ports as before. Once it is installed, a failure to
-/// hand the listener over is the sandbox's failure: every `connect` would
-/// otherwise wait for an answer that never comes.
-pub(crate) fn offer_connect_notifier(spec: &NetSpec) -> Result<(), String> {
-    // Connected first: pid 1's own connect must not wait for the proxy.
-    let proxy = match UnixStream::connect(&spec.socket) {
-        Ok(proxy) => proxy,
-        Err(_) => return Ok(()),
-    };
-    let listener = match hako_sys::notify::install_connect_notifier() {
-        Ok(listener) => listener,
-        Err(_) => return Ok(()),
-    };
-    hako_net::offer_notifier(&proxy, listener.as_fd())
-        .map_err(|e| format!("cannot give the egress proxy the sandbox's connect notifier: {e}"))?;
-    // The lifeline: close-on-exec, so held by pid 1 alone.
-    std::mem::forget(proxy);
-    Ok(())
-}
-
 /// A bound listener and what its connections are relayed to.
 struct Bound {
     listener: TcpListener,

@@ -182,14 +182,7 @@ fn pid1(
         .and_then(|()| confinement.seal_pid1());
     // The forwarder inherits the seccomp filter.
     let forwarder = ready.and_then(|()| match &spec.network {
-        Some(net) => {
-            let forwarder = crate::forward::start(net, proof)?;
-            // After the fork: the forwarder's own connects need no answer.
-            if net.direct {
-                crate::forward::offer_connect_notifier(net)?;
-            }
-            Ok(Some(forwarder))
-        }
+        Some(net) => crate::forward::start(net, proof).map(Some),
         None => Ok(None),
     });
     let forwarder = match forwarder {

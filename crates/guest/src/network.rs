@@ -95,7 +95,6 @@ impl NetworkSetup {
         setup.spec = Some(NetSpec {
             socket: Path::new(NET_DIR).join(hako_net::SOCKET_NAME),
             listeners,
-            direct: false,
         });
         setup.env = hako_net::proxy_env(proxy_port);
         setup.proxy = Some(proxy);

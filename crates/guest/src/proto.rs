@@ -69,11 +69,6 @@ pub struct NetSpec {
     pub socket: PathBuf,
     /// The listeners, on 127.0.0.1 (and ::1 where the sandbox has it).
     pub listeners: Vec<NetListener>,
-    /// Pid 1 sends every `connect` of the sandbox to the proxy, which
-    /// answers those to a forwarded port with a host socket (`linux`; see
-    /// [`crate::forward::offer_connect_notifier`]).
-    #[serde(default)]
-    pub direct: bool,
 }
 
 /// One loopback port inside the sandbox.

@@ -241,13 +241,7 @@ impl LinuxSandbox {
                     read_only: true,
                 });
             }
-            spec.network = network.spec.clone().map(|mut net| {
-                // Forwarded ports answered with host sockets: pid 1 can
-                // give the proxy a seccomp listener, and the proxy can read
-                // the memory of the sandbox's processes.
-                net.direct = net.listeners.iter().any(|l| l.forward.is_some());
-                net
-            });
+            spec.network = network.spec.clone();
             spec
         });
         let spec = match spec {

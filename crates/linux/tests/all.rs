@@ -14,5 +14,5 @@ hako_conformance::conformance_tests!(linux, |ws: &Path| {
     Ok(Box::new(LinuxSandbox::new(LinuxConfig::new(ws))?))
 });
 
-mod direct;
 mod escapes;
+mod forwarded;

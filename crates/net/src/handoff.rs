@@ -12,9 +12,8 @@
 //! The header: `0x00` (no HTTP method or SOCKS version starts so), then
 //! the kind (`0` the proxy's own port, `1` a forwarded host port, `2` a
 //! forwarded host port whose bytes the forwarder relays itself, with no
-//! descriptor, `3` the sandbox's `connect` notifier, see
-//! [`offer_notifier`]), then that port, big-endian (`0` for kind `3`). The
-//! proxy answers one byte, `1` taken, `0` not, to every kind but `3`.
+//! descriptor), then that port, big-endian. The proxy answers one byte:
+//! `1` taken, `0` not.
 //!
 //! Anything inside the sandbox can connect to the proxy's socket and send
 //! a descriptor: the proxy takes only one descriptor, and only if it is an
@@ -38,7 +37,6 @@ pub const MAGIC: u8 = 0;
 const KIND_PROXY: u8 = 0;
 const KIND_FORWARD: u8 = 1;
 const KIND_RELAYED_FORWARD: u8 = 2;
-const KIND_NOTIFIER: u8 = 3;
 const TAKEN: u8 = 1;
 const NOT_TAKEN: u8 = 0;
 
@@ -101,29 +99,6 @@ pub fn announce_forward(proxy: &UnixStream, port: u16) -> io::Result<bool> {
     }
 }
 
-/// Pid 1's side, on `linux`: gives the proxy the listener of the seccomp
-/// filter that sends every `connect` of the sandbox to it (see
-/// [`crate::direct`]), over `proxy`, a fresh connection to its socket that
-/// pid 1 then keeps open for as long as it lives: the proxy serves the
-/// listener until that connection ends. Nothing is answered (the proxy may
-/// start serving only once the sandbox is ready, after this).
-pub fn offer_notifier(proxy: &UnixStream, listener: BorrowedFd<'_>) -> io::Result<()> {
-    let header = [MAGIC, KIND_NOTIFIER, 0, 0];
-    let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut ancillary = SendAncillaryBuffer::new(&mut space);
-    let fds = [listener];
-    if !ancillary.push(SendAncillaryMessage::ScmRights(&fds)) {
-        return Err(io::Error::other("no room for the descriptor"));
-    }
-    let sent = sendmsg(
-        proxy,
-        &[IoSlice::new(&header)],
-        &mut ancillary,
-        SendFlags::NOSIGNAL,
-    )?;
-    (&mut &*proxy).write_all(&header[sent..])
-}
-
 /// What a connection to the proxy's socket began with.
 pub(crate) enum First {
     /// It closed before sending anything.
@@ -137,19 +112,8 @@ pub(crate) enum First {
     /// A connection to a forwarded host port whose bytes follow on the
     /// proxy's socket (see [`announce_forward`]).
     RelayedForward(u16),
-    /// A seccomp listener for the sandbox's `connect` calls (see
-    /// [`offer_notifier`]); the connection it came on is its lifeline.
-    Notifier(OwnedFd),
     /// A client speaking to the socket itself: its first bytes.
     Bytes(Vec<u8>),
-}
-
-/// Whether `fd` is a seccomp notification listener (what `/proc` names
-/// the kernel's anonymous inode for one).
-fn is_seccomp_listener(fd: BorrowedFd<'_>) -> bool {
-    use std::os::fd::AsRawFd;
-    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .is_ok_and(|target| target.as_os_str() == "anon_inode:seccomp notify")
 }
 
 /// The proxy's side: the first read of a connection, which may carry a
@@ -196,18 +160,6 @@ pub(crate) fn first_read(unix: &UnixStream) -> io::Result<First> {
         KIND_RELAYED_FORWARD if port != 0 && fds.is_empty() => {
             (&mut &*unix).write_all(&[TAKEN])?;
             return Ok(First::RelayedForward(port));
-        }
-        KIND_NOTIFIER if port == 0 => {
-            if fds.len() != 1 || got.flags.contains(ReturnFlags::CTRUNC) {
-                return refuse("a notifier comes with exactly one descriptor".into());
-            }
-            let Some(fd) = fds.pop() else {
-                return refuse("no descriptor came with the notifier".into());
-            };
-            if !is_seccomp_listener(fd.as_fd()) {
-                return refuse("the notifier's descriptor is not a seccomp listener".into());
-            }
-            return Ok(First::Notifier(fd));
         }
         _ => return refuse(format!("a handover of kind {kind} for port {port}")),
     };

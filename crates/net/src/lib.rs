@@ -25,7 +25,6 @@
 mod allow;
 mod classify;
 mod decide;
-mod direct;
 pub mod handoff;
 mod http;
 mod proxy;
@@ -40,7 +39,7 @@ pub use decide::{
     decide, Verdict, RULE_BAD_HOST, RULE_NAME_NOT_RESOLVED, RULE_NOT_ON_ALLOWLIST,
     RULE_PORT_NOT_ALLOWED, RULE_RESOLVES_TO_REFUSED,
 };
-pub use handoff::{announce_forward, hand_over, offer_notifier};
+pub use handoff::{announce_forward, hand_over};
 pub use proxy::{
     proxy_env, Proxy, ProxyConfig, RULE_BAD_REQUEST, RULE_HANDSHAKE_TIMEOUT,
     RULE_HOST_HEADER_MISMATCH, RULE_SOCKS4, RULE_SOCKS_METHOD, RULE_SOCKS_REQUEST,

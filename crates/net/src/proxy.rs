@@ -153,11 +153,11 @@ pub fn proxy_env(port: u16) -> Vec<(String, String)> {
     out
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-pub(crate) fn now_ms() -> u64 {
+fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -171,34 +171,29 @@ struct Events {
 
 /// A connection the proxy is serving: both ends, so that shutdown can end
 /// it from outside.
-pub(crate) struct Live {
+struct Live {
     client: Sock,
     upstream: Option<TcpStream>,
 }
 
 #[derive(Default)]
-pub(crate) struct Conns {
-    pub(crate) closed: bool,
+struct Conns {
+    closed: bool,
     next_id: u64,
-    pub(crate) live: HashMap<u64, Live>,
-    /// Direct connections (see [`crate::direct`]) being made or open.
-    pub(crate) direct: usize,
+    live: HashMap<u64, Live>,
 }
 
-pub(crate) struct Shared {
-    pub(crate) config: ProxyConfig,
+struct Shared {
+    config: ProxyConfig,
     events: Mutex<Events>,
-    pub(crate) conns: Mutex<Conns>,
-    /// Signalled when the last live or direct connection ends.
-    pub(crate) idle: Condvar,
-    pub(crate) stopping: AtomicBool,
+    conns: Mutex<Conns>,
+    idle: Condvar,
+    stopping: AtomicBool,
     refusing: AtomicUsize,
-    /// The sandbox's `connect` notifier was taken (only the first is).
-    notifier_taken: AtomicBool,
 }
 
 impl Shared {
-    pub(crate) fn record(&self, ev: NetEvent) {
+    fn record(&self, ev: NetEvent) {
         tracing::info!(
             decision = ?ev.decision,
             protocol = ?ev.protocol,
@@ -335,7 +330,6 @@ impl Proxy {
             idle: Condvar::new(),
             stopping: AtomicBool::new(false),
             refusing: AtomicUsize::new(0),
-            notifier_taken: AtomicBool::new(false),
         });
         Ok(Proxy {
             shared,
@@ -417,12 +411,11 @@ impl Proxy {
                 }
             }
             let deadline = Instant::now() + SHUTDOWN_WAIT;
-            while !conns.live.is_empty() || conns.direct > 0 {
+            while !conns.live.is_empty() {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     tracing::warn!(
                         live = conns.live.len(),
-                        direct = conns.direct,
                         "egress proxy: connection threads still running after shutdown"
                     );
                     break;
@@ -433,7 +426,6 @@ impl Proxy {
                 };
             }
         }
-        crate::direct::abandon(&self.shared);
         if let Some(dir) = lock(&self.dir).take() {
             if let Err(e) = dir.close() {
                 tracing::warn!(error = %e, "egress proxy: cannot remove its directory");
@@ -803,13 +795,6 @@ fn serve_accepted(ctx: &Ctx, unix: UnixStream) {
         }
         Ok(First::Bytes(prefix)) => serve(ctx, Sock::Unix(unix), prefix),
         Ok(First::RelayedForward(port)) => serve_port(ctx, &Sock::Unix(unix), port),
-        Ok(First::Notifier(listener)) => {
-            if ctx.shared.notifier_taken.swap(true, Ordering::SeqCst) {
-                tracing::warn!("egress proxy: a second connect notifier was offered; closed");
-            } else {
-                crate::direct::serve_notifier(&ctx.shared, &unix, listener);
-            }
-        }
         Ok(First::HandedOver { client, forward }) => {
             drop(unix);
             let client = Sock::Tcp(client);
