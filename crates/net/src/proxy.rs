@@ -4,6 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -797,6 +798,7 @@ fn serve_accepted(ctx: &Ctx, unix: UnixStream) {
         Ok(First::RelayedForward(port)) => serve_port(ctx, &Sock::Unix(unix), port),
         Ok(First::HandedOver { client, forward }) => {
             drop(unix);
+            crate::relay::unpaced(client.as_fd());
             let client = Sock::Tcp(client);
             ctx.shared.replace_client(ctx.id, &client);
             match forward {
@@ -944,6 +946,9 @@ fn connect(ctx: &Ctx, addrs: &[SocketAddr]) -> io::Result<(TcpStream, SocketAddr
         match TcpStream::connect_timeout(addr, ctx.shared.config.connect_timeout) {
             Ok(s) => {
                 let _ = s.set_nodelay(true);
+                if addr.ip().is_loopback() {
+                    crate::relay::unpaced(s.as_fd());
+                }
                 return Ok((s, *addr));
             }
             Err(e) => last = io::Error::new(e.kind(), format!("{addr}: {e}")),

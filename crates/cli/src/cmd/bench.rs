@@ -56,6 +56,20 @@ fn measure_pair(
     mut a: impl FnMut() -> Result<(), String>,
     mut b: impl FnMut() -> Result<(), String>,
 ) -> Result<(Stats, Stats), String> {
+    let timed = |f: &mut dyn FnMut() -> Result<(), String>| {
+        let start = Instant::now();
+        f().map(|()| start.elapsed())
+    };
+    alternate(n, || timed(&mut a), || timed(&mut b))
+}
+
+/// [`measure_pair`] of runs that time themselves (each returns how long
+/// the part measured took).
+fn alternate(
+    n: usize,
+    mut a: impl FnMut() -> Result<Duration, String>,
+    mut b: impl FnMut() -> Result<Duration, String>,
+) -> Result<(Stats, Stats), String> {
     let n = n.max(1);
     a()?;
     b()?;
@@ -63,16 +77,12 @@ fn measure_pair(
     let mut sb = Vec::with_capacity(n);
     for i in 0..n {
         // Alternate which goes first, too.
-        let order: [usize; 2] = if i % 2 == 0 { [0, 1] } else { [1, 0] };
-        for which in order {
-            let start = Instant::now();
-            if which == 0 {
-                a()?;
-                sa.push(start.elapsed());
-            } else {
-                b()?;
-                sb.push(start.elapsed());
-            }
+        if i % 2 == 0 {
+            sa.push(a()?);
+            sb.push(b()?);
+        } else {
+            sb.push(b()?);
+            sa.push(a()?);
         }
     }
     Ok((stats(sa), stats(sb)))
@@ -538,12 +548,17 @@ fn linkage() -> &'static str {
 const TRANSFER_BYTES: u64 = 100 << 20;
 
 /// Serves [`TRANSFER_BYTES`] to each connection `listener` accepts, on a
-/// thread of its own, until the process ends.
-fn serve_transfers(listener: std::net::TcpListener) {
+/// thread of its own, until the process ends; with `unpaced`, each from a
+/// socket that uses Reno, which does not pace, whatever the machine's
+/// default congestion control.
+fn serve_transfers(listener: std::net::TcpListener, unpaced: bool) {
     std::thread::spawn(move || {
         let chunk = vec![0x5au8; 1 << 20];
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { continue };
+            if unpaced {
+                let _ = hako_sys::rustix::net::sockopt::set_tcp_congestion(&conn, "reno");
+            }
             let chunk = chunk.clone();
             std::thread::spawn(move || {
                 use std::io::Write;
@@ -557,42 +572,120 @@ fn serve_transfers(listener: std::net::TcpListener) {
     });
 }
 
-/// 100 MiB from a host service to a client inside a `linux` sandbox
-/// through the egress proxy (a forwarded `localhost:PORT`), against the
-/// same client reading it straight over the host's loopback: the same
-/// `bash` and `cat` both times, measured alternately.
-fn bench_proxy_transfer(n: usize, workspace: &Path) -> Result<Throughput, String> {
+/// How long the transfer in a script's output took: the script prints two
+/// `$EPOCHREALTIME` readings, taken around it.
+fn transfer_time(stdout: &[u8]) -> Result<Duration, String> {
+    let text = String::from_utf8_lossy(stdout).replace(',', ".");
+    let t: Vec<f64> = text
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    match t[..] {
+        [start, end] if end >= start => Ok(Duration::from_secs_f64(end - start)),
+        _ => Err(format!("the transfer script printed {text:?}")),
+    }
+}
+
+/// 100 MiB from a host service to a client inside a `linux` sandbox whose
+/// allowlist forwards the service's port, against the same client reading
+/// it straight over the host's loopback (the same `bash` and `cat` both
+/// times, measured alternately): from `127.0.0.1:PORT` (the forwarder
+/// hands the connection to the proxy, which relays it), through a
+/// `CONNECT localhost:PORT` tunnel, and from a service whose socket does
+/// not pace (so that neither path is held back by the machine's default
+/// congestion control, and what is left is the relay's own cost). Each
+/// script times its own transfer, from `connect` to the end of the
+/// stream, so that starting a command in the sandbox (measured as warm
+/// exec) is not counted in it.
+fn bench_proxy_transfer(n: usize, workspace: &Path) -> Result<Vec<Throughput>, String> {
     let bash = find_in_path("bash").ok_or("bash is not installed")?;
-    let listener =
-        std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(|e| format!("bind: {e}"))?;
-    let port = listener.local_addr().map_err(|e| e.to_string())?.port();
-    let script = format!("cat </dev/tcp/127.0.0.1/{port} >/dev/null");
+    let listen = || {
+        let l = std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(|e| format!("bind: {e}"))?;
+        let port = l.local_addr().map_err(|e| e.to_string())?.port();
+        Ok::<_, String>((l, port))
+    };
+    let ((paced, port), (unpaced, unpaced_port)) = (listen()?, listen()?);
+    let timed =
+        |transfer: &str| format!("s=$EPOCHREALTIME\n{transfer}\necho \"$s $EPOCHREALTIME\"");
+    let direct = |port: u16| timed(&format!("cat </dev/tcp/127.0.0.1/{port} >/dev/null"));
+    // The proxy's port from HTTP_PROXY; the reply's head read line by line.
+    let tunnel = timed(&format!(
+        r#"exec 3<>/dev/tcp/127.0.0.1/${{HTTP_PROXY##*:}}
+printf 'CONNECT localhost:{port} HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n' >&3
+IFS= read -r status <&3
+case $status in *" 200 "*) ;; *) echo "$status" >&2; exit 1;; esac
+while IFS= read -r line <&3 && [ "$line" != $'\r' ]; do :; done
+cat <&3 >/dev/null"#
+    ));
     let mut spec = SandboxSpec::new(workspace.to_path_buf());
-    spec.network = Some(hako_core::NetworkPolicy::allow([format!(
-        "localhost:{port}"
-    )]));
+    spec.network = Some(hako_core::NetworkPolicy::allow([
+        format!("localhost:{port}"),
+        format!("localhost:{unpaced_port}"),
+    ]));
     // Opened while this process has one thread, so that the guest runs in
-    // a fork of it (no hako-guest binary needed); the server starts after.
+    // a fork of it (no hako-guest binary needed); the servers start after.
     let sandbox = backend::open(BackendKind::Linux, &spec).map_err(|e| e.to_string())?;
-    serve_transfers(listener);
-    let command = Command::new([bash.display().to_string(), "-c".into(), script.clone()]);
-    let (through, direct) = measure_pair(
-        n.clamp(3, 20),
-        || exec_true(sandbox.as_ref(), &command),
-        || status_ok(std::process::Command::new(&bash).args(["-c", &script])),
-    )?;
-    let _ = sandbox.close();
+    serve_transfers(paced, false);
+    serve_transfers(unpaced, true);
     let mib_s = |s: Stats| (TRANSFER_BYTES as f64 / (1 << 20) as f64) / (s.median_us / 1e6);
-    Ok(Throughput {
-        figure: "proxy_throughput.ratio_vs_loopback".into(),
-        name: "linux 100 MiB through the egress proxy (forwarded port)".into(),
-        backend: "linux",
-        bytes: TRANSFER_BYTES,
-        hako_mib_s: mib_s(through),
-        reference: "direct loopback".into(),
-        reference_mib_s: mib_s(direct),
-        ratio: direct.median_us / through.median_us.max(f64::MIN_POSITIVE),
-    })
+    let mut measured = Vec::new();
+    for (figure, name, inside, reference) in [
+        (
+            "proxy_throughput.ratio_vs_loopback",
+            "linux 100 MiB from a forwarded host port, through the egress proxy",
+            direct(port),
+            direct(port),
+        ),
+        (
+            "proxy_connect_throughput.ratio_vs_loopback",
+            "linux 100 MiB through a CONNECT tunnel of the egress proxy",
+            tunnel.clone(),
+            direct(port),
+        ),
+        (
+            "proxy_unpaced_throughput.ratio_vs_loopback",
+            "linux 100 MiB from a forwarded port whose service does not pace",
+            direct(unpaced_port),
+            direct(unpaced_port),
+        ),
+    ] {
+        let command = Command::new([bash.display().to_string(), "-c".into(), inside]);
+        let in_sandbox = || {
+            let out = sandbox.exec(&command).map_err(|e| e.to_string())?;
+            if !out.status.success() {
+                return Err(format!(
+                    "the transfer inside failed: {:?}: {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            transfer_time(&out.stdout)
+        };
+        let on_host = || {
+            let out = std::process::Command::new(&bash)
+                .args(["-c", &reference])
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| format!("bash: {e}"))?;
+            if !out.status.success() {
+                return Err(format!("the loopback transfer failed: {}", out.status));
+            }
+            transfer_time(&out.stdout)
+        };
+        let (through, direct) = alternate(n.clamp(3, 20), in_sandbox, on_host)?;
+        measured.push(Throughput {
+            figure: figure.into(),
+            name: name.into(),
+            backend: "linux",
+            bytes: TRANSFER_BYTES,
+            hako_mib_s: mib_s(through),
+            reference: "direct loopback".into(),
+            reference_mib_s: mib_s(direct),
+            ratio: direct.median_us / through.median_us.max(f64::MIN_POSITIVE),
+        });
+    }
+    let _ = sandbox.close();
+    Ok(measured)
 }
 
 /// Runs `hako bench`.
@@ -623,7 +716,9 @@ pub fn run(args: BenchArgs) -> u8 {
             .and_then(|kind| {
                 bench_backend(kind, None, n, &workspace, &mut report.comparisons)?;
                 if kind == BackendKind::Linux {
-                    report.throughput.push(bench_proxy_transfer(n, &workspace)?);
+                    report
+                        .throughput
+                        .extend(bench_proxy_transfer(n, &workspace)?);
                 }
                 // docker on gVisor too, where the daemon has it.
                 if kind == BackendKind::Docker

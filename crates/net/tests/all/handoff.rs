@@ -288,3 +288,24 @@ fn a_relayed_forwarded_port_is_not_cut_by_the_handshake_timeout_once_relaying() 
     assert_eq!(read_string(&mut c), "ok");
     assert_eq!(&srv.join().unwrap(), b"abc");
 }
+
+#[test]
+fn a_handed_over_connection_is_not_paced_by_the_machines_congestion_control() {
+    let (port, srv) = server(|mut s| {
+        s.write_all(b"ok").unwrap();
+    });
+    let p = proxy(&entry(format!("localhost:{port}")));
+    let (mut inside, accepted) = pair();
+    // A second descriptor of the same socket, to look at it once the proxy
+    // has it.
+    let ours = accepted.try_clone().unwrap();
+    assert!(hand_over(&client(&p), accepted.as_fd(), Some(port)).unwrap());
+    drop(accepted);
+    let mut got = [0u8; 2];
+    inside.read_exact(&mut got).unwrap();
+    srv.join().unwrap();
+    assert_eq!(
+        rustix::net::sockopt::tcp_congestion(&ours).unwrap(),
+        "reno"
+    );
+}
