@@ -672,7 +672,7 @@ cat <&3 >/dev/null"#
             }
             transfer_time(&out.stdout)
         };
-        let (through, direct) = alternate(n.clamp(3, 20), in_sandbox, on_host)?;
+        let (through, direct) = alternate(n.clamp(3, 50), in_sandbox, on_host)?;
         measured.push(Throughput {
             figure: figure.into(),
             name: name.into(),

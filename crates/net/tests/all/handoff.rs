@@ -304,8 +304,5 @@ fn a_handed_over_connection_is_not_paced_by_the_machines_congestion_control() {
     let mut got = [0u8; 2];
     inside.read_exact(&mut got).unwrap();
     srv.join().unwrap();
-    assert_eq!(
-        rustix::net::sockopt::tcp_congestion(&ours).unwrap(),
-        "reno"
-    );
+    assert_eq!(rustix::net::sockopt::tcp_congestion(&ours).unwrap(), "reno");
 }
