@@ -91,8 +91,9 @@ fn shut_both<A: RelaySocket, B: RelaySocket>(a: &A, b: &B) {
 /// does, from its estimate of the path's bandwidth), which on loopback is
 /// all cost and no gain: on a two-core machine whose default is BBR, a
 /// relay whose sandbox side paced moved 100 MiB at 0.67 to 0.86 of direct
-/// loopback, and at 0.75 to 1.05 without. Reno is allowed to every process whatever
-/// `tcp_allowed_congestion_control` says. Used for the sandbox's side of a
+/// loopback, and at 0.75 to 1.05 without. Reno is in every kernel and, by
+/// default, allowed to unprivileged processes (see
+/// `tcp_allowed_congestion_control`). Used for the sandbox's side of a
 /// relayed connection (always a loopback hop, in the sandbox's own
 /// namespace) and for an upstream on the host's loopback; an upstream
 /// elsewhere keeps the machine's choice. A failure changes nothing else.

@@ -550,8 +550,14 @@ const TRANSFER_BYTES: u64 = 100 << 20;
 /// Serves [`TRANSFER_BYTES`] to each connection `listener` accepts, on a
 /// thread of its own, until the process ends; with `unpaced`, each from a
 /// socket that uses Reno, which does not pace, whatever the machine's
-/// default congestion control.
-fn serve_transfers(listener: std::net::TcpListener, unpaced: bool) {
+/// default congestion control. Returns the count of transfers written to
+/// the end (each counted before its connection closes).
+fn serve_transfers(
+    listener: std::net::TcpListener,
+    unpaced: bool,
+) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+    let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = std::sync::Arc::clone(&served);
     std::thread::spawn(move || {
         let chunk = vec![0x5au8; 1 << 20];
         for conn in listener.incoming() {
@@ -560,6 +566,7 @@ fn serve_transfers(listener: std::net::TcpListener, unpaced: bool) {
                 let _ = hako_sys::rustix::net::sockopt::set_tcp_congestion(&conn, "reno");
             }
             let chunk = chunk.clone();
+            let count = std::sync::Arc::clone(&count);
             std::thread::spawn(move || {
                 use std::io::Write;
                 for _ in 0..TRANSFER_BYTES / chunk.len() as u64 {
@@ -567,9 +574,11 @@ fn serve_transfers(listener: std::net::TcpListener, unpaced: bool) {
                         return;
                     }
                 }
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             });
         }
     });
+    served
 }
 
 /// How long the transfer in a script's output took: the script prints two
@@ -625,32 +634,47 @@ cat <&3 >/dev/null"#
     // Opened while this process has one thread, so that the guest runs in
     // a fork of it (no hako-guest binary needed); the servers start after.
     let sandbox = backend::open(BackendKind::Linux, &spec).map_err(|e| e.to_string())?;
-    serve_transfers(paced, false);
-    serve_transfers(unpaced, true);
+    let served = [
+        serve_transfers(paced, false),
+        serve_transfers(unpaced, true),
+    ];
+    // A transfer cut short (a refused connection reads as an empty stream)
+    // must fail the run, not count as a fast one.
+    let whole = |which: usize, before: usize, time: Duration| {
+        if served[which].load(std::sync::atomic::Ordering::SeqCst) > before {
+            Ok(time)
+        } else {
+            Err("a transfer ended before the service had sent all of it".to_string())
+        }
+    };
     let mib_s = |s: Stats| (TRANSFER_BYTES as f64 / (1 << 20) as f64) / (s.median_us / 1e6);
     let mut measured = Vec::new();
-    for (figure, name, inside, reference) in [
+    for (figure, name, inside, reference, which) in [
         (
             "proxy_throughput.ratio_vs_loopback",
             "linux 100 MiB from a forwarded host port, through the egress proxy",
             direct(port),
             direct(port),
+            0,
         ),
         (
             "proxy_connect_throughput.ratio_vs_loopback",
             "linux 100 MiB through a CONNECT tunnel of the egress proxy",
             tunnel.clone(),
             direct(port),
+            0,
         ),
         (
             "proxy_unpaced_throughput.ratio_vs_loopback",
             "linux 100 MiB from a forwarded port whose service does not pace",
             direct(unpaced_port),
             direct(unpaced_port),
+            1,
         ),
     ] {
         let command = Command::new([bash.display().to_string(), "-c".into(), inside]);
         let in_sandbox = || {
+            let before = served[which].load(std::sync::atomic::Ordering::SeqCst);
             let out = sandbox.exec(&command).map_err(|e| e.to_string())?;
             if !out.status.success() {
                 return Err(format!(
@@ -659,9 +683,10 @@ cat <&3 >/dev/null"#
                     String::from_utf8_lossy(&out.stderr)
                 ));
             }
-            transfer_time(&out.stdout)
+            whole(which, before, transfer_time(&out.stdout)?)
         };
         let on_host = || {
+            let before = served[which].load(std::sync::atomic::Ordering::SeqCst);
             let out = std::process::Command::new(&bash)
                 .args(["-c", &reference])
                 .stdin(Stdio::null())
@@ -670,7 +695,7 @@ cat <&3 >/dev/null"#
             if !out.status.success() {
                 return Err(format!("the loopback transfer failed: {}", out.status));
             }
-            transfer_time(&out.stdout)
+            whole(which, before, transfer_time(&out.stdout)?)
         };
         let (through, direct) = alternate(n.clamp(3, 50), in_sandbox, on_host)?;
         measured.push(Throughput {
