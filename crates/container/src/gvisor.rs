@@ -671,6 +671,15 @@ pub fn ready() -> std::result::Result<(), String> {
 mod tests {
     use super::*;
 
+    /// The bundle's mount at `destination`, if it has one.
+    fn mount_at(config: &Value, destination: &str) -> Option<Value> {
+        config["mounts"]
+            .as_array()?
+            .iter()
+            .find(|m| m["destination"] == json!(destination))
+            .cloned()
+    }
+
     fn plan() -> BundlePlan {
         BundlePlan {
             workspace: "/w".into(),
@@ -725,13 +734,7 @@ mod tests {
         assert_eq!(r["memory"]["limit"], json!(1u64 << 28));
         assert_eq!(r["pids"]["limit"], json!(64));
         assert_eq!(r["cpu"]["quota"], json!(50_000));
-        let mounts = config["mounts"].as_array().cloned().unwrap_or_default();
-        let find = |dst: &str| {
-            mounts
-                .iter()
-                .find(|m| m["destination"] == json!(dst))
-                .cloned()
-        };
+        let find = |dst: &str| mount_at(&config, dst);
         let ws = find("/w").unwrap_or_else(|| panic!("workspace mount"));
         assert!(ws["options"].to_string().contains("\"rw\""));
         // The system directories and the guest are in the root view
@@ -792,13 +795,7 @@ mod tests {
             ["/g", "--host-view", "/b/rootfs", "--remove", "/b", "--"]
         );
         let config = config_json(&p);
-        let guest = config["mounts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|m| m["destination"] == GUEST_INSIDE)
-            .cloned()
-            .unwrap();
+        let guest = mount_at(&config, GUEST_INSIDE).unwrap();
         assert_eq!(guest["source"], "/g");
         assert!(guest["options"].to_string().contains("\"ro\""));
     }
@@ -812,7 +809,7 @@ mod tests {
         };
         let text = |o: &[&Owner]| {
             o.iter()
-                .map(|o| format!("{} {}\n", o.pid, o.start))
+                .map(|o| hako_guest::host_view::owner_line(o.pid, o.start))
                 .collect::<String>()
         };
         assert_eq!(owners(&text(&[&me])), Some(vec![me.clone()]));
@@ -863,13 +860,7 @@ mod tests {
         p.network = RunNetwork::Proxy("/tmp/hako-net-x".into());
         let config = config_json(&p);
         assert!(has_netns(&config));
-        let mount = config["mounts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|m| m["destination"] == NET_DIR)
-            .cloned()
-            .unwrap();
+        let mount = mount_at(&config, NET_DIR).unwrap();
         assert_eq!(mount["source"], "/tmp/hako-net-x");
         assert!(mount["options"].to_string().contains("\"ro\""));
         let argv = |network: &RunNetwork| {

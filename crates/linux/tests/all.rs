@@ -16,3 +16,12 @@ hako_conformance::conformance_tests!(linux, |ws: &Path| {
 
 mod escapes;
 mod forwarded;
+
+/// A fresh workspace: directory `ws` in a temporary directory, which the
+/// caller keeps for as long as the test runs.
+fn workspace() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    (dir, ws)
+}

@@ -638,10 +638,14 @@ cat <&3 >/dev/null"#
         serve_transfers(paced, false),
         serve_transfers(unpaced, true),
     ];
-    // A transfer cut short (a refused connection reads as an empty stream)
+    // Runs one transfer and returns the time its script printed. A
+    // transfer cut short (a refused connection reads as an empty stream)
     // must fail the run, not count as a fast one.
-    let whole = |which: usize, before: usize, time: Duration| {
-        if served[which].load(std::sync::atomic::Ordering::SeqCst) > before {
+    let whole = |which: usize, run: &dyn Fn() -> Result<Vec<u8>, String>| {
+        let count = || served[which].load(std::sync::atomic::Ordering::SeqCst);
+        let before = count();
+        let time = transfer_time(&run()?)?;
+        if count() > before {
             Ok(time)
         } else {
             Err("a transfer ended before the service had sent all of it".to_string())
@@ -674,28 +678,30 @@ cat <&3 >/dev/null"#
     ] {
         let command = Command::new([bash.display().to_string(), "-c".into(), inside]);
         let in_sandbox = || {
-            let before = served[which].load(std::sync::atomic::Ordering::SeqCst);
-            let out = sandbox.exec(&command).map_err(|e| e.to_string())?;
-            if !out.status.success() {
-                return Err(format!(
-                    "the transfer inside failed: {:?}: {}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr)
-                ));
-            }
-            whole(which, before, transfer_time(&out.stdout)?)
+            whole(which, &|| {
+                let out = sandbox.exec(&command).map_err(|e| e.to_string())?;
+                if !out.status.success() {
+                    return Err(format!(
+                        "the transfer inside failed: {:?}: {}",
+                        out.status,
+                        String::from_utf8_lossy(&out.stderr)
+                    ));
+                }
+                Ok(out.stdout)
+            })
         };
         let on_host = || {
-            let before = served[which].load(std::sync::atomic::Ordering::SeqCst);
-            let out = std::process::Command::new(&bash)
-                .args(["-c", &reference])
-                .stdin(Stdio::null())
-                .output()
-                .map_err(|e| format!("bash: {e}"))?;
-            if !out.status.success() {
-                return Err(format!("the loopback transfer failed: {}", out.status));
-            }
-            whole(which, before, transfer_time(&out.stdout)?)
+            whole(which, &|| {
+                let out = std::process::Command::new(&bash)
+                    .args(["-c", &reference])
+                    .stdin(Stdio::null())
+                    .output()
+                    .map_err(|e| format!("bash: {e}"))?;
+                if !out.status.success() {
+                    return Err(format!("the loopback transfer failed: {}", out.status));
+                }
+                Ok(out.stdout)
+            })
         };
         let (through, direct) = alternate(n.clamp(3, 50), in_sandbox, on_host)?;
         measured.push(Throughput {

@@ -6,15 +6,9 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::workspace;
 use hako_core::{Command, ExitStatus, Output, Sandbox};
 use hako_linux::{Limits, LinuxConfig, LinuxSandbox};
-
-fn workspace() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let ws = dir.path().join("ws");
-    std::fs::create_dir(&ws).unwrap();
-    (dir, ws)
-}
 
 fn sandbox(ws: &Path) -> LinuxSandbox {
     LinuxSandbox::new(LinuxConfig::new(ws)).unwrap()

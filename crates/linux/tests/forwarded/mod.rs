@@ -7,20 +7,14 @@
 
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::workspace;
 use hako_core::{Command, NetworkPolicy, Output, Sandbox};
 use hako_linux::{LinuxConfig, LinuxSandbox};
-
-fn workspace() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let ws = dir.path().join("ws");
-    std::fs::create_dir(&ws).unwrap();
-    (dir, ws)
-}
 
 fn sandbox(ws: &Path, allow: &[String]) -> LinuxSandbox {
     let mut config = LinuxConfig::new(ws);
@@ -118,9 +112,9 @@ s = disconnected({})
 s.bind(('0.0.0.0', 0))
 s.listen(4)
 s.settimeout(3)
-open({:?} + '.tmp', 'w').write(str(s.getsockname()[1]))
+open({file:?} + '.tmp', 'w').write(str(s.getsockname()[1]))
 import os
-os.rename({:?} + '.tmp', {:?})
+os.rename({file:?} + '.tmp', {file:?})
 try:
     c, peer = s.accept()
     print('accepted', peer)
@@ -128,9 +122,7 @@ except socket.timeout:
     print('nothing came')
 ",
         allowed.port,
-        port_file.display().to_string(),
-        port_file.display().to_string(),
-        port_file.display().to_string(),
+        file = port_file.display().to_string(),
     );
     let knock = {
         let port_file = port_file.clone();
