@@ -15,9 +15,24 @@
 //! What it does not do: a writer that can rewrite the whole file can
 //! recompute every hash. Keep the log where the sandbox cannot reach (it is
 //! written by hako, outside the boundary) and, for more, copy it away.
+//!
+//! Where a log may live. hako writes it with the user's full rights, and
+//! what it writes carries text chosen inside the sandbox (a command, a
+//! host name the proxy refused), so [`AuditLog::open`] refuses:
+//! - a path that resolves beneath a directory the sandbox can write (its
+//!   workspace, a writable bind): a command inside could replace the log
+//!   with a symbolic link between two runs and make hako append to any
+//!   file the user can write;
+//! - a symbolic link as the log itself (opened with `O_NOFOLLOW`, so no
+//!   link is followed even if one appears after the checks);
+//! - anything but a regular file with one link, owned by the user who runs
+//!   hako (no FIFO, device, hard link to another file, or file planted by
+//!   another user in a shared directory);
+//! - a line longer than [`MAX_LINE`] while verifying (a log replaced by
+//!   `/dev/zero` is refused, not read without bound).
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, BufRead, BufReader, Write};
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -26,6 +41,11 @@ use sha2::{Digest, Sha256};
 
 /// The kind of the record a cleanly closed log ends with.
 pub const END: &str = "end";
+
+/// The longest line (without its newline) a log may hold. A record whose
+/// line would be longer is written as a digest of its fields instead (see
+/// [`AuditLog::record`]); a longer line read back is refused.
+pub const MAX_LINE: usize = 1 << 20;
 
 /// The hex SHA-256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -48,6 +68,15 @@ pub enum AuditError {
         /// The error.
         #[source]
         source: io::Error,
+    },
+    /// The log's place or file is one hako will not write: what was
+    /// refused and why.
+    #[error("audit log {path}: refused: {reason}")]
+    Refused {
+        /// The log, as given.
+        path: PathBuf,
+        /// Why it was refused.
+        reason: String,
     },
     /// The log was tampered with (or is not an audit log): the first line
     /// that does not follow from the ones before it.
@@ -72,6 +101,13 @@ pub struct Verified {
     /// The last line's hash: kept elsewhere, it also shows whole runs cut
     /// off the end of the log.
     pub head: String,
+}
+
+/// A record's line and hash: the record with its `hash` added.
+fn finish(mut obj: Record) -> (String, String) {
+    let hash = record_hash(&obj);
+    obj.insert("hash".into(), Value::from(hash.clone()));
+    (Value::Object(obj).to_string(), hash)
 }
 
 /// The hash of a record: of its JSON without `hash`.
@@ -114,27 +150,17 @@ impl AuditLog {
     /// existing log must verify: its chain continues from its last line. A
     /// log closed before (ending with `end`) is continued after that
     /// record.
-    pub fn open(path: &Path) -> Result<AuditLog, AuditError> {
-        let io = |source| AuditError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let (seq, prev) = match std::fs::metadata(path) {
-            Ok(_) => {
-                let (_, seq, prev) = walk(path)?;
-                (seq, prev)
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => (0, sha256_hex(b"")),
-            Err(e) => return Err(io(e)),
-        };
-        let file = {
-            use std::os::unix::fs::OpenOptionsExt;
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .mode(0o600)
-                .open(path)
-                .map_err(io)?
+    ///
+    /// `sandbox_writable` lists every directory the sandboxes this log
+    /// records can write (their workspace and writable binds): a log that
+    /// resolves beneath one of them is refused, and so is anything at
+    /// `path` but a regular file with one link owned by this user (see the
+    /// crate's documentation).
+    pub fn open(path: &Path, sandbox_writable: &[PathBuf]) -> Result<AuditLog, AuditError> {
+        let file = open_log_file(path, sandbox_writable)?;
+        let (seq, prev) = {
+            let (_, seq, prev) = walk(path, BufReader::new(&file), false)?;
+            (seq, prev)
         };
         Ok(AuditLog {
             path: path.to_path_buf(),
@@ -174,10 +200,22 @@ impl AuditLog {
             }
         }
         obj.insert("prev".into(), Value::from(tail.prev.clone()));
-        let hash = record_hash(&obj);
-        obj.insert("hash".into(), Value::from(hash.clone()));
-        let line = Value::Object(obj).to_string();
-        let mut bytes = line.clone().into_bytes();
+        let (mut line, mut hash) = finish(obj.clone());
+        if line.len() > MAX_LINE {
+            // Too long to be read back within the bound: the record keeps
+            // its kind and a digest of what it would have said.
+            let mut short: Record = ["seq", "at_ms", "kind", "prev"]
+                .into_iter()
+                .filter_map(|key| Some((key.to_string(), obj.get(key)?.clone())))
+                .collect();
+            short.insert("oversized_bytes".into(), Value::from(line.len()));
+            short.insert(
+                "oversized_sha256".into(),
+                Value::from(sha256_hex(line.as_bytes())),
+            );
+            (line, hash) = finish(short);
+        }
+        let mut bytes = line.into_bytes();
         bytes.push(b'\n');
         tail.file.write_all(&bytes).map_err(io)?;
         tail.file.flush().map_err(io)?;
@@ -209,29 +247,136 @@ impl Drop for AuditLog {
     }
 }
 
-/// Walks a log: every record, the next `seq` and the last hash. Checks
-/// each line follows from the one before.
 /// One record of a log.
 pub type Record = Map<String, Value>;
 
-fn walk(path: &Path) -> Result<(Vec<Record>, u64, String), AuditError> {
+/// Why hako will not write the log at `path`.
+fn refused(path: &Path, reason: impl Into<String>) -> AuditError {
+    AuditError::Refused {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+/// Opens the log file for reading and appending, after the checks
+/// [`AuditLog::open`] lists. The directory is reached by its canonical
+/// path: no component of it lies beneath a directory the sandbox can
+/// write (that is what was checked), so nothing inside can swap one; the
+/// file itself is opened relative to that directory without following a
+/// link, and checked by its descriptor, not by its name.
+fn open_log_file(path: &Path, sandbox_writable: &[PathBuf]) -> Result<File, AuditError> {
+    use rustix::fs::{Mode, OFlags};
+    let io = |source: io::Error| AuditError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let Some(name) = path.file_name() else {
+        return Err(refused(path, "the path names no file"));
+    };
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let dir = std::fs::canonicalize(parent).map_err(io)?;
+    let real = dir.join(name);
+    for writable in sandbox_writable {
+        // A directory that cannot be resolved is compared as given.
+        let writable = std::fs::canonicalize(writable).unwrap_or_else(|_| writable.clone());
+        if real.starts_with(&writable) {
+            return Err(refused(
+                path,
+                format!(
+                    "it lies beneath {}, which the sandbox can write: a command inside could replace the log with a link and make hako write where it points; keep the log outside the workspace and every writable bind",
+                    writable.display()
+                ),
+            ));
+        }
+    }
+    let dirfd = rustix::fs::open(
+        &dir,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io(e.into()))?;
+    let fd = match rustix::fs::openat(
+        &dirfd,
+        name,
+        OFlags::RDWR
+            | OFlags::APPEND
+            | OFlags::CREATE
+            | OFlags::NOFOLLOW
+            | OFlags::NONBLOCK
+            | OFlags::NOCTTY
+            | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::LOOP) => {
+            return Err(refused(
+                path,
+                "it is a symbolic link; hako follows no link to its log",
+            ))
+        }
+        Err(rustix::io::Errno::NXIO) => {
+            return Err(refused(path, "it is not a regular file"));
+        }
+        Err(e) => return Err(io(e.into())),
+    };
+    let st = rustix::fs::fstat(&fd).map_err(|e| io(e.into()))?;
+    let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
+    if kind != rustix::fs::FileType::RegularFile {
+        return Err(refused(
+            path,
+            format!("it is not a regular file but a {kind:?}"),
+        ));
+    }
+    if st.st_nlink != 1 {
+        return Err(refused(
+            path,
+            format!(
+                "it has {} links: another name for it could be a file hako should not write",
+                st.st_nlink
+            ),
+        ));
+    }
+    let me = rustix::process::geteuid().as_raw();
+    if st.st_uid != me {
+        return Err(refused(
+            path,
+            format!(
+                "it is owned by uid {}, not by the user running hako (uid {me})",
+                st.st_uid
+            ),
+        ));
+    }
+    // Blocking again: the flag was only so that opening a FIFO could not
+    // hang before it was refused.
+    let flags = rustix::fs::fcntl_getfl(&fd).map_err(|e| io(e.into()))?;
+    rustix::fs::fcntl_setfl(&fd, flags - OFlags::NONBLOCK).map_err(|e| io(e.into()))?;
+    Ok(File::from(fd))
+}
+
+/// Walks a log: its records (when `keep`), the next `seq` and the last
+/// hash. Checks each line follows from the one before; no line is read
+/// past [`MAX_LINE`].
+fn walk(
+    path: &Path,
+    mut reader: impl BufRead,
+    keep: bool,
+) -> Result<(Vec<Record>, u64, String), AuditError> {
     let broken = |line: u64, reason: String| AuditError::Broken {
         path: path.to_path_buf(),
         line,
         reason,
     };
-    let file = File::open(path).map_err(|source| AuditError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let mut reader = BufReader::new(file);
     let mut prev = sha256_hex(b"");
     let mut records = Vec::new();
     let mut n: u64 = 0;
     let mut buf = Vec::new();
     loop {
         buf.clear();
-        let got = reader
+        let got = (&mut reader)
+            .take(MAX_LINE as u64 + 1)
             .read_until(b'\n', &mut buf)
             .map_err(|source| AuditError::Io {
                 path: path.to_path_buf(),
@@ -242,6 +387,12 @@ fn walk(path: &Path) -> Result<(Vec<Record>, u64, String), AuditError> {
         }
         n += 1;
         if buf.last() != Some(&b'\n') {
+            if buf.len() > MAX_LINE {
+                return Err(broken(
+                    n,
+                    format!("the line is longer than {MAX_LINE} bytes: this is not an audit log"),
+                ));
+            }
             return Err(broken(
                 n,
                 "the line is cut off (the file was truncated)".into(),
@@ -280,7 +431,9 @@ fn walk(path: &Path) -> Result<(Vec<Record>, u64, String), AuditError> {
             ));
         }
         prev = hash.to_string();
-        records.push(obj);
+        if keep {
+            records.push(obj);
+        }
     }
     Ok((records, n, prev))
 }
@@ -289,7 +442,7 @@ fn walk(path: &Path) -> Result<(Vec<Record>, u64, String), AuditError> {
 /// follow from those before it; a log whose last record is not `end` is
 /// reported as cut off at the line after its last.
 pub fn verify(path: &Path) -> Result<Verified, AuditError> {
-    let (records, n, head) = walk(path)?;
+    let (records, n, head) = walk(path, open_for_reading(path)?, true)?;
     let closed = records
         .last()
         .and_then(|r| r.get("kind"))
@@ -312,7 +465,16 @@ pub fn verify(path: &Path) -> Result<Verified, AuditError> {
 /// Every record of a log, in order, after [`verify`]ing the chain (a log
 /// without its closing record is shown too).
 pub fn records(path: &Path) -> Result<Vec<Record>, AuditError> {
-    walk(path).map(|(records, _, _)| records)
+    walk(path, open_for_reading(path)?, true).map(|(records, _, _)| records)
+}
+
+fn open_for_reading(path: &Path) -> Result<BufReader<File>, AuditError> {
+    File::open(path)
+        .map(BufReader::new)
+        .map_err(|source| AuditError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 #[cfg(test)]
@@ -325,7 +487,7 @@ mod tests {
     fn log() -> (tempfile::TempDir, PathBuf, Vec<String>) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.log");
-        let log = AuditLog::open(&path).unwrap();
+        let log = AuditLog::open(&path, &[]).unwrap();
         for i in 0..4 {
             log.record(
                 "exec",
@@ -361,7 +523,7 @@ mod tests {
         assert_eq!(lines.len(), 5);
         let v = verify(&path).unwrap();
         assert_eq!((v.records, v.closed), (5, true));
-        let log = AuditLog::open(&path).unwrap();
+        let log = AuditLog::open(&path, &[]).unwrap();
         log.record("write", serde_json::json!({"path": "a", "size": 1}))
             .unwrap();
         drop(log);
@@ -380,7 +542,7 @@ mod tests {
         assert!(reason.contains("edited"), "{reason}");
         // Reopening a tampered log for appending is refused.
         assert!(matches!(
-            AuditLog::open(&path),
+            AuditLog::open(&path, &[]),
             Err(AuditError::Broken { line: 3, .. })
         ));
     }
@@ -437,5 +599,136 @@ mod tests {
         lines.insert(2, "not json".into());
         write(&path, &lines);
         assert_eq!(broken_at(&path).0, 3);
+    }
+
+    fn refusal(result: Result<AuditLog, AuditError>) -> String {
+        match result {
+            Err(AuditError::Refused { reason, .. }) => reason,
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_log_replaced_by_a_symlink_to_a_file_outside_is_refused() {
+        let (dir, path, _) = log();
+        let outside = dir.path().join("bash_profile");
+        std::fs::write(&outside, "echo hi\n").unwrap();
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(&outside, &path).unwrap();
+        let reason = refusal(AuditLog::open(&path, &[]));
+        assert!(reason.contains("symbolic link"), "{reason}");
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "echo hi\n");
+        // A dangling link is not followed to create its target either.
+        let target = dir.path().join("created");
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        refusal(AuditLog::open(&path, &[]));
+        assert!(!target.exists());
+    }
+
+    #[test]
+    fn a_log_beneath_a_directory_the_sandbox_can_write_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("project");
+        std::fs::create_dir_all(ws.join("sub")).unwrap();
+        let writable = [ws.clone()];
+        for path in [
+            ws.join("audit.log"),
+            ws.join("sub/audit.log"),
+            ws.join("sub/../audit.log"),
+        ] {
+            let reason = refusal(AuditLog::open(&path, &writable));
+            assert!(reason.contains("can write"), "{reason}");
+            assert!(!path.exists(), "{}", path.display());
+        }
+        // Reached through a link from outside, it is the same place.
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&ws, &link).unwrap();
+        refusal(AuditLog::open(&link.join("audit.log"), &writable));
+        // The writable directory named through a link is resolved too.
+        let log = dir.path().join("audit.log");
+        refusal(AuditLog::open(&ws.join("a.log"), &[link]));
+        // Beside the workspace is fine.
+        AuditLog::open(&log, &writable).unwrap();
+    }
+
+    #[test]
+    fn a_log_replaced_by_a_link_to_dev_zero_is_refused_without_reading_it() {
+        let (_dir, path, _) = log();
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+        refusal(AuditLog::open(&path, &[]));
+        // Verifying it (a reader follows the link) stops at the bound.
+        match verify(&path) {
+            Err(AuditError::Broken {
+                line: 1, reason, ..
+            }) => {
+                assert!(reason.contains("longer than"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_fifo_as_the_log_is_refused_without_waiting_for_a_reader() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&path)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let reason = refusal(AuditLog::open(&path, &[]));
+        assert!(reason.contains("regular file"), "{reason}");
+    }
+
+    #[test]
+    fn a_log_hard_linked_to_another_file_is_refused() {
+        let (dir, path, _) = log();
+        let other = dir.path().join("other.log");
+        std::fs::hard_link(&path, &other).unwrap();
+        let reason = refusal(AuditLog::open(&path, &[]));
+        assert!(reason.contains("2 links"), "{reason}");
+    }
+
+    #[test]
+    fn a_log_planted_by_another_user_is_refused() {
+        if !rustix::process::geteuid().is_root() {
+            assert!(
+                std::env::var_os("HAKO_MUST_WORK").is_none(),
+                "needs root to plant a file of another user"
+            );
+            eprintln!("SKIPPED a_log_planted_by_another_user_is_refused: needs root");
+            return;
+        }
+        let (_dir, path, _) = log();
+        std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+        let reason = refusal(AuditLog::open(&path, &[]));
+        assert!(reason.contains("owned by uid 65534"), "{reason}");
+    }
+
+    #[test]
+    fn a_record_longer_than_the_line_bound_is_kept_as_a_digest_and_the_log_verifies() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        let log = AuditLog::open(&path, &[]).unwrap();
+        let huge = "x".repeat(MAX_LINE + 10);
+        log.record("exec", serde_json::json!({"argv": [huge]}))
+            .unwrap();
+        log.record("exec", serde_json::json!({"argv": ["true"]}))
+            .unwrap();
+        drop(log);
+        let v = verify(&path).unwrap();
+        assert_eq!(v.records, 3);
+        let records = records(&path).unwrap();
+        assert!(
+            records[0].contains_key("oversized_sha256"),
+            "{:?}",
+            records[0]
+        );
+        assert!(!records[0].contains_key("argv"));
+        assert_eq!(records[1]["argv"][0], "true");
+        // And it is continued after reopening.
+        AuditLog::open(&path, &[]).unwrap();
     }
 }

@@ -142,6 +142,15 @@ pub struct SandboxSpec {
 }
 
 impl SandboxSpec {
+    /// Every host directory a command in this sandbox can write: its
+    /// workspace and its writable binds. An audit log is never kept
+    /// beneath one of them.
+    pub fn writable(&self) -> Vec<PathBuf> {
+        std::iter::once(self.workspace.clone())
+            .chain(self.rw.iter().cloned())
+            .collect()
+    }
+
     /// Defaults for a workspace.
     pub fn new(workspace: PathBuf) -> Self {
         SandboxSpec {

@@ -92,7 +92,7 @@ fn hako_started_with_stdout_closed_prints_its_result_into_no_file_it_opens() {
     // A caller that starts hako with descriptor 1 closed: the audit log,
     // opened next, must not take its number and receive the JSON result.
     let d = dirs();
-    let log = d.ws.join("audit.log");
+    let log = d.outside.join("audit.log");
     let out = Command::new("sh")
         .args(["-c", "exec \"$0\" \"$@\" >&-"])
         .arg(env!("CARGO_BIN_EXE_hako"))
@@ -1007,7 +1007,7 @@ fn kill_9_of_hako_leaves_an_egress_proxy_directory_that_gc_removes() {
 #[test]
 fn audit_log_records_runs_and_verify_names_an_edited_removed_or_reordered_line() {
     let d = dirs();
-    let log = d.ws.join("audit.log");
+    let log = d.outside.join("audit.log");
     let log_s = log.to_str().unwrap();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -1152,4 +1152,80 @@ fn serve_refuses_requests_without_the_token_and_runs_commands_on_linux_with_it()
     assert_eq!(out["stdout"], "in-sandbox\n0\n", "{out}");
     server.kill().unwrap();
     server.wait().unwrap();
+}
+
+#[test]
+fn an_audit_log_inside_the_workspace_is_refused_before_the_command_runs() {
+    let d = dirs();
+    let log = d.ws.join("audit.log");
+    let log_s = log.to_str().unwrap();
+    for args in [
+        vec!["--audit", log_s, "--", "touch", "ran"],
+        // A writable bind is the sandbox's as much as its workspace.
+        vec![
+            "--rw",
+            d.outside.to_str().unwrap(),
+            "--audit",
+            d.outside.join("a.log").to_str().unwrap(),
+            "--",
+            "touch",
+            "ran",
+        ],
+    ] {
+        let out = run_in(&d.ws, &args);
+        assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+        let said = text(&out.stderr);
+        assert!(
+            said.contains("refused") && said.contains("can write"),
+            "{said}"
+        );
+    }
+    assert!(!log.exists() && !d.outside.join("a.log").exists());
+    assert!(!d.ws.join("ran").exists(), "the command ran");
+    // Kept outside, the same run is recorded.
+    let outside = d.outside.join("audit.log");
+    let out = run_in(
+        &d.ws,
+        &["--audit", outside.to_str().unwrap(), "--", "touch", "ran"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(d.ws.join("ran").exists());
+}
+
+#[test]
+fn an_audit_log_replaced_by_a_symlink_is_not_written_through() {
+    let d = dirs();
+    let log = d.outside.join("audit.log");
+    let log_s = log.to_str().unwrap();
+    let out = run_in(&d.ws, &["--audit", log_s, "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // The log replaced by a link to a login script, then a command whose
+    // text is shell to run at the next login.
+    let profile = d.outside.join("bash_profile");
+    std::fs::write(&profile, "# profile\n").unwrap();
+    std::fs::remove_file(&log).unwrap();
+    symlink(&profile, &log).unwrap();
+    let out = run_in(
+        &d.ws,
+        &["--audit", log_s, "--", "echo", "$(id > pwned.txt)"],
+    );
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("symbolic link"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&profile).unwrap(), "# profile\n");
+    // A link to /dev/zero is refused at once, not read without bound.
+    std::fs::remove_file(&log).unwrap();
+    symlink("/dev/zero", &log).unwrap();
+    let out = run_in(&d.ws, &["--audit", log_s, "--", "true"]);
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    let out = hako().args(["audit", "verify"]).arg(&log).output().unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stdout).contains("longer than"),
+        "{}",
+        text(&out.stdout)
+    );
 }

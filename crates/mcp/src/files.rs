@@ -472,7 +472,7 @@ mod tests {
         std::fs::create_dir(&ws).unwrap();
         std::fs::write(tmp.path().join("secret"), "OUTSIDE").unwrap();
         let audit = tmp.path().join("audit.log");
-        let log = Arc::new(hako_audit::AuditLog::open(&audit).unwrap());
+        let log = Arc::new(hako_audit::AuditLog::open(&audit, &[]).unwrap());
         let state = State::new(Box::new(|| Err(hako_core::Error::Closed)), Some(log));
         let sb = FenceBox::new(&ws);
         Fixture {

@@ -377,7 +377,7 @@ mod tests {
     fn an_audited_failure_never_carries_more_than_a_short_message() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("audit.log");
-        let log = Arc::new(AuditLog::open(&path).unwrap());
+        let log = Arc::new(AuditLog::open(&path, &[]).unwrap());
         let state = State::new(Box::new(|| Err(hako_core::Error::Closed)), Some(log));
         let content = "SECRET ".repeat(100_000);
         state.record_failure(

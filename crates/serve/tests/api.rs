@@ -48,7 +48,7 @@ fn start_config(
     std::fs::create_dir(&ws).unwrap();
     let ws = ws.canonicalize().unwrap();
     let log = dir.path().join("audit.log");
-    let audit = Arc::new(hako_audit::AuditLog::open(&log).unwrap());
+    let audit = Arc::new(hako_audit::AuditLog::open(&log, &[]).unwrap());
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let root = ws.clone();

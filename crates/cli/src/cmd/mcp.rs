@@ -76,7 +76,7 @@ pub fn run(args: McpArgs) -> u8 {
         None => None,
     };
     let audit = match &args.audit {
-        Some(path) => match hako_audit::AuditLog::open(path) {
+        Some(path) => match hako_audit::AuditLog::open(path, &spec.writable()) {
             Ok(log) => Some(Arc::new(log)),
             Err(e) => return fail(&e),
         },

@@ -147,6 +147,18 @@ pub struct SandboxArgs {
 }
 
 impl SandboxArgs {
+    /// The directories the flags alone make writable to a sandbox (the
+    /// workspace, or the current directory, and `--rw`): what an audit log
+    /// is kept out of when the whole spec could not be read.
+    pub fn writable_without_profile(&self) -> Vec<PathBuf> {
+        self.workspace
+            .clone()
+            .or_else(|| std::env::current_dir().ok())
+            .into_iter()
+            .chain(self.rw.iter().cloned())
+            .collect()
+    }
+
     /// The backend and the backend-neutral settings these flags (and the
     /// profile, if one is given) describe.
     pub fn spec(&self) -> Result<(BackendArg, SandboxSpec), String> {

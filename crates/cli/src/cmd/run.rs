@@ -95,10 +95,21 @@ fn fail(json: bool, backend: Option<&str>, err: &dyn std::fmt::Display, code: u8
 /// Runs `hako run`.
 pub fn run(args: RunArgs) -> u8 {
     let json = args.json;
-    let audit = match args.audit.as_deref().map(hako_audit::AuditLog::open) {
+    let spec = args.sandbox.spec();
+    // The log is kept out of every directory the sandbox can write.
+    let writable = match &spec {
+        Ok((_, spec)) => spec.writable(),
+        Err(_) => args.sandbox.writable_without_profile(),
+    };
+    let audit = match args
+        .audit
+        .as_deref()
+        .map(|path| hako_audit::AuditLog::open(path, &writable))
+    {
         None => None,
         Some(Ok(log)) => Some(log),
-        // A log that does not verify is not written to: fail closed.
+        // A log that does not verify, or lies where the sandbox could
+        // reach it, is not written to: fail closed.
         Some(Err(e)) => return fail(json, None, &e, exit::SANDBOX_FAILED),
     };
     let argv = args.command.clone();
@@ -111,7 +122,7 @@ pub fn run(args: RunArgs) -> u8 {
         }
         fail(json, backend, err, code)
     };
-    let (backend_arg, spec) = match args.sandbox.spec() {
+    let (backend_arg, spec) = match spec {
         Ok(spec) => spec,
         Err(e) => return refuse(None, &e, exit::SANDBOX_FAILED),
     };

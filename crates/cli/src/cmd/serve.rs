@@ -56,7 +56,12 @@ pub fn run(args: ServeArgs) -> u8 {
             Err(e) => return fail(&format!("cannot generate a token: {e}")),
         },
     };
-    let audit = match args.audit.as_deref().map(hako_audit::AuditLog::open) {
+    let writable = spec.writable();
+    let audit = match args
+        .audit
+        .as_deref()
+        .map(|path| hako_audit::AuditLog::open(path, &writable))
+    {
         None => None,
         Some(Ok(log)) => Some(Arc::new(log)),
         Some(Err(e)) => return fail(&e),
