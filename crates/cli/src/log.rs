@@ -24,7 +24,9 @@ pub fn init() {
             )
             .init(),
         None => {
-            let to_stderr = Warnings(|line: String| eprintln!("{line}"));
+            // A warning may carry text from inside (a guest's message, a
+            // path): escaped, it stays one inert line.
+            let to_stderr = Warnings(|line: String| eprintln!("{}", crate::show::message(&line)));
             let _ = tracing::subscriber::set_global_default(to_stderr);
         }
     }

@@ -7,6 +7,7 @@ mod backend;
 mod cmd;
 mod exit;
 mod log;
+mod show;
 
 use clap::Parser;
 

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod terminal;
+
 fn hako() -> Command {
     Command::new(env!("CARGO_BIN_EXE_hako"))
 }

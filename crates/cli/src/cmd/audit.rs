@@ -1,5 +1,7 @@
 //! `hako audit`: checks and shows the audit logs `--audit FILE` writes.
 
+use std::fmt::Write as _;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
@@ -7,6 +9,7 @@ use hako_audit::AuditError;
 use serde_json::Value;
 
 use crate::exit;
+use crate::show::{self, escaped, message};
 
 /// Flags of `hako audit`.
 #[derive(Debug, Args)]
@@ -40,18 +43,18 @@ pub fn run(args: AuditArgs) -> u8 {
             Ok(v) => {
                 println!(
                     "{}: {} records, chain intact, closed; head {}",
-                    file.display(),
+                    escaped(file.as_os_str().as_bytes()),
                     v.records,
                     v.head
                 );
                 0
             }
             Err(e @ AuditError::Broken { .. }) => {
-                println!("hako: {e}");
+                println!("hako: {}", message(&e.to_string()));
                 1
             }
             Err(e) => {
-                eprintln!("hako: {e}");
+                eprintln!("hako: {}", message(&e.to_string()));
                 exit::SANDBOX_FAILED
             }
         },
@@ -59,7 +62,7 @@ pub fn run(args: AuditArgs) -> u8 {
             let records = match hako_audit::records(&file) {
                 Ok(r) => r,
                 Err(e) => {
-                    eprintln!("hako: {e}");
+                    eprintln!("hako: {}", message(&e.to_string()));
                     return 1;
                 }
             };
@@ -71,7 +74,7 @@ pub fn run(args: AuditArgs) -> u8 {
                 }
             }
             if let Err(e) = hako_audit::verify(&file) {
-                eprintln!("hako: {e}");
+                eprintln!("hako: {}", message(&e.to_string()));
                 return 1;
             }
             0
@@ -79,21 +82,43 @@ pub fn run(args: AuditArgs) -> u8 {
     }
 }
 
-/// `seq  time  kind  field=value ...` (hashes left out).
+/// `seq  time  kind  field=value ...` (hashes left out), one line whatever
+/// the record holds: its strings come from inside (a command, a path, a
+/// guest's message), so each is shown escaped (see [`show::escaped`]).
 fn readable(r: &serde_json::Map<String, Value>) -> String {
     let seq = r.get("seq").and_then(Value::as_u64).unwrap_or(0);
     let at = r.get("at_ms").and_then(Value::as_u64).unwrap_or(0);
     let kind = r.get("kind").and_then(Value::as_str).unwrap_or("?");
+    let kind = escaped(kind).to_string();
     let mut out = format!("{seq:>5}  {}  {kind:<8}", utc(at));
     for (k, v) in r {
         if matches!(k.as_str(), "seq" | "at_ms" | "kind" | "prev") {
             continue;
         }
-        let text = match v {
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
-        };
-        out.push_str(&format!(" {k}={text}"));
+        let _ = write!(out, " {}=", escaped(k));
+        match v {
+            Value::String(s) => {
+                let _ = write!(out, "{}", escaped(s));
+            }
+            other => out.push_str(&inert_json(other)),
+        }
+    }
+    out
+}
+
+/// `value` as compact JSON in which every character [`show::is_unsafe`]
+/// names is a JSON escape (`\u009b`): the same value, still valid JSON,
+/// and printable. (serde_json already escapes the C0 controls; DEL, the C1
+/// and the bidi controls it writes as they are. Outside a string, JSON
+/// text is ASCII, so every one found is inside a string.)
+fn inert_json(value: &Value) -> String {
+    let mut out = String::new();
+    for c in value.to_string().chars() {
+        if show::is_unsafe(c) {
+            let _ = write!(out, "\\u{:04x}", u32::from(c));
+        } else {
+            out.push(c);
+        }
     }
     out
 }
@@ -131,5 +156,49 @@ mod tests {
         assert_eq!(utc(0), "1970-01-01 00:00:00.000");
         assert_eq!(utc(1_795_987_755_966), "2026-11-29 21:29:15.966");
         assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00.000");
+    }
+
+    fn record(fields: Value) -> serde_json::Map<String, Value> {
+        let mut r = serde_json::Map::new();
+        r.insert("seq".into(), 3.into());
+        r.insert("at_ms".into(), 0.into());
+        r.insert("kind".into(), "exec".into());
+        if let Value::Object(fields) = fields {
+            r.extend(fields);
+        }
+        r
+    }
+
+    #[test]
+    fn a_record_whose_strings_hold_controls_is_one_printable_line() {
+        let line = readable(&record(serde_json::json!({
+            "tool": "run_command",
+            "command": "true\x1b]0;pwned\x07\r\n    4  1970-01-01 00:00:00.000  exec     command=rm",
+            "ke\ny": "v\u{9b}2J",
+        })));
+        assert!(!line.chars().any(show::is_unsafe), "{line:?}");
+        assert_eq!(line.lines().count(), 1, "{line:?}");
+        assert!(
+            line.contains("command=true\\x1b]0;pwned\\x07\\r\\n    4"),
+            "{line}"
+        );
+        assert!(line.contains(" ke\\ny=v\\u{9b}2J"), "{line}");
+    }
+
+    #[test]
+    fn json_values_keep_their_meaning_with_every_control_escaped() {
+        let argv = serde_json::json!(["sh", "-c", "echo \"hi\"\u{9b}\u{202e}\u{7f}\x1b"]);
+        let line = readable(&record(serde_json::json!({ "argv": argv })));
+        assert!(!line.chars().any(show::is_unsafe), "{line:?}");
+        let shown = line
+            .split_once(" argv=")
+            .map(|(_, v)| v)
+            .unwrap_or_default();
+        assert_eq!(
+            shown,
+            r#"["sh","-c","echo \"hi\"\u009b\u202e\u007f\u001b"]"#
+        );
+        let back: Value = serde_json::from_str(shown).unwrap_or_default();
+        assert_eq!(back, argv);
     }
 }

@@ -9,6 +9,7 @@ use hako_core::{DirEntry, Error, FileKind, Metadata, Sandbox};
 use serde::Serialize;
 
 use super::SandboxArgs;
+use crate::show::{self, escaped};
 use crate::{backend, exit};
 
 /// Most bytes `write` and `append` take from standard input.
@@ -164,7 +165,7 @@ pub fn run(args: FsArgs) -> u8 {
     let sandbox = match opened {
         Ok(sb) => sb,
         Err(e) => {
-            eprintln!("hako: {e}");
+            eprintln!("hako: {}", show::message(&e));
             return exit::SANDBOX_FAILED;
         }
     };
@@ -176,7 +177,8 @@ pub fn run(args: FsArgs) -> u8 {
             if args.json {
                 print_json(&serde_json::json!({ "error": message }));
             }
-            eprintln!("hako: {message}");
+            // The message may name a path from inside, or carry the guest's.
+            eprintln!("hako: {}", show::message(&message));
             exit::FS_FAILED
         }
     }
@@ -212,7 +214,7 @@ fn operate(sandbox: &dyn Sandbox, op: &FsOp, json: bool) -> Result<(), String> {
                 if truncated {
                     eprintln!(
                         "hako: {} truncated at {} bytes (--max-bytes)",
-                        path.display(),
+                        escaped(path.as_os_str().as_bytes()),
                         data.len()
                     );
                 }
@@ -248,15 +250,18 @@ fn operate(sandbox: &dyn Sandbox, op: &FsOp, json: bool) -> Result<(), String> {
             } else {
                 let mut out = std::io::stdout().lock();
                 for e in &listing.entries {
-                    let mut line =
-                        format!("{}{:04o} {:>12} ", kind_char(e.kind), e.mode, e.size).into_bytes();
-                    line.extend_from_slice(e.name.as_bytes());
-                    if e.kind == FileKind::Dir {
-                        line.push(b'/');
-                    }
-                    line.push(b'\n');
-                    out.write_all(&line)
-                        .map_err(|e| format!("cannot write to standard output: {e}"))?;
+                    // The name is chosen inside: escaped, it can neither
+                    // drive the terminal nor forge a line.
+                    writeln!(
+                        out,
+                        "{}{:04o} {:>12} {}{}",
+                        kind_char(e.kind),
+                        e.mode,
+                        e.size,
+                        escaped(e.name.as_bytes()),
+                        if e.kind == FileKind::Dir { "/" } else { "" }
+                    )
+                    .map_err(|e| format!("cannot write to standard output: {e}"))?;
                 }
                 if listing.truncated {
                     eprintln!(
@@ -289,7 +294,7 @@ fn operate(sandbox: &dyn Sandbox, op: &FsOp, json: bool) -> Result<(), String> {
                     stat.kind, stat.size, stat.mode, stat.mtime, stat.links
                 );
                 if let Some(target) = &stat.symlink_target {
-                    println!("target: {}", target.to_string_lossy());
+                    println!("target: {}", escaped(target.as_os_str().as_bytes()));
                 }
             }
         }

@@ -22,7 +22,7 @@ pub fn run(_args: GcArgs) -> u8 {
                 }
             }
             Err(e) => {
-                eprintln!("hako: {e}");
+                eprintln!("hako: {}", crate::show::message(&e.to_string()));
                 code = exit::SANDBOX_FAILED;
             }
         },

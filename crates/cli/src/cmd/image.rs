@@ -59,7 +59,7 @@ fn build(args: BuildArgs) -> u8 {
     let applets = match image::build_rootfs(&spec) {
         Ok(n) => n,
         Err(e) => {
-            eprintln!("hako: {e}");
+            eprintln!("hako: {}", crate::show::message(&e.to_string()));
             return exit::SANDBOX_FAILED;
         }
     };
@@ -74,7 +74,10 @@ fn build(args: BuildArgs) -> u8 {
     let engine = match hako_container::engine::shared(&CliRunner) {
         Ok(engine) => engine,
         Err(e) => {
-            eprintln!("hako: not imported: {e}");
+            eprintln!(
+                "hako: not imported: {}",
+                crate::show::message(&e.to_string())
+            );
             return exit::SANDBOX_FAILED;
         }
     };
@@ -84,7 +87,7 @@ fn build(args: BuildArgs) -> u8 {
             0
         }
         Err(e) => {
-            eprintln!("hako: {e}");
+            eprintln!("hako: {}", crate::show::message(&e.to_string()));
             exit::SANDBOX_FAILED
         }
     }

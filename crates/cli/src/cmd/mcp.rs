@@ -43,7 +43,7 @@ pub struct McpArgs {
 /// Runs `hako mcp`.
 pub fn run(args: McpArgs) -> u8 {
     let fail = |err: &dyn std::fmt::Display| {
-        eprintln!("hako: {err}");
+        eprintln!("hako: {}", crate::show::message(&err.to_string()));
         exit::SANDBOX_FAILED
     };
     let (backend_arg, spec) = match args.sandbox.spec() {
@@ -103,7 +103,7 @@ pub fn run(args: McpArgs) -> u8 {
         return match hako_mcp::serve_http(config, http) {
             Ok(()) => 0,
             Err(e) => {
-                eprintln!("hako: mcp: {e}");
+                eprintln!("hako: mcp: {}", crate::show::message(&e.to_string()));
                 1
             }
         };
@@ -114,7 +114,7 @@ pub fn run(args: McpArgs) -> u8 {
         // The protocol failed (the client went away before initializing);
         // the sandbox, if it was opened, is closed all the same.
         Err(e) => {
-            eprintln!("hako: mcp: {e}");
+            eprintln!("hako: mcp: {}", crate::show::message(&e.to_string()));
             1
         }
     }

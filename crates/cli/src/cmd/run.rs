@@ -87,7 +87,7 @@ fn fail(json: bool, backend: Option<&str>, err: &dyn std::fmt::Display, code: u8
         };
         println!("{}", serde_json::to_string(&obj).unwrap_or_default());
     } else {
-        eprintln!("hako: {err}");
+        eprintln!("hako: {}", crate::show::message(&err.to_string()));
     }
     code
 }
@@ -245,7 +245,7 @@ fn record_run(
     ));
     for (kind, fields) in records {
         if let Err(e) = log.record(kind, fields) {
-            eprintln!("hako: {e}");
+            eprintln!("hako: {}", crate::show::message(&e.to_string()));
             return;
         }
     }
@@ -284,11 +284,11 @@ fn execute(
 }
 
 /// One line on stderr per connection the egress proxy refused, so that a
-/// failing download says why.
+/// failing download says why. The host was named from inside: escaped.
 fn report_refusals(events: &[NetEvent]) {
     for e in events.iter().filter(|e| e.decision == NetDecision::Refused) {
-        eprintln!(
-            "hako: the egress proxy refused {}:{} (rule {}){}",
+        let line = format!(
+            "the egress proxy refused {}:{} (rule {}){}",
             e.host,
             e.port,
             e.rule,
@@ -297,6 +297,7 @@ fn report_refusals(events: &[NetEvent]) {
                 .map(|m| format!(": {m}"))
                 .unwrap_or_default()
         );
+        eprintln!("hako: {}", crate::show::message(&line));
     }
 }
 

@@ -31,7 +31,7 @@ pub struct ServeArgs {
 /// Runs `hako serve`.
 pub fn run(args: ServeArgs) -> u8 {
     let fail = |e: &dyn std::fmt::Display| {
-        eprintln!("hako: {e}");
+        eprintln!("hako: {}", crate::show::message(&e.to_string()));
         exit::SANDBOX_FAILED
     };
     let (backend_arg, spec) = match args.sandbox.spec() {

@@ -74,7 +74,7 @@ fn size_of_terminal() -> TermSize {
 /// Runs `hako shell`.
 pub fn run(args: ShellArgs) -> u8 {
     let fail = |err: &dyn std::fmt::Display| {
-        eprintln!("hako: {err}");
+        eprintln!("hako: {}", crate::show::message(&err.to_string()));
         exit::SANDBOX_FAILED
     };
     if !termios::isatty(std::io::stdin().as_fd()) {
@@ -225,7 +225,8 @@ fn session(
         Some(ExitStatus::Signal(s)) => u8::try_from(128 + s).unwrap_or(1),
         None => {
             if let Some(error) = state.error {
-                eprintln!("hako: {error}");
+                // The guest's words: escaped.
+                eprintln!("hako: {}", crate::show::message(&error));
             }
             exit::SANDBOX_FAILED
         }
