@@ -33,6 +33,12 @@ const _: fn() -> u8 = run;
 /// Everything `hako` does: its exit code.
 fn run() -> u8 {
     log::init();
+    // The egress proxies' connections are budgeted from the soft limit
+    // (see `hako_net::ConnectionBudget`); without it, hako works with less.
+    match hako_sys::rlimit::raise_open_files_limit() {
+        Ok(limit) => tracing::debug!(?limit, "open files limit"),
+        Err(e) => tracing::debug!(error = %e, "cannot raise the open files limit"),
+    }
     cmd::dispatch(parse())
 }
 

@@ -17,16 +17,21 @@
 //! - Nothing is buffered without bound: request heads, chunk lines and
 //!   trailers have limits, the event queue drops its oldest entries, and the
 //!   number of live connections is capped.
+//! - One sandbox cannot starve another of connections: the process's budget
+//!   is divided evenly among its proxies ([`ConnectionBudget`]), and a
+//!   relayed connection that moves no bytes for the idle timeout is closed.
 //! - One request per HTTP client connection: a pipelined second request
 //!   never reaches the first request's upstream.
 
 #![cfg(unix)]
 
 mod allow;
+mod budget;
 mod classify;
 mod decide;
 pub mod handoff;
 mod http;
+mod live;
 mod proxy;
 mod relay;
 mod resolve;
@@ -34,6 +39,7 @@ mod socks;
 mod stale;
 
 pub use allow::{AllowEntry, AllowError, Allowlist, EntryHost, DEFAULT_PORTS};
+pub use budget::{ConnectionBudget, RULE_PROCESS_CONNECTIONS, RULE_TOO_MANY_CONNECTIONS};
 pub use classify::classify;
 pub use decide::{
     decide, Verdict, RULE_BAD_HOST, RULE_NAME_NOT_RESOLVED, RULE_NOT_ON_ALLOWLIST,
@@ -42,8 +48,7 @@ pub use decide::{
 pub use handoff::{announce_forward, hand_over};
 pub use proxy::{
     proxy_env, Proxy, ProxyConfig, RULE_BAD_REQUEST, RULE_HANDSHAKE_TIMEOUT,
-    RULE_HOST_HEADER_MISMATCH, RULE_SOCKS4, RULE_SOCKS_METHOD, RULE_SOCKS_REQUEST,
-    RULE_TOO_MANY_CONNECTIONS, SOCKET_NAME,
+    RULE_HOST_HEADER_MISMATCH, RULE_SOCKS4, RULE_SOCKS_METHOD, RULE_SOCKS_REQUEST, SOCKET_NAME,
 };
 pub use relay::{relay, RelaySocket};
 pub use resolve::Resolver;

@@ -1,25 +1,29 @@
 //! The proxy: one unix socket, a thread per connection, a bounded record of
 //! every decision.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hako_core::{NetDecision, NetEvent, NetProtocol, NetworkPolicy};
 
 use crate::allow::{printable, AllowError, Allowlist};
+use crate::budget::{
+    ConnectionBudget, Limit, Reclaim, Seat, RULE_PROCESS_CONNECTIONS, RULE_TOO_MANY_CONNECTIONS,
+};
 use crate::decide::{decide, Verdict, RULE_NAME_NOT_RESOLVED};
 use crate::handoff::{self, First};
 use crate::http::{self, BodyError, HeadError, Target};
-use crate::relay::{relay, Sock, RELAY_BUF};
+use crate::live::{progress, touch, watch_idle, Conns, Progress};
+use crate::relay::{relay_watched, Sock, RELAY_BUF};
 use crate::resolve::Resolver;
 use crate::socks::{self, ServerRequest};
 
@@ -32,8 +36,6 @@ pub const RULE_BAD_REQUEST: &str = "bad-request";
 pub const RULE_HANDSHAKE_TIMEOUT: &str = "handshake-timeout";
 /// Rule: an HTTP request's `Host` header names another host than its URL.
 pub const RULE_HOST_HEADER_MISMATCH: &str = "host-header-mismatch";
-/// Rule: the proxy already had `max_connections` live connections.
-pub const RULE_TOO_MANY_CONNECTIONS: &str = "too-many-connections";
 /// Rule: a SOCKS4 client (only SOCKS5 is served).
 pub const RULE_SOCKS4: &str = "socks4-unsupported";
 /// Rule: a SOCKS5 client that does not offer "no authentication".
@@ -41,34 +43,6 @@ pub const RULE_SOCKS_METHOD: &str = "socks-no-acceptable-method";
 /// Rule: a SOCKS5 command or address type other than `CONNECT` to an
 /// IPv4 address, IPv6 address or name.
 pub const RULE_SOCKS_REQUEST: &str = "socks-unsupported-request";
-
-/// Descriptors one proxied connection may hold at once: its two sockets
-/// and the clones that let shutdown and the relay reach them, with room to
-/// spare.
-const FDS_PER_CONNECTION: u64 = 12;
-/// Descriptors left to everything else the process does (its sandboxes,
-/// its files) whatever the proxies take.
-const FDS_RESERVED: u64 = 256;
-/// Live connections of every proxy of this process.
-static LIVE_IN_PROCESS: AtomicUsize = AtomicUsize::new(0);
-
-/// The most connections all proxies of this process may hold at once, from
-/// its descriptor limit: a sandbox that opens connections without end runs
-/// into `too-many-connections`, and the process (and its other sandboxes)
-/// never into "too many open files".
-fn process_budget() -> usize {
-    use rustix::process::{getrlimit, Resource};
-    budget_for(getrlimit(Resource::Nofile).current)
-}
-
-/// [`process_budget`] for a soft descriptor limit (`None`: unlimited).
-fn budget_for(soft: Option<u64>) -> usize {
-    match soft {
-        Some(soft) => usize::try_from(soft.saturating_sub(FDS_RESERVED) / FDS_PER_CONNECTION)
-            .unwrap_or(usize::MAX),
-        None => usize::MAX,
-    }
-}
 
 /// At most this many over-the-limit connections are answered at once (each
 /// on a short-lived thread); more are closed without an answer.
@@ -81,6 +55,8 @@ const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
 const CLIENT_BUF: usize = 64 * 1024;
 /// The most allowlist entries a refusal message lists.
 const SUMMARY_ENTRIES: usize = 20;
+/// [`ProxyConfig::idle_timeout`]'s default.
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 
 /// How the proxy runs.
 #[derive(Debug, Clone)]
@@ -93,8 +69,20 @@ pub struct ProxyConfig {
     /// are dropped (and counted) beyond it. Default 4096.
     pub max_events: usize,
     /// The most live connections; more are refused at once with
-    /// `too-many-connections`. Default 256.
+    /// `too-many-connections`. Default 256. The proxy's share of `budget`
+    /// may be smaller.
     pub max_connections: usize,
+    /// The connections this proxy shares with others, evenly among those
+    /// alive: each may hold at most `budget / proxies` (and
+    /// `max_connections`). Default [`ConnectionBudget::process`], shared by
+    /// every proxy of this process.
+    pub budget: ConnectionBudget,
+    /// How long a relayed connection (a tunnel, a forwarded port, a
+    /// forwarded request once sent) may move no bytes either way before the
+    /// proxy closes it and records why; `None`: never. Default 10 minutes:
+    /// longer than a local model server may think before it answers a
+    /// request it does not stream.
+    pub idle_timeout: Option<Duration>,
     /// How long a client has to send its whole request (HTTP head, SOCKS
     /// greeting and request); also how long a request body may stall
     /// between two reads. Default 30 s.
@@ -116,6 +104,8 @@ impl ProxyConfig {
             resolver,
             max_events: 4096,
             max_connections: 256,
+            budget: ConnectionBudget::process(),
+            idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
             handshake_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(10),
             dir_parent: None,
@@ -170,27 +160,25 @@ struct Events {
     dropped: u64,
 }
 
-/// A connection the proxy is serving: both ends, so that shutdown can end
-/// it from outside.
-struct Live {
-    client: Sock,
-    upstream: Option<TcpStream>,
-}
-
-#[derive(Default)]
-struct Conns {
-    closed: bool,
-    next_id: u64,
-    live: HashMap<u64, Live>,
-}
-
 struct Shared {
     config: ProxyConfig,
+    /// This proxy's place in `config.budget`.
+    seat: Seat,
     events: Mutex<Events>,
     conns: Mutex<Conns>,
-    idle: Condvar,
+    /// Notified when the last live connection ends.
+    drained: Condvar,
+    /// Wakes the idle watch (when the proxy closes).
+    tick: Condvar,
     stopping: AtomicBool,
     refusing: AtomicUsize,
+}
+
+impl Reclaim for Shared {
+    fn reclaim_one(&self, why: &str) -> bool {
+        let mut conns = lock(&self.conns);
+        !conns.closed && conns.reclaim_one(why)
+    }
 }
 
 impl Shared {
@@ -229,32 +217,42 @@ impl Shared {
             let _ = client.shutdown(Shutdown::Both);
             return;
         }
-        if let Some(live) = id.and_then(|id| conns.live.get_mut(&id)) {
+        if let Some(live) = conns.get_mut(id) {
             if let Ok(clone) = client.try_clone() {
                 live.client = clone;
             }
         }
     }
 
-    /// Adds the upstream end to a live connection; false if the proxy is
-    /// shutting down (the upstream is then shut down here).
+    /// Adds the upstream end to a live connection, which relays from now
+    /// on (the idle timeout applies); false if the proxy is shutting down
+    /// (the upstream is then shut down here).
     fn register_upstream(&self, id: Option<u64>, upstream: &TcpStream) -> bool {
         let mut conns = lock(&self.conns);
         if conns.closed {
             let _ = upstream.shutdown(Shutdown::Both);
             return false;
         }
-        if let Some(live) = id.and_then(|id| conns.live.get_mut(&id)) {
-            match upstream.try_clone() {
-                Ok(clone) => live.upstream = Some(clone),
-                Err(e) => tracing::warn!(error = %e, "cannot keep a handle on an upstream socket"),
-            }
+        if let Some(live) = conns.get_mut(id) {
+            let clone = upstream
+                .try_clone()
+                .inspect_err(
+                    |e| tracing::warn!(error = %e, "cannot keep a handle on an upstream socket"),
+                )
+                .ok();
+            live.start_relaying(clone);
         }
         true
     }
+
+    /// Why connection `id` was ended from outside (idle, reclaimed).
+    fn cut_message(&self, id: Option<u64>) -> Option<String> {
+        lock(&self.conns).cut_message(id)
+    }
 }
 
-/// Removes a connection from the live set when its thread ends.
+/// Removes a connection from the live set when its thread ends, and gives
+/// its place in the budget back (unless a reclaim already did).
 struct ConnGuard {
     shared: Arc<Shared>,
     id: u64,
@@ -262,11 +260,18 @@ struct ConnGuard {
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
-        LIVE_IN_PROCESS.fetch_sub(1, Ordering::SeqCst);
-        let mut conns = lock(&self.shared.conns);
-        conns.live.remove(&self.id);
-        if conns.live.is_empty() {
-            self.shared.idle.notify_all();
+        let give_back = {
+            let mut conns = lock(&self.shared.conns);
+            let give_back = conns.remove(self.id);
+            if conns.is_empty() {
+                self.shared.drained.notify_all();
+            }
+            give_back
+        };
+        // Not under the connections' lock: the budget's is taken first
+        // where both are (a reclaim).
+        if give_back {
+            self.shared.seat.release();
         }
     }
 }
@@ -280,6 +285,8 @@ pub struct Proxy {
     /// The socket, until [`Proxy::serve`] hands it to the accept thread.
     listener: Mutex<Option<UnixListener>>,
     accept: Mutex<Option<JoinHandle<()>>>,
+    /// The idle watch's thread (see [`ProxyConfig::idle_timeout`]).
+    watch: Mutex<Option<JoinHandle<()>>>,
     shut: Mutex<bool>,
 }
 
@@ -324,13 +331,19 @@ impl Proxy {
                 format!("cannot listen on {}: {e}", path.display()),
             )
         })?;
-        let shared = Arc::new(Shared {
-            config,
-            events: Mutex::new(Events::default()),
-            conns: Mutex::new(Conns::default()),
-            idle: Condvar::new(),
-            stopping: AtomicBool::new(false),
-            refusing: AtomicUsize::new(0),
+        let shared = Arc::new_cyclic(|me: &Weak<Shared>| {
+            let holder: Weak<dyn Reclaim> = me.clone();
+            let seat = config.budget.join(config.max_connections, holder);
+            Shared {
+                config,
+                seat,
+                events: Mutex::new(Events::default()),
+                conns: Mutex::new(Conns::default()),
+                drained: Condvar::new(),
+                tick: Condvar::new(),
+                stopping: AtomicBool::new(false),
+                refusing: AtomicUsize::new(0),
+            }
         });
         Ok(Proxy {
             shared,
@@ -338,13 +351,26 @@ impl Proxy {
             dir_path,
             listener: Mutex::new(Some(listener)),
             accept: Mutex::new(None),
+            watch: Mutex::new(None),
             shut: Mutex::new(false),
         })
     }
 
-    /// Starts accepting (once; later calls do nothing).
+    /// Starts accepting, and watching for idle connections (once; later
+    /// calls do nothing).
     pub fn serve(&self) -> io::Result<()> {
-        let Some(listener) = lock(&self.listener).take() else {
+        let mut listener = lock(&self.listener);
+        if listener.is_none() {
+            return Ok(());
+        }
+        if let Some(idle) = self.shared.config.idle_timeout {
+            let for_thread = Arc::clone(&self.shared);
+            let watch = thread::Builder::new()
+                .name("hako-net-idle".into())
+                .spawn(move || watch_idle(&for_thread.conns, &for_thread.tick, idle))?;
+            *lock(&self.watch) = Some(watch);
+        }
+        let Some(listener) = listener.take() else {
             return Ok(());
         };
         let for_thread = Arc::clone(&self.shared);
@@ -376,7 +402,7 @@ impl Proxy {
 
     /// How many connections are being served.
     pub fn live_connections(&self) -> usize {
-        lock(&self.shared.conns).live.len()
+        lock(&self.shared.conns).len()
     }
 
     /// Stops accepting, shuts down every live connection (both ends), waits
@@ -405,28 +431,30 @@ impl Proxy {
         {
             let mut conns = lock(&self.shared.conns);
             conns.closed = true;
-            for live in conns.live.values() {
-                let _ = live.client.shutdown(Shutdown::Both);
-                if let Some(up) = &live.upstream {
-                    let _ = up.shutdown(Shutdown::Both);
-                }
-            }
+            self.shared.tick.notify_all();
+            conns.shut_all();
             let deadline = Instant::now() + SHUTDOWN_WAIT;
-            while !conns.live.is_empty() {
+            while !conns.is_empty() {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     tracing::warn!(
-                        live = conns.live.len(),
+                        live = conns.len(),
                         "egress proxy: connection threads still running after shutdown"
                     );
                     break;
                 }
-                conns = match self.shared.idle.wait_timeout(conns, left) {
+                conns = match self.shared.drained.wait_timeout(conns, left) {
                     Ok((guard, _)) => guard,
                     Err(poisoned) => poisoned.into_inner().0,
                 };
             }
         }
+        if let Some(watch) = lock(&self.watch).take() {
+            let _ = watch.join();
+        }
+        // The other proxies' shares grow now; connections still ending
+        // give their places back as they end.
+        self.shared.seat.leave();
         if let Some(dir) = lock(&self.dir).take() {
             if let Err(e) = dir.close() {
                 tracing::warn!(error = %e, "egress proxy: cannot remove its directory");
@@ -465,45 +493,51 @@ struct Ctx {
     id: Option<u64>,
     at_ms: u64,
     start: Instant,
-    overloaded: bool,
+    /// The limit that refused the connection (it is answered and closed).
+    refused: Option<Limit>,
+    /// When its bytes last moved (see [`ProxyConfig::idle_timeout`]).
+    progress: Progress,
+}
+
+/// Takes a connection from the budget and into the live set; the limit
+/// that refused it; `Ok(None)` if the proxy is closing (or the socket
+/// cannot be kept): it is then dropped.
+fn register(
+    shared: &Shared,
+    stream: &UnixStream,
+    progress: &Progress,
+) -> Result<Option<u64>, Limit> {
+    if lock(&shared.conns).closed {
+        return Ok(None);
+    }
+    // Before the connections' lock: a reclaim takes another proxy's.
+    shared.seat.admit()?;
+    let mut conns = lock(&shared.conns);
+    let client = match stream.try_clone() {
+        Ok(client) if !conns.closed => Some(client),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!(error = %e, "egress proxy: cannot clone a client socket");
+            None
+        }
+    };
+    match client {
+        Some(client) => Ok(Some(conns.insert(Sock::Unix(client), Arc::clone(progress)))),
+        None => {
+            drop(conns);
+            shared.seat.release();
+            Ok(None)
+        }
+    }
 }
 
 fn admit(shared: &Arc<Shared>, stream: UnixStream) {
     let at_ms = now_ms();
     let start = Instant::now();
-    let registered = {
-        let mut conns = lock(&shared.conns);
-        if conns.closed {
-            return;
-        }
-        if conns.live.len() >= shared.config.max_connections
-            || LIVE_IN_PROCESS.load(Ordering::SeqCst) >= process_budget()
-        {
-            None
-        } else {
-            match stream.try_clone() {
-                Ok(client) => {
-                    let id = conns.next_id;
-                    conns.next_id += 1;
-                    LIVE_IN_PROCESS.fetch_add(1, Ordering::SeqCst);
-                    conns.live.insert(
-                        id,
-                        Live {
-                            client: Sock::Unix(client),
-                            upstream: None,
-                        },
-                    );
-                    Some(id)
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "egress proxy: cannot clone a client socket");
-                    return;
-                }
-            }
-        }
-    };
-    match registered {
-        Some(id) => {
+    let progress = progress();
+    match register(shared, &stream, &progress) {
+        Ok(None) => {}
+        Ok(Some(id)) => {
             let guard = ConnGuard {
                 shared: Arc::clone(shared),
                 id,
@@ -513,7 +547,8 @@ fn admit(shared: &Arc<Shared>, stream: UnixStream) {
                 id: Some(id),
                 at_ms,
                 start,
-                overloaded: false,
+                refused: None,
+                progress,
             };
             let spawned = thread::Builder::new()
                 .name("hako-net-conn".into())
@@ -527,24 +562,19 @@ fn admit(shared: &Arc<Shared>, stream: UnixStream) {
                 tracing::warn!(error = %e, "egress proxy: cannot start a connection thread");
             }
         }
-        None => {
+        Err(limit) => {
+            let (rule, message) = (limit.rule(), limit.message());
             let ctx = Ctx {
                 shared: Arc::clone(shared),
                 id: None,
                 at_ms,
                 start,
-                overloaded: true,
+                refused: Some(limit),
+                progress,
             };
             if shared.refusing.fetch_add(1, Ordering::SeqCst) >= MAX_REFUSING {
                 shared.refusing.fetch_sub(1, Ordering::SeqCst);
-                event_refused(
-                    &ctx,
-                    NetProtocol::Unknown,
-                    "",
-                    0,
-                    RULE_TOO_MANY_CONNECTIONS,
-                    too_many(shared),
-                );
+                event_refused(&ctx, NetProtocol::Unknown, "", 0, rule, message);
                 return;
             }
             let for_thread = Arc::clone(shared);
@@ -559,15 +589,6 @@ fn admit(shared: &Arc<Shared>, stream: UnixStream) {
             }
         }
     }
-}
-
-fn too_many(shared: &Shared) -> String {
-    format!(
-        "the proxy already serves {} connections (the limit is {} for this sandbox, {} for every sandbox of this process, from its descriptor limit)",
-        lock(&shared.conns).live.len(),
-        shared.config.max_connections,
-        process_budget()
-    )
 }
 
 fn event_refused(
@@ -600,7 +621,10 @@ struct Done {
     message: Option<String>,
 }
 
+/// Records an allowed connection as it ended; why it was ended from
+/// outside (idle, reclaimed) unless it failed for a reason of its own.
 fn event_allowed(ctx: &Ctx, protocol: NetProtocol, host: &str, port: u16, rule: &str, done: Done) {
+    let message = done.message.or_else(|| ctx.shared.cut_message(ctx.id));
     ctx.shared.record(NetEvent {
         at_ms: ctx.at_ms,
         decision: NetDecision::Allowed,
@@ -612,7 +636,7 @@ fn event_allowed(ctx: &Ctx, protocol: NetProtocol, host: &str, port: u16, rule: 
         bytes_up: done.up,
         bytes_down: done.down,
         duration_ms: duration_ms(ctx.start),
-        message: done.message,
+        message,
     });
 }
 
@@ -683,7 +707,7 @@ fn relay_answered(
         let message = Some(format!("cannot answer the client: {e}"));
         return dest.record(ctx, Some(address), (0, 0), message);
     }
-    let bytes = finish_relay(client, reader, upstream);
+    let bytes = finish_relay(client, reader, upstream, &ctx.progress);
     dest.record(ctx, Some(address), bytes, None);
 }
 
@@ -779,7 +803,7 @@ fn is_timeout(e: &io::Error) -> bool {
 /// How long a client has to finish its request.
 fn handshake_budget(ctx: &Ctx) -> Duration {
     let cfg = &ctx.shared.config;
-    if ctx.overloaded {
+    if ctx.refused.is_some() {
         cfg.handshake_timeout.min(REFUSE_DEADLINE)
     } else {
         cfg.handshake_timeout
@@ -824,15 +848,8 @@ fn serve_accepted(ctx: &Ctx, unix: UnixStream) {
 fn serve_port(ctx: &Ctx, client: &Sock, port: u16) {
     let proto = NetProtocol::Forward;
     let host = "localhost";
-    if ctx.overloaded {
-        return event_refused(
-            ctx,
-            proto,
-            host,
-            port,
-            RULE_TOO_MANY_CONNECTIONS,
-            too_many(&ctx.shared),
-        );
+    if let Some(limit) = &ctx.refused {
+        return event_refused(ctx, proto, host, port, limit.rule(), limit.message());
     }
     let cfg = &ctx.shared.config;
     let (rule, addrs) = match decide(&cfg.allow, &cfg.resolver, host, port) {
@@ -855,7 +872,7 @@ fn serve_port(ctx: &Ctx, client: &Sock, port: u16) {
     let _ = client.set_read_timeout(None);
     let _ = client.set_write_timeout(None);
     let bytes = match client.try_clone() {
-        Ok(client) => relay(client, upstream),
+        Ok(client) => relay_watched(client, upstream, Some(Arc::clone(&ctx.progress))),
         Err(_) => (0, 0),
     };
     dest.record(ctx, Some(address), bytes, None);
@@ -960,7 +977,12 @@ fn connect(ctx: &Ctx, addrs: &[SocketAddr]) -> io::Result<(TcpStream, SocketAddr
 /// Ends the handshake and relays the rest of the connection: sends what the
 /// client already sent past its request, then copies both ways. Returns the
 /// bytes each way.
-fn finish_relay(client: &Sock, reader: Client<'_>, upstream: TcpStream) -> (u64, u64) {
+fn finish_relay(
+    client: &Sock,
+    reader: Client<'_>,
+    upstream: TcpStream,
+    progress: &Progress,
+) -> (u64, u64) {
     let leftover = reader.buffer().to_vec();
     drop(reader);
     let _ = client.set_read_timeout(None);
@@ -976,7 +998,7 @@ fn finish_relay(client: &Sock, reader: Client<'_>, upstream: TcpStream) -> (u64,
             return (0, 0);
         }
     };
-    let (up, down) = relay(client, upstream);
+    let (up, down) = relay_watched(client, upstream, Some(Arc::clone(progress)));
     (up + leftover.len() as u64, down)
 }
 
@@ -1031,16 +1053,9 @@ fn serve_socks5(ctx: &Ctx, client: &Sock, mut reader: Client<'_>) {
         }
         Err(e) => return io_refusal(e, "request"),
     };
-    if ctx.overloaded {
+    if let Some(limit) = &ctx.refused {
         let _ = socks::server_reply(&mut d, socks::REP_GENERAL_FAILURE);
-        event_refused(
-            ctx,
-            proto,
-            &host,
-            port,
-            RULE_TOO_MANY_CONNECTIONS,
-            too_many(&ctx.shared),
-        );
+        event_refused(ctx, proto, &host, port, limit.rule(), limit.message());
         return;
     }
     let cfg = &ctx.shared.config;
@@ -1103,7 +1118,7 @@ fn refuse_http(
 ) {
     let (status, reason) = match rule {
         RULE_NAME_NOT_RESOLVED => (502, "Bad Gateway"),
-        RULE_TOO_MANY_CONNECTIONS => (503, "Service Unavailable"),
+        RULE_TOO_MANY_CONNECTIONS | RULE_PROCESS_CONNECTIONS => (503, "Service Unavailable"),
         RULE_BAD_REQUEST => (400, "Bad Request"),
         _ => (403, "Forbidden"),
     };
@@ -1176,15 +1191,15 @@ fn open_upstream(
     host: &str,
     port: u16,
 ) -> Option<(String, TcpStream, SocketAddr)> {
-    if ctx.overloaded {
+    if let Some(limit) = &ctx.refused {
         refuse_http(
             ctx,
             client,
             proto,
             host,
             port,
-            RULE_TOO_MANY_CONNECTIONS,
-            too_many(&ctx.shared),
+            limit.rule(),
+            limit.message(),
         );
         return None;
     }
@@ -1253,16 +1268,19 @@ fn serve_connect(ctx: &Ctx, client: &Sock, reader: Client<'_>, target: &str) {
     relay_answered(ctx, &dest, (client, reader), (upstream, address), answered);
 }
 
-/// Counts the bytes written through it.
+/// Counts the bytes written through it, and notes them in the
+/// connection's progress.
 struct Counting<'a> {
     inner: &'a TcpStream,
     n: u64,
+    progress: &'a AtomicU64,
 }
 
 impl Write for Counting<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = (&mut &*self.inner).write(buf)?;
         self.n += n as u64;
+        touch(Some(self.progress));
         Ok(n)
     }
 
@@ -1272,10 +1290,11 @@ impl Write for Counting<'_> {
 }
 
 /// Copies the upstream's response to the client until the upstream's end of
-/// stream, and returns the bytes copied. The client is half-closed only if
-/// something was copied, so that the proxy can still answer when nothing
-/// came; if the client goes away, the upstream is shut down.
-fn copy_response(upstream: &TcpStream, client: &Sock) -> u64 {
+/// stream, noting it in `progress`, and returns the bytes copied. The client is
+/// half-closed only if something was copied, so that the proxy can still
+/// answer when nothing came; if the client goes away, the upstream is shut
+/// down.
+fn copy_response(upstream: &TcpStream, client: &Sock, progress: &AtomicU64) -> u64 {
     let mut buf = vec![0u8; RELAY_BUF];
     let mut total: u64 = 0;
     loop {
@@ -1285,12 +1304,14 @@ fn copy_response(upstream: &TcpStream, client: &Sock) -> u64 {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(_) => break,
         };
+        touch(Some(progress));
         if (&mut &*client).write_all(&buf[..n]).is_err() {
             let _ = upstream.shutdown(Shutdown::Both);
             let _ = client.shutdown(Shutdown::Both);
             return total;
         }
         total += n as u64;
+        touch(Some(progress));
     }
     if total > 0 {
         let _ = client.shutdown(Shutdown::Write);
@@ -1365,10 +1386,11 @@ fn serve_forward(ctx: &Ctx, client: &Sock, mut reader: Client<'_>, head: &http::
     // 100-continue` and early answers work).
     let _ = client.set_write_timeout(None);
     reader.get_mut().deadline = None;
+    let progress = Arc::clone(&ctx.progress);
     let response = match (upstream.try_clone(), client.try_clone()) {
         (Ok(up), Ok(down)) => thread::Builder::new()
             .name("hako-net-response".into())
-            .spawn(move || copy_response(&up, &down)),
+            .spawn(move || copy_response(&up, &down, &progress)),
         (Err(e), _) | (_, Err(e)) => Err(e),
     };
     let response = match response {
@@ -1395,6 +1417,7 @@ fn serve_forward(ctx: &Ctx, client: &Sock, mut reader: Client<'_>, head: &http::
     let mut w = Counting {
         inner: &upstream,
         n: 0,
+        progress: &ctx.progress,
     };
     let sent = w
         .write_all(&upstream_head)
@@ -1450,16 +1473,6 @@ fn serve_forward(ctx: &Ctx, client: &Sock, mut reader: Client<'_>, head: &http::
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_connection_budget_keeps_descriptors_free_for_the_process() {
-        // The usual soft limit: 64 connections, 768 descriptors at most.
-        assert_eq!(budget_for(Some(1024)), 64);
-        const { assert!(64 * FDS_PER_CONNECTION + FDS_RESERVED <= 1024) };
-        // A limit below the reserve: nothing is proxied, nothing fails.
-        assert_eq!(budget_for(Some(100)), 0);
-        assert_eq!(budget_for(None), usize::MAX);
-    }
 
     #[test]
     fn proxy_env_sets_both_cases() {

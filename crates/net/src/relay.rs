@@ -3,8 +3,10 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::thread;
+
+use crate::live::{touch, Progress};
 
 /// The bytes a relay direction reads per call to start with (and the
 /// proxy's other copies, always): enough for any interactive exchange in
@@ -49,6 +51,16 @@ impl RelaySocket for UnixStream {
 /// thread cannot be started, both sockets are shut down and nothing is
 /// copied.
 pub fn relay<A: RelaySocket, B: RelaySocket>(a: A, b: B) -> (u64, u64) {
+    relay_watched(a, b, None)
+}
+
+/// [`relay`], noting in `progress` each time either direction reads or
+/// writes something (see [`crate::live`]: the proxy's idle timeout).
+pub(crate) fn relay_watched<A: RelaySocket, B: RelaySocket>(
+    a: A,
+    b: B,
+    progress: Option<Progress>,
+) -> (u64, u64) {
     let clones = a
         .try_clone_socket()
         .and_then(|a2| Ok((a2, b.try_clone_socket()?)));
@@ -60,11 +72,12 @@ pub fn relay<A: RelaySocket, B: RelaySocket>(a: A, b: B) -> (u64, u64) {
             return (0, 0);
         }
     };
+    let for_thread = progress.clone();
     let up = thread::Builder::new()
         .name("hako-net-relay".into())
         .spawn(move || {
             let (mut a2, mut b2) = (a2, b2);
-            pump(&mut a2, &mut b2)
+            pump(&mut a2, &mut b2, for_thread.as_deref())
         });
     let up = match up {
         Ok(handle) => handle,
@@ -75,7 +88,7 @@ pub fn relay<A: RelaySocket, B: RelaySocket>(a: A, b: B) -> (u64, u64) {
         }
     };
     let (mut a, mut b) = (a, b);
-    let down = pump(&mut b, &mut a);
+    let down = pump(&mut b, &mut a, progress.as_deref());
     let up = up.join().unwrap_or(0);
     (up, down)
 }
@@ -166,8 +179,14 @@ impl Drop for Buffer {
 }
 
 /// Copies `src` to `dst` until end of stream (then half-closes `dst`) or an
-/// error (then shuts both down). Returns the bytes written to `dst`.
-fn pump<R: RelaySocket, W: RelaySocket>(src: &mut R, dst: &mut W) -> u64 {
+/// error (then shuts both down), noting in `progress` each read and each
+/// write, partial ones included (a slow reader still moves bytes). Returns
+/// the bytes written to `dst`.
+fn pump<R: RelaySocket, W: RelaySocket>(
+    src: &mut R,
+    dst: &mut W,
+    progress: Option<&AtomicU64>,
+) -> u64 {
     let mut buf = Buffer::new();
     let mut total: u64 = 0;
     loop {
@@ -183,11 +202,26 @@ fn pump<R: RelaySocket, W: RelaySocket>(src: &mut R, dst: &mut W) -> u64 {
                 return total;
             }
         };
-        if dst.write_all(&buf.bytes[..n]).is_err() {
-            shut_both(src, dst);
-            return total;
+        touch(progress);
+        let mut written = 0;
+        while written < n {
+            match dst.write(&buf.bytes[written..n]) {
+                Ok(0) => {
+                    shut_both(src, dst);
+                    return total;
+                }
+                Ok(k) => {
+                    written += k;
+                    total += k as u64;
+                    touch(progress);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    shut_both(src, dst);
+                    return total;
+                }
+            }
         }
-        total += n as u64;
         buf.grow_after(n);
     }
 }

@@ -16,6 +16,7 @@ pub mod netif;
 pub mod ns;
 pub mod proc;
 pub mod raw;
+pub mod rlimit;
 pub mod signal;
 pub mod spawn;
 pub mod start;

@@ -45,6 +45,7 @@ fn config_from_policy_uses_its_entries_and_overrides() {
     let cfg = ProxyConfig::from_policy(&policy).unwrap();
     assert_eq!(cfg.allow.forwarded_ports(), vec![11434]);
     assert_eq!(cfg.max_connections, 256);
+    assert_eq!(cfg.idle_timeout, Some(Duration::from_secs(600)));
     assert_eq!(cfg.max_events, 4096);
     let bad = NetworkPolicy::allow(["localhost"]);
     let e = ProxyConfig::from_policy(&bad).unwrap_err();

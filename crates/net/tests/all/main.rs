@@ -10,6 +10,7 @@ mod connect;
 mod forward;
 mod handoff;
 mod lifecycle;
+mod limits;
 mod socks;
 mod support;
 mod throughput;
