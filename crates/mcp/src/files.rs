@@ -308,13 +308,26 @@ fn walk_notes(out: &mut String, report: &search::WalkReport) {
             search::MAX_PENDING_BYTES
         );
     }
-    if report.ignore_budget_hit {
+    if report.ignore_skipped_count > 0 {
         let _ = writeln!(
             out,
-            "[ignore files past the first {} bytes or {} patterns were not read; some files they exclude may be listed]",
-            search::IGNORE_TOTAL_CAP,
-            search::IGNORE_TOTAL_LINES
+            "[ignore files not honoured, so files they exclude may be listed: {} (a search honours each ignore file whole or not at all, at most {} bytes each and {} bytes and {} patterns in all; this search honoured {} patterns)]",
+            report.ignore_skipped_count,
+            crate::ignores::IGNORE_FILE_CAP,
+            crate::ignores::IGNORE_TOTAL_CAP,
+            crate::ignores::IGNORE_TOTAL_PATTERNS,
+            report.ignore_patterns
         );
+        for skipped in &report.ignore_skipped {
+            let _ = writeln!(out, "[  {}: {}]", skipped.path.display(), skipped.why);
+        }
+        if report.ignore_skipped_count > report.ignore_skipped.len() {
+            let _ = writeln!(
+                out,
+                "[  and {} more]",
+                report.ignore_skipped_count - report.ignore_skipped.len()
+            );
+        }
     }
     if report.cut_listings > 0 {
         let _ = writeln!(
@@ -540,6 +553,42 @@ mod tests {
         assert_eq!(
             std::fs::read_to_string(f.ws.parent().unwrap().join("secret")).unwrap(),
             "OUTSIDE"
+        );
+    }
+
+    #[test]
+    fn glob_names_the_ignore_files_it_did_not_honour() {
+        let f = fixture();
+        let rules: String = (0..20_000).map(|i| format!("dir{i}/*.tmp\n")).collect();
+        std::fs::write(f.ws.join(".gitignore"), format!("{rules}a.txt\n")).unwrap();
+        std::fs::create_dir(f.ws.join("src")).unwrap();
+        std::fs::write(f.ws.join("src/.gitignore"), "b.txt\n").unwrap();
+        for name in ["a.txt", "src/b.txt", "src/c.txt"] {
+            std::fs::write(f.ws.join(name), "x").unwrap();
+        }
+        let out = glob(&f.state, &f.sb, "*.txt", None).unwrap();
+        // The large file is not honoured (a.txt is listed), the small one is.
+        assert!(out.text.starts_with("a.txt\nsrc/c.txt\n"), "{}", out.text);
+        assert!(
+            out.text.contains(&format!(
+                "ignore files not honoured, so files they exclude may be listed: 1 (a search honours each ignore file whole or not at all, at most {} bytes each",
+                crate::ignores::IGNORE_FILE_CAP
+            )),
+            "{}",
+            out.text
+        );
+        assert!(
+            out.text.contains("this search honoured 1 patterns"),
+            "{}",
+            out.text
+        );
+        assert!(
+            out.text.contains(&format!(
+                "[  .gitignore: larger than {} bytes]",
+                crate::ignores::IGNORE_FILE_CAP
+            )),
+            "{}",
+            out.text
         );
     }
 

@@ -35,6 +35,7 @@
 mod exec;
 mod files;
 mod http;
+mod ignores;
 mod search;
 mod server;
 mod state;

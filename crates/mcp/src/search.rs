@@ -10,14 +10,14 @@
 //! inside. `.gitignore` and `.ignore` files are honoured the way git reads
 //! them (each applies beneath its directory, deeper files win, `!`
 //! re-includes), using the `ignore` crate's matcher; `.git` directories
-//! are never entered.
+//! are never entered, and what ignore files may cost is bounded (see
+//! [`crate::ignores`]).
 
 use std::path::{Path, PathBuf};
 
+use crate::ignores::{ignored, load_rules, IgnoreBudget, IgnoreSkipped, Rules};
 use globset::{GlobBuilder, GlobMatcher};
 use hako_core::{FileKind, Sandbox};
-use ignore::gitignore::{Gitignore, GitignoreBuilder};
-use ignore::Match;
 
 use crate::state::ToolError;
 use crate::text::{looks_binary, shorten};
@@ -30,13 +30,6 @@ pub const MAX_GLOB_RESULTS: usize = 1000;
 pub const GREP_FILE_CAP: u64 = 4 << 20;
 /// Most bytes of all files `grep` reads in one call.
 pub const GREP_TOTAL_CAP: u64 = 512 << 20;
-/// Longest ignore file read.
-const IGNORE_FILE_CAP: u64 = 1 << 20;
-/// Most bytes of ignore files one walk reads, all directories together.
-pub const IGNORE_TOTAL_CAP: u64 = 4 << 20;
-/// Most ignore patterns one walk compiles (each costs memory while the
-/// walk is below its directory).
-pub const IGNORE_TOTAL_LINES: usize = 100_000;
 /// Most bytes of directory paths a walk keeps waiting to be listed: a
 /// tree of long names, wide at every level of a deep path, would
 /// otherwise hold hundreds of megabytes of paths at once.
@@ -67,10 +60,14 @@ pub struct WalkReport {
     pub unreadable: Vec<String>,
     /// Directories whose listing was cut at the sandbox's entry limit.
     pub cut_listings: usize,
-    /// Whether ignore files were left unread past [`IGNORE_TOTAL_CAP`]
-    /// bytes or [`IGNORE_TOTAL_LINES`] patterns (files they would have
-    /// excluded may be listed).
-    pub ignore_budget_hit: bool,
+    /// Ignore patterns honoured.
+    pub ignore_patterns: usize,
+    /// Ignore files not honoured: too large, past the walk's budget, or
+    /// not compiled (files they exclude may be listed). The first few,
+    /// with why.
+    pub ignore_skipped: Vec<IgnoreSkipped>,
+    /// How many ignore files were not honoured in all.
+    pub ignore_skipped_count: usize,
 }
 
 /// What one walk may spend: the defaults are the constants above; tests
@@ -81,10 +78,12 @@ pub struct Limits {
     pub visited: usize,
     /// Most bytes of directory paths waiting to be listed.
     pub pending_bytes: usize,
+    /// Largest ignore file honoured, bytes.
+    pub ignore_file_bytes: u64,
     /// Most bytes of ignore files read.
     pub ignore_bytes: u64,
     /// Most ignore patterns compiled.
-    pub ignore_lines: usize,
+    pub ignore_patterns: usize,
 }
 
 impl Limits {
@@ -92,105 +91,18 @@ impl Limits {
     pub const DEFAULT: Limits = Limits {
         visited: MAX_VISITED,
         pending_bytes: MAX_PENDING_BYTES,
-        ignore_bytes: IGNORE_TOTAL_CAP,
-        ignore_lines: IGNORE_TOTAL_LINES,
+        ignore_file_bytes: crate::ignores::IGNORE_FILE_CAP,
+        ignore_bytes: crate::ignores::IGNORE_TOTAL_CAP,
+        ignore_patterns: crate::ignores::IGNORE_TOTAL_PATTERNS,
     };
 }
 
-/// What one walk may still spend on ignore files.
-struct IgnoreBudget {
-    bytes: u64,
-    lines: usize,
-    hit: bool,
-}
-
-/// The rules of one directory's ignore files.
-type Rules = Gitignore;
-
-/// A matcher path: the relative path under a fixed absolute root, so that
-/// the `ignore` crate's prefix stripping works the same whatever the
-/// workspace is called.
-fn anchored(rel: &Path) -> PathBuf {
-    let mut out = PathBuf::from("/");
-    out.extend(
-        rel.components()
-            .filter(|c| matches!(c, std::path::Component::Normal(_))),
-    );
-    out
-}
-
-fn join(dir: &Path, name: &Path) -> PathBuf {
+pub(crate) fn join(dir: &Path, name: &Path) -> PathBuf {
     if dir == Path::new(".") {
         name.to_path_buf()
     } else {
         dir.join(name)
     }
-}
-
-/// Reads the `.gitignore` and `.ignore` of `dir` (relative), if any,
-/// within what the walk may still spend on them.
-fn load_rules(
-    sandbox: &dyn Sandbox,
-    dir: &Path,
-    names: &[&str],
-    budget: &mut IgnoreBudget,
-) -> Option<Rules> {
-    let mut builder = GitignoreBuilder::new(anchored(dir));
-    let mut any = false;
-    for file in [".gitignore", ".ignore"] {
-        if !names.contains(&file) {
-            continue;
-        }
-        let cap = IGNORE_FILE_CAP.min(budget.bytes);
-        if cap == 0 || budget.lines == 0 {
-            budget.hit = true;
-            continue;
-        }
-        let path = join(dir, Path::new(file));
-        let data = match sandbox.read_limit() {
-            Some(r) => r.read_file_limit(&path, cap).map(|o| o.data).ok(),
-            // Without bounded reads, the sandbox's own read limit applies.
-            None => sandbox.read_file(&path).ok(),
-        };
-        let Some(data) = data else { continue };
-        budget.bytes = budget.bytes.saturating_sub(data.len() as u64);
-        for line in String::from_utf8_lossy(&data).lines() {
-            if budget.lines == 0 {
-                budget.hit = true;
-                break;
-            }
-            // A line that is not a valid pattern is skipped, as git does.
-            if builder.add_line(Some(path.clone()), line).is_ok() {
-                budget.lines -= 1;
-                any = true;
-            }
-        }
-    }
-    if !any {
-        return None;
-    }
-    builder.build().ok()
-}
-
-/// Whether the deepest rule that has an opinion ignores `rel`. Every rule
-/// on the stack belongs to a directory above `rel`.
-fn ignored(stack: &[Rules], rel: &Path, is_dir: bool) -> bool {
-    for rules in stack.iter().rev() {
-        match rules.matched(anchored(rel), is_dir) {
-            Match::Ignore(_) => return true,
-            Match::Whitelist(_) => return false,
-            Match::None => {}
-        }
-    }
-    false
-}
-
-fn names(listing: &hako_core::DirListing) -> Vec<String> {
-    listing
-        .entries
-        .iter()
-        .map(|e| e.name.to_string_lossy().into_owned())
-        .collect()
 }
 
 /// Walks the files under `base` (relative to the workspace), skipping what
@@ -215,19 +127,17 @@ pub fn walk_within(
 ) -> Result<WalkReport, ToolError> {
     let base = normalise(sandbox, base)?;
     let mut report = WalkReport::default();
-    let mut budget = IgnoreBudget {
-        bytes: limits.ignore_bytes,
-        lines: limits.ignore_lines,
-        hit: false,
-    };
-    // The rules of the directories above `base` apply too.
+    let mut budget = IgnoreBudget::new(limits);
+    // The rules of the directories above `base` apply too (none above
+    // the root: its own are read with its listing below, once).
     let mut stack: Vec<Rules> = Vec::new();
     let mut dir = PathBuf::from(".");
-    for part in base.components() {
+    let above = base
+        .components()
+        .filter(|c| matches!(c, std::path::Component::Normal(_)));
+    for part in above {
         if let Ok(listing) = sandbox.list_dir(&dir) {
-            let names = names(&listing);
-            let names: Vec<&str> = names.iter().map(String::as_str).collect();
-            stack.extend(load_rules(sandbox, &dir, &names, &mut budget));
+            stack.extend(load_rules(sandbox, &dir, &listing.entries, &mut budget));
         }
         dir = join(&dir, Path::new(part.as_os_str()));
     }
@@ -258,15 +168,13 @@ pub fn walk_within(
         if listing.truncated {
             report.cut_listings += 1;
         }
-        let names = names(&listing);
-        let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        stack.extend(load_rules(sandbox, &dir, &name_refs, &mut budget));
+        stack.extend(load_rules(sandbox, &dir, &listing.entries, &mut budget));
         let mut subdirs = Vec::new();
         for entry in listing.entries {
             visited += 1;
             if visited > limits.visited {
                 report.stopped = true;
-                report.ignore_budget_hit = budget.hit;
+                budget.report(&mut report);
                 return Ok(report);
             }
             let rel = join(&dir, Path::new(&entry.name));
@@ -283,7 +191,7 @@ pub fn walk_within(
                 pending += rel.as_os_str().len();
                 if pending > limits.pending_bytes {
                     report.stopped = true;
-                    report.ignore_budget_hit = budget.hit;
+                    budget.report(&mut report);
                     return Ok(report);
                 }
                 subdirs.push(rel);
@@ -301,7 +209,7 @@ pub fn walk_within(
                 below,
                 kind: entry.kind,
             }) {
-                report.ignore_budget_hit = budget.hit;
+                budget.report(&mut report);
                 return Ok(report);
             }
         }
@@ -310,7 +218,7 @@ pub fn walk_within(
             todo.push((sub, None, stack.len()));
         }
     }
-    report.ignore_budget_hit = budget.hit;
+    budget.report(&mut report);
     Ok(report)
 }
 
@@ -550,7 +458,7 @@ pub fn grep(sandbox: &dyn Sandbox, query: &GrepQuery<'_>) -> Result<GrepResult, 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
@@ -745,7 +653,7 @@ mod tests {
         );
     }
 
-    fn small(limits: impl FnOnce(&mut Limits)) -> Limits {
+    pub(crate) fn small(limits: impl FnOnce(&mut Limits)) -> Limits {
         let mut l = Limits::DEFAULT;
         limits(&mut l);
         l
@@ -774,42 +682,6 @@ mod tests {
         // Within the default limits the same tree is walked whole.
         let report = walk(&sb, Path::new("."), &mut |_| true).unwrap();
         assert!(!report.stopped);
-    }
-
-    #[test]
-    fn ignore_files_past_the_walk_budget_are_not_read() {
-        let tmp = tempfile::tempdir().unwrap();
-        // Each directory's rules would be held while the walk is below it.
-        let rules: String = (0..1000).map(|i| format!("pattern{i}*\n")).collect();
-        for i in 0..5 {
-            let dir = tmp.path().join(format!("d{i}"));
-            std::fs::create_dir(&dir).unwrap();
-            std::fs::write(dir.join(".gitignore"), &rules).unwrap();
-            std::fs::write(dir.join("pattern7.txt"), "x").unwrap();
-        }
-        let sb = FenceBox::new(tmp.path());
-        let limits = small(|l| l.ignore_lines = 2500);
-        let mut found = Vec::new();
-        let report = walk_within(&sb, Path::new("."), &limits, &mut |f| {
-            found.push(f.path);
-            true
-        })
-        .unwrap();
-        assert!(report.ignore_budget_hit);
-        // The first directories' rules applied; past the budget, they did not.
-        assert!(
-            !found.contains(&PathBuf::from("d0/pattern7.txt")),
-            "{found:?}"
-        );
-        assert!(
-            found.contains(&PathBuf::from("d4/pattern7.txt")),
-            "{found:?}"
-        );
-        let limits = small(|l| l.ignore_bytes = 10);
-        let report = walk_within(&sb, Path::new("."), &limits, &mut |_| true).unwrap();
-        assert!(report.ignore_budget_hit);
-        let report = walk(&sb, Path::new("."), &mut |_| true).unwrap();
-        assert!(!report.ignore_budget_hit);
     }
 
     /// The fence over a directory, counting the directories listed.

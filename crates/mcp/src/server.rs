@@ -203,9 +203,9 @@ const EDIT_FILE: &str = "Replace exact text in a file in the workspace: `old_str
 
 const LIST_DIR: &str = "List a directory in the workspace (default: its root): one line per entry with its kind (file, dir, symlink, ...), size in bytes and name; directories end with `/`. Symlinks are shown as symlinks, not followed. At most 2000 entries.";
 
-const GLOB: &str = "Find files in the workspace by glob, e.g. `*.rs` (a name at any depth) or `src/**/test_*.py` (a path below `path`). Returns paths relative to the workspace root, sorted, at most 1000. Skips what .gitignore and .ignore files exclude and .git directories; symlinks are listed, never followed.";
+const GLOB: &str = "Find files in the workspace by glob, e.g. `*.rs` (a name at any depth) or `src/**/test_*.py` (a path below `path`). Returns paths relative to the workspace root, sorted, at most 1000. Skips what .gitignore and .ignore files exclude (each honoured whole or not at all: at most 256 KiB each, 5000 patterns in all; the result names any not honoured) and .git directories; symlinks are listed, never followed.";
 
-const GREP: &str = "Search file contents in the workspace with a regular expression (Rust regex syntax, as in ripgrep). Returns `path:line:text` for each matching line (lines cut to 400 characters), at most `max_results` (default 100, at most 1000) and 64 KiB. `path` may be a directory (default: the root) or one file; `glob` filters file names. Skips .gitignore'd files, .git, binary files and symlinks; reads at most 4 MiB of each file.";
+const GREP: &str = "Search file contents in the workspace with a regular expression (Rust regex syntax, as in ripgrep). Returns `path:line:text` for each matching line (lines cut to 400 characters), at most `max_results` (default 100, at most 1000) and 64 KiB. `path` may be a directory (default: the root) or one file; `glob` filters file names. Skips .gitignore'd files (ignore files bounded as in glob), .git, binary files and symlinks; reads at most 4 MiB of each file.";
 
 const RUN_COMMAND: &str = "Run a shell command (`sh -c`) inside the sandbox, in the workspace (or `cwd` below it). Returns the exit code, the duration, and stdout and stderr; each stream keeps its first 8 KiB and last 8 KiB, with a marker saying how many bytes were cut between them. `timeout_secs` (default 120) is the command's deadline: when it passes, it and everything it started are killed and the result says it timed out (running the same command again will time out again). `wait_secs` (default 30) is how long this call waits: if the command is still running then, you get a process handle and the output so far, and it keeps running; use read_output, send_input and kill_process with the handle. With `session` (from open_session) it runs in that session's shell, which keeps the working directory, environment and variables between commands; a session command is always waited for (up to its deadline). Outside a session, whatever the command leaves running in the background is killed when it ends; in a session, background jobs live until the session is closed. Stdin is empty unless keep_stdin_open.";
 
@@ -588,5 +588,17 @@ impl ServerHandler for HakoServer {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("hako", env!("CARGO_PKG_VERSION")))
             .with_instructions(INSTRUCTIONS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_glob_description_states_the_ignore_bounds_in_force() {
+        let file = format!("at most {} KiB each", crate::ignores::IGNORE_FILE_CAP >> 10);
+        let patterns = format!("{} patterns in all", crate::ignores::IGNORE_TOTAL_PATTERNS);
+        assert!(GLOB.contains(&file) && GLOB.contains(&patterns), "{GLOB}");
     }
 }
