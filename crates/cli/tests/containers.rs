@@ -189,11 +189,99 @@ fn containers_gc_runs_and_a_timeout_says_not_to_retry_blindly() {
     assert!(err.contains("will time out again"), "{err}");
 }
 
+/// A gVisor bundle as hako writes one, of a hako process that is gone
+/// (pid 2^22 + 1 never runs): an `owner` file, and a `state` with
+/// something in it; owned by `uid`.
+fn dead_bundle(dir: &std::path::Path, name: &str, uid: u32) -> std::path::PathBuf {
+    use std::os::unix::fs::DirBuilderExt;
+    let bundle = dir.join(name);
+    let mut private = std::fs::DirBuilder::new();
+    private.mode(0o700);
+    private.create(&bundle).unwrap();
+    std::fs::write(bundle.join("owner"), "4194305 77\n").unwrap();
+    private.create(bundle.join("state")).unwrap();
+    std::fs::write(bundle.join("state/container"), "x").unwrap();
+    for path in ["", "owner", "state", "state/container"] {
+        std::os::unix::fs::lchown(bundle.join(path), Some(uid), Some(uid)).unwrap();
+    }
+    bundle
+}
+
+#[test]
+fn containers_gc_hands_runsc_only_this_users_bundles_in_its_private_directory() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let tmp = tempfile::tempdir().unwrap();
+    if std::fs::metadata(tmp.path()).unwrap().uid() != 0 {
+        let reason = "needs root to plant a bundle another user owns";
+        assert!(!must_work(), "{reason}");
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    // A runtime directory of hako's private one, and a shared temporary
+    // directory like /tmp, both of this test's own.
+    let runtime = tmp.path().join("runtime");
+    let shared = tmp.path().join("shared");
+    std::fs::create_dir(&runtime).unwrap();
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&runtime, PermissionsExt::from_mode(0o700)).unwrap();
+    std::fs::set_permissions(&shared, PermissionsExt::from_mode(0o1777)).unwrap();
+    let private = runtime.join("hako");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, PermissionsExt::from_mode(0o700)).unwrap();
+    // A runsc that says it has a container, and notes how it was run.
+    let calls = tmp.path().join("calls");
+    let runsc = tmp.path().join("runsc");
+    std::fs::write(
+        &runsc,
+        format!(
+            "#!/bin/sh\necho \"$*\" >> {}\ncase \"$*\" in *list*) echo hako-1;; esac\n",
+            calls.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&runsc, PermissionsExt::from_mode(0o755)).unwrap();
+    let mine = dead_bundle(&private, "hako-gvisor-4194305-mine", 0);
+    let planted = dead_bundle(&private, "hako-gvisor-4194305-planted", 65534);
+    // Where bundles used to be: not looked at any more, whoever owns them.
+    let old_theirs = dead_bundle(&shared, "hako-gvisor-4194305-theirs", 65534);
+    let old_mine = dead_bundle(&shared, "hako-gvisor-4194305-old", 0);
+    let out = hako()
+        .arg("gc")
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .env("TMPDIR", &shared)
+        .env("HAKO_RUNSC", &runsc)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    let state = mine.join("state");
+    assert_eq!(
+        std::fs::read_to_string(&calls).unwrap_or_default(),
+        format!(
+            "--root {0} list -q\n--root {0} delete --force hako-1\n",
+            state.display()
+        ),
+    );
+    assert!(
+        stdout.contains(&format!("removed gvisor bundle {}", mine.display())),
+        "{stdout}"
+    );
+    assert!(!mine.exists());
+    assert!(
+        stderr.contains(&format!("skipped {} is not hako's", planted.display())),
+        "{stderr}"
+    );
+    assert!(stderr.contains("owned by uid 65534"), "{stderr}");
+    for bundle in [&planted, &old_theirs, &old_mine] {
+        assert!(bundle.join("state/container").exists(), "{bundle:?}");
+    }
+}
+
 /// This process's `hako` children's gVisor bundles (by the owner pid in
-/// their name) that are still in the temp directory.
+/// their name) that are still in hako's private directory.
 fn bundles_of(pid: u32) -> Vec<std::path::PathBuf> {
     let prefix = format!("hako-gvisor-{pid}-");
-    std::fs::read_dir(std::env::temp_dir())
+    std::fs::read_dir(hako_container::private::private_dir().unwrap())
         .unwrap()
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))

@@ -305,10 +305,12 @@ pub fn write_seccomp_profile(gvisor: bool) -> Result<tempfile::NamedTempFile> {
         op: "write the seccomp profile",
         source,
     };
+    // In hako's private directory, like every file hako leaves for a
+    // runtime to read.
     let mut file = tempfile::Builder::new()
         .prefix("hako-seccomp-")
         .suffix(".json")
-        .tempfile()
+        .tempfile_in(crate::private::private_dir()?)
         .map_err(io)?;
     serde_json::to_writer(&mut file, &profile).map_err(|e| io(e.into()))?;
     file.flush().map_err(io)?;

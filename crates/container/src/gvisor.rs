@@ -36,6 +36,7 @@ use crate::common::{
     self, base_env, limit_reports, locate_static_guest, ContainerLauncher, Owner, GUEST_INSIDE,
 };
 use crate::docker::RunNetwork;
+use crate::gc::BUNDLE_PREFIX;
 use crate::runner::{CliRunner, Runner};
 
 /// The backend's name.
@@ -376,9 +377,6 @@ pub fn run_argv(
     argv
 }
 
-/// Prefix of every bundle directory (followed by the owner's pid).
-const BUNDLE_PREFIX: &str = "hako-gvisor-";
-
 /// Creates `path` (and parents) inside the root view, for a mount point.
 fn mount_point(root: &Path, path: &Path, file: bool) -> std::io::Result<()> {
     let inside = hako_guest::host_view::in_view(root, path);
@@ -424,9 +422,13 @@ impl GvisorSandbox {
         }
         let io = |op: &'static str| move |e: std::io::Error| backend_err(op, e.to_string());
         let owner = Owner::current();
+        // In hako's private directory, where no other user can plant or
+        // swap anything; `runsc` reaches it as root, and rootless as the
+        // user its user namespace maps to root.
         let dir = tempfile::Builder::new()
             .prefix(&format!("{BUNDLE_PREFIX}{}-", owner.pid))
-            .tempdir()
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .tempdir_in(crate::private::private_dir()?)
             .map_err(io("create the bundle"))?;
         std::fs::write(
             dir.path().join("owner"),
@@ -484,7 +486,9 @@ impl GvisorSandbox {
             .map_err(|e| backend_err("write the bundle", e.to_string()))?;
         std::fs::write(&config_path, text).map_err(io("write the bundle"))?;
         let state = dir.path().join("state");
-        std::fs::create_dir(&state).map_err(io("create the bundle"))?;
+        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(&state)
+            .map_err(io("create the bundle"))?;
         let name = common::unique_name("hako");
         let runsc = runsc_path(config.runsc.as_deref());
         let cgroups =
@@ -578,74 +582,21 @@ fn build_view(plan: &BundlePlan, facts: &hako_linux::plan::HostFacts) -> std::io
 }
 
 /// Removes, once per process, the bundles (and any container state in
-/// them) of hako processes that are gone.
+/// them) of hako processes that are gone (see [`crate::gc`]).
 fn collect_once() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        for path in stale_bundles() {
-            if let Err(e) = remove_bundle(&path) {
-                tracing::warn!("gvisor: removing stale bundle {}: {e}", path.display());
-            }
+        let report = match crate::gc::collect_bundles(&CliRunner, &runsc_path(None)) {
+            Ok(report) => report,
+            Err(e) => return tracing::warn!("gvisor: not collecting stale bundles: {e}"),
+        };
+        for entry in &report.skipped {
+            tracing::warn!("gvisor: skipped {entry}");
+        }
+        for e in &report.failed {
+            tracing::warn!("gvisor: stale bundle: {e}");
         }
     });
-}
-
-/// Bundle directories whose owner no longer runs.
-pub fn stale_bundles() -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(BUNDLE_PREFIX))
-        .map(|e| e.path())
-        .filter(|p| {
-            // Only our own user's bundles, and only once every owner (the
-            // hako process, and the cleaner it left) is gone.
-            std::fs::read_to_string(p.join("owner"))
-                .ok()
-                .and_then(|text| owners(&text))
-                .is_some_and(|owners| owners.iter().all(|o| !o.alive()))
-        })
-        .collect()
-}
-
-/// The owners a bundle's `owner` file names, a `pid start` pair per line:
-/// the hako process that wrote it, then any cleaner (see
-/// `hako_guest::host_view`). `None` for a file that is not one.
-fn owners(text: &str) -> Option<Vec<Owner>> {
-    let owners = hako_guest::host_view::parse_owners(text)?;
-    Some(
-        owners
-            .into_iter()
-            .map(|(pid, start)| Owner { pid, start })
-            .collect(),
-    )
-}
-
-/// Deletes any container left in a bundle's state, then the bundle.
-pub fn remove_bundle(path: &Path) -> std::io::Result<()> {
-    let state = path.join("state");
-    let runsc = runsc_path(None);
-    if let Ok(out) = CliRunner.output(&[
-        runsc.display().to_string(),
-        "--root".into(),
-        state.display().to_string(),
-        "list".into(),
-        "-q".into(),
-    ]) {
-        for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-            let _ = CliRunner.output(&[
-                runsc.display().to_string(),
-                "--root".into(),
-                state.display().to_string(),
-                "delete".into(),
-                "--force".into(),
-                id.to_string(),
-            ]);
-        }
-    }
-    std::fs::remove_dir_all(path)
 }
 
 /// Whether `runsc` runs here (for `hako doctor` and tests that skip
@@ -798,30 +749,6 @@ mod tests {
         let guest = mount_at(&config, GUEST_INSIDE).unwrap();
         assert_eq!(guest["source"], "/g");
         assert!(guest["options"].to_string().contains("\"ro\""));
-    }
-
-    #[test]
-    fn a_bundle_is_stale_only_once_every_owner_is_gone() {
-        let me = Owner::current();
-        let dead = Owner {
-            pid: u32::MAX - 1,
-            start: 1,
-        };
-        let text = |o: &[&Owner]| {
-            o.iter()
-                .map(|o| hako_guest::host_view::owner_line(o.pid, o.start))
-                .collect::<String>()
-        };
-        assert_eq!(owners(&text(&[&me])), Some(vec![me.clone()]));
-        // The cleaner's line follows the writer's, after a blank line.
-        let both = format!("{}\n{}", text(&[&dead]), text(&[&me]));
-        let both = owners(&both).unwrap();
-        assert_eq!(both, vec![dead.clone(), me.clone()]);
-        assert!(!both.iter().all(|o| !o.alive()), "a live cleaner keeps it");
-        assert!(owners(&text(&[&dead])).unwrap().iter().all(|o| !o.alive()));
-        for bad in ["", "12", "12 x", "12 3 4", "\n\n"] {
-            assert_eq!(owners(bad), None, "{bad:?}");
-        }
     }
 
     #[test]

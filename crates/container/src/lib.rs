@@ -18,6 +18,7 @@ pub mod exec_mode;
 pub mod gc;
 pub mod gvisor;
 pub mod image;
+pub mod private;
 pub mod runner;
 
 pub use common::{is_static_elf, locate_static_guest, Owner, GUEST_INSIDE, STATIC_GUEST_VAR};

@@ -192,7 +192,7 @@ fn a_gvisor_sandbox_leaves_no_bundle_or_container_when_closed() {
     }
     let (_d, ws) = workspace();
     let bundles = || {
-        std::fs::read_dir(std::env::temp_dir())
+        std::fs::read_dir(hako_container::private::private_dir().unwrap())
             .unwrap()
             .flatten()
             .filter(|e| {
@@ -205,6 +205,23 @@ fn a_gvisor_sandbox_leaves_no_bundle_or_container_when_closed() {
     let before = bundles();
     let sandbox = GvisorSandbox::new(GvisorConfig::new(&ws)).unwrap();
     assert_eq!(bundles(), before + 1);
+    // What `hako gc` would act on once its owners are gone: the user's own
+    // directories, with no access for group or others.
+    let private = hako_container::private::private_dir().unwrap();
+    let bundle = std::fs::read_dir(&private)
+        .unwrap()
+        .flatten()
+        .find(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("hako-gvisor-{}-", std::process::id()))
+        })
+        .unwrap()
+        .path();
+    for dir in [bundle.clone(), bundle.join("state")] {
+        let unfit = hako_container::private::check_dir(&dir).unwrap();
+        assert_eq!(unfit, None, "{}", dir.display());
+    }
     let out = sandbox.exec(&Command::new(["true"])).unwrap();
     assert!(out.status.success());
     sandbox.close().unwrap();

@@ -116,14 +116,14 @@ fn the_host_views_binds_are_read_only_and_never_mounted_in_the_host_namespace() 
     );
     // The view's mount points, seen from the host, are empty directories.
     let prefix = format!("hako-gvisor-{}-", std::process::id());
-    let bundles: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+    let bundles: Vec<_> = std::fs::read_dir(hako_container::private::private_dir().unwrap())
         .unwrap()
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
         .collect();
     assert!(
         !bundles.is_empty(),
-        "this process's bundle is in the temp dir"
+        "this process's bundle is in hako's private directory"
     );
     for bundle in bundles {
         // Other tests' bundles may be going away meanwhile.

@@ -1,6 +1,9 @@
 //! `hako gc`: removes what hako processes that no longer run left behind
 //! (containers after a `kill -9`, gVisor bundles, egress proxies' socket
 //! directories). Each sandbox opening does the same once per process.
+//! gVisor bundles are looked for in hako's private directory only, and an
+//! entry there that is not this user's plain directory is reported as
+//! skipped, never acted on (see `hako_container::gc`).
 
 use clap::Args;
 use hako_container::runner::CliRunner;
@@ -31,13 +34,26 @@ pub fn run(_args: GcArgs) -> u8 {
     for dir in hako_net::remove_stale_dirs(None) {
         println!("removed egress proxy directory {}", dir.display());
     }
-    for bundle in hako_container::gvisor::stale_bundles() {
-        match hako_container::gvisor::remove_bundle(&bundle) {
-            Ok(()) => println!("removed gvisor bundle {}", bundle.display()),
-            Err(e) => {
-                eprintln!("hako: removing {}: {e}", bundle.display());
+    let runsc = hako_container::gvisor::runsc_path(None);
+    match hako_container::gc::collect_bundles(&CliRunner, &runsc) {
+        Ok(report) => {
+            for bundle in report.removed {
+                println!("removed gvisor bundle {}", bundle.display());
+            }
+            // Not this user's, or not a plain directory: reported, never
+            // acted on, and no failure of gc's.
+            for entry in report.skipped {
+                let message = format!("skipped {entry}");
+                eprintln!("hako: {}", crate::show::message(&message));
+            }
+            for e in report.failed {
+                eprintln!("hako: {}", crate::show::message(&e.to_string()));
                 code = exit::SANDBOX_FAILED;
             }
+        }
+        Err(e) => {
+            eprintln!("hako: {}", crate::show::message(&e.to_string()));
+            code = exit::SANDBOX_FAILED;
         }
     }
     code
