@@ -37,6 +37,7 @@
 //! - `HAKO_CASE_DEADLINE_SECS`: a case that has not finished by then fails as
 //!   hung (default 600).
 
+pub mod attacks;
 #[macro_use]
 mod check;
 mod cases;

@@ -101,13 +101,21 @@ pub fn locate_static_guest(backend: &str, explicit: Option<&Path>) -> Result<Pat
 /// `clone3` refused with `EPERM` instead of `ENOSYS` breaks every program
 /// that starts a thread (libc falls back to `clone` only on `ENOSYS`).
 /// `clone3`'s flags cannot be read by a filter anyway; under gVisor a user
-/// namespace it could make gives no capability on the host.
-pub fn seccomp_profile(gvisor: bool) -> serde_json::Value {
+/// namespace it could make gives no capability on the host. `sealed`: the
+/// guest seals itself (see `docker::RunPlan::seals`), so `mount` is left
+/// to the filter it installs.
+pub fn seccomp_profile(gvisor: bool, sealed: bool) -> serde_json::Value {
     let mut policy = hako_seccomp::default_policy();
     if gvisor {
         policy
             .rules
             .retain(|rule| rule.action == hako_seccomp::Action::Errno(hako_seccomp::EPERM));
+    }
+    if sealed {
+        // The guest mounts its masks first, then installs the whole
+        // default policy on itself (`mount` refused again) before it
+        // serves: no command ever runs without it.
+        policy.rules.retain(|rule| rule.syscall != "mount");
     }
     hako_seccomp::to_oci(&policy)
 }

@@ -24,6 +24,7 @@ use hako_core::{
 };
 use hako_fence::FenceOptions;
 use hako_guest::network::{NetworkSetup, NET_DIR};
+use hako_guest::proto::{Seal, GUEST_FD_DIRS};
 use hako_guest::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
 
 use crate::common::{
@@ -141,12 +142,40 @@ pub struct RunPlan {
     pub tmp_size: u64,
     /// uid and gid commands run as.
     pub user: (u32, u32),
+    /// The guest seals itself before it serves (see [`RunPlan::seals`]).
+    pub sealed: bool,
     /// Extra read-only binds.
     pub ro: Vec<PathBuf>,
     /// Extra read-write binds.
     pub rw: Vec<PathBuf>,
     /// The network.
     pub network: RunNetwork,
+}
+
+impl RunPlan {
+    /// Whether a guest started as `user` under `runtime` seals itself:
+    /// under a gVisor runtime, started as root. gVisor lets a process open
+    /// the descriptors of another of its uid through `/proc/PID/fd`
+    /// whatever its dumpable flag, and commands run as the guest's uid: the
+    /// guest hides its own descriptor directories, which needs
+    /// `CAP_SYS_ADMIN` and a profile that lets it mount, then installs the
+    /// full filter itself. (runc's kernel honours "not dumpable", which the
+    /// guest sets.) A container of another uid gets no capability from the
+    /// runtime: see `Prepared::new` for what is refused then.
+    pub fn seals(user: (u32, u32), runtime: Option<&str>) -> bool {
+        user.0 == 0 && is_gvisor_runtime(runtime)
+    }
+
+    /// What the guest does to itself before it serves, when
+    /// [`RunPlan::sealed`].
+    pub fn seal(&self) -> Option<Seal> {
+        self.sealed.then(|| Seal {
+            mask_dirs: GUEST_FD_DIRS.iter().map(PathBuf::from).collect(),
+            seccomp: true,
+            guard: true,
+            ..Seal::default()
+        })
+    }
 }
 
 /// The network a container gets.
@@ -186,6 +215,13 @@ fn bind(src: &Path, dst: &Path, read_only: bool) -> String {
 pub fn run_argv(engine: &Engine, plan: &RunPlan) -> Vec<String> {
     let mut a: Vec<String> = vec!["run".into(), "--interactive".into(), "--rm".into()];
     a.extend(lockdown_args(engine, plan));
+    if plan.sealed {
+        // What the guest seals itself with (see `RunPlan::sealed`); it
+        // empties the bounding set, so no command gets either.
+        for cap in ["SYS_ADMIN", "SETPCAP"] {
+            a.extend(["--cap-add".into(), cap.into()]);
+        }
+    }
     a.extend([
         "--mount".into(),
         bind(&plan.guest, Path::new(GUEST_INSIDE), true),
@@ -299,8 +335,8 @@ fn lockdown_args(engine: &Engine, plan: &RunPlan) -> Vec<String> {
 
 /// hako's seccomp policy as a profile file the runtime's CLI reads (see
 /// [`common::seccomp_profile`] for what changes under gVisor).
-pub fn write_seccomp_profile(gvisor: bool) -> Result<tempfile::NamedTempFile> {
-    let profile = common::seccomp_profile(gvisor);
+pub fn write_seccomp_profile(gvisor: bool, sealed: bool) -> Result<tempfile::NamedTempFile> {
+    let profile = common::seccomp_profile(gvisor, sealed);
     let io = |source| Error::Io {
         op: "write the seccomp profile",
         source,
@@ -393,7 +429,8 @@ impl Prepared {
             None => crate::engine::shared(runner.as_ref())?,
         };
         collect_once(&engine, &runner);
-        let guest = if guest {
+        let with_guest = guest;
+        let guest = if with_guest {
             locate_static_guest(NAME, config.guest.as_deref())?
         } else {
             PathBuf::new()
@@ -403,7 +440,14 @@ impl Prepared {
             .clone()
             .or_else(|| podman_runtime_default(&engine));
         let gvisor = is_gvisor_runtime(runtime.as_deref());
-        let profile = write_seccomp_profile(gvisor)?;
+        let user = (
+            hako_sys::rustix::process::geteuid().as_raw(),
+            hako_sys::rustix::process::getegid().as_raw(),
+        );
+        let sealed = with_guest && RunPlan::seals(user, runtime.as_deref());
+        // A sealing guest mounts its masks, then installs the whole
+        // policy itself; the runtime's profile lets it mount until then.
+        let profile = write_seccomp_profile(gvisor, sealed)?;
         let plan = RunPlan {
             name: common::unique_name("hako"),
             owner: Owner::current(),
@@ -414,10 +458,8 @@ impl Prepared {
             runtime,
             limits: config.limits,
             tmp_size: config.tmp_size,
-            user: (
-                hako_sys::rustix::process::geteuid().as_raw(),
-                hako_sys::rustix::process::getegid().as_raw(),
-            ),
+            user,
+            sealed,
             ro: config.ro.clone(),
             rw: config.rw.clone(),
             network: RunNetwork::of(&network),
@@ -425,6 +467,19 @@ impl Prepared {
         check_run_plan(&plan)?;
         if gvisor {
             check_gvisor_network(&engine, runner.as_ref(), &plan, &network)?;
+        }
+        if with_guest && gvisor && !plan.sealed && !config.best_effort {
+            // Not dumpable is no protection under gVisor, and a container
+            // of another uid than root gets no capability to guard with.
+            return Err(Error::Backend {
+                backend: NAME.into(),
+                op: "plan the container",
+                message: format!(
+                    "under the gVisor runtime {} the guest keeps commands away from its link to hako with a capability, which a container started as uid {} does not get; run hako as root, use --backend gvisor, or pass --best-effort to run with commands able to reach the guest's descriptors",
+                    plan.runtime.as_deref().unwrap_or(""),
+                    plan.user.0
+                ),
+            });
         }
         let isolation = if gvisor {
             Isolation::Kernel
@@ -538,7 +593,7 @@ impl DockerSandbox {
             cleanup: vec![engine.command(["rm", "--force", plan.name.as_str()])],
             keep: Mutex::new(vec![Box::new(profile)]),
             network: network.spec.clone(),
-            seal: None,
+            seal: plan.seal(),
             self_cleaning: false,
         };
         let mut env = base_env(&config.env);
@@ -729,6 +784,7 @@ mod tests {
             limits: Limits::default(),
             tmp_size: 1 << 20,
             user: (1000, 100),
+            sealed: false,
             ro: Vec::new(),
             rw: Vec::new(),
             network: RunNetwork::None,
@@ -740,6 +796,51 @@ mod tests {
             argv: vec!["docker".into()],
             kind: EngineKind::Docker,
         }
+    }
+
+    #[test]
+    fn a_root_guest_under_gvisor_seals_itself_and_is_given_what_it_needs_for_it() {
+        assert!(RunPlan::seals((0, 0), Some("runsc")));
+        assert!(!RunPlan::seals((0, 0), Some("runc")));
+        assert!(!RunPlan::seals((0, 0), None));
+        assert!(!RunPlan::seals((1000, 100), Some("runsc")));
+        let mut p = plan();
+        let argv = run_argv(&docker(), &p);
+        assert!(!argv.iter().any(|a| a == "--cap-add"), "{argv:?}");
+        assert_eq!(p.seal(), None);
+        p.sealed = true;
+        let argv = run_argv(&docker(), &p);
+        for cap in ["SYS_ADMIN", "SETPCAP"] {
+            assert!(
+                argv.windows(2).any(|w| w[0] == "--cap-add" && w[1] == cap),
+                "{cap}: {argv:?}"
+            );
+        }
+        // Every capability goes first, so only what the guest seals with
+        // is added back.
+        let drop = argv.iter().position(|a| a == "--cap-drop").unwrap();
+        let add = argv.iter().position(|a| a == "--cap-add").unwrap();
+        assert!(drop < add);
+        let seal = p.seal().unwrap();
+        assert!(seal.seccomp && seal.guard);
+        assert_eq!(
+            seal.mask_dirs,
+            [
+                PathBuf::from("/proc/1/fd"),
+                PathBuf::from("/proc/1/task/1/fd")
+            ]
+        );
+        // The profile leaves `mount` to the filter the guest installs.
+        let mounts = |profile: &serde_json::Value| {
+            profile["syscalls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|r| r["names"].as_array().unwrap().iter().any(|n| n == "mount"))
+                .count()
+        };
+        assert!(mounts(&common::seccomp_profile(true, false)) > 0);
+        assert_eq!(mounts(&common::seccomp_profile(true, true)), 0);
     }
 
     #[test]
@@ -881,7 +982,7 @@ mod tests {
 
     #[test]
     fn the_seccomp_profile_is_the_linux_policy_rendered() {
-        let file = write_seccomp_profile(false).unwrap_or_else(|e| panic!("{e}"));
+        let file = write_seccomp_profile(false, false).unwrap_or_else(|e| panic!("{e}"));
         let text = std::fs::read_to_string(file.path()).unwrap_or_else(|e| panic!("{e}"));
         let profile: serde_json::Value =
             serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));

@@ -28,7 +28,7 @@ use hako_core::{
 };
 use hako_fence::FenceOptions;
 use hako_guest::network::{NetworkSetup, NET_DIR};
-use hako_guest::proto::Seal;
+use hako_guest::proto::{Seal, GUEST_FD_DIRS};
 use hako_guest::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
 use serde_json::{json, Value};
 
@@ -181,10 +181,14 @@ impl BundlePlan {
         } else {
             (Vec::new(), Vec::new())
         };
+        // Last, the guest's own descriptors (see `GUEST_FD_DIRS`).
+        let mut mask_dirs = mask_dirs;
+        mask_dirs.extend(GUEST_FD_DIRS.iter().map(PathBuf::from));
         Seal {
             mask_files,
             mask_dirs,
             seccomp: true,
+            guard: true,
         }
     }
 }
@@ -758,8 +762,13 @@ mod tests {
             p.seal(),
             Seal {
                 mask_files: vec!["/etc/shadow".into()],
-                mask_dirs: vec!["/etc/sudoers.d".into()],
+                mask_dirs: vec![
+                    "/etc/sudoers.d".into(),
+                    "/proc/1/fd".into(),
+                    "/proc/1/task/1/fd".into()
+                ],
                 seccomp: true,
+                guard: true,
             }
         );
         // An image has no host secrets to hide, but still gets the filter.
@@ -767,7 +776,9 @@ mod tests {
         assert_eq!(
             p.seal(),
             Seal {
+                mask_dirs: vec!["/proc/1/fd".into(), "/proc/1/task/1/fd".into()],
                 seccomp: true,
+                guard: true,
                 ..Seal::default()
             }
         );

@@ -77,6 +77,7 @@ fn a_docker_sandbox_makes_exactly_the_recorded_calls() {
             hako_sys::rustix::process::geteuid().as_raw(),
             hako_sys::rustix::process::getegid().as_raw(),
         ),
+        sealed: false,
         ro: Vec::new(),
         rw: Vec::new(),
         network: docker::RunNetwork::None,

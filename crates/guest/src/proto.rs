@@ -45,10 +45,10 @@ pub struct Hello {
 /// asking the runtime (under gVisor, each bind in the bundle costs the
 /// runtime a gofer connection; a mount the guest makes is the Sentry's
 /// alone): hide each path, then set `no_new_privs`, drop every capability
-/// (which must leave none: the container gives the guest `CAP_SYS_ADMIN`
-/// and `CAP_SETPCAP` for this step only), and install the default seccomp
-/// policy. Any step that fails ends the guest with
-/// [`FromGuest::Refused`]; nothing is served unsealed.
+/// (which must leave none but the guard, see [`Seal::guard`]: the
+/// container gives the guest `CAP_SYS_ADMIN` and `CAP_SETPCAP` for this
+/// step only), and install the default seccomp policy. Any step that fails
+/// ends the guest with [`FromGuest::Refused`]; nothing is served unsealed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Seal {
     /// Files hidden behind `/dev/null` (a path that does not exist inside
@@ -58,7 +58,29 @@ pub struct Seal {
     pub mask_dirs: Vec<PathBuf>,
     /// Install the default seccomp policy last.
     pub seccomp: bool,
+    /// Keep `CAP_SETPCAP` in the guest's permitted set (never effective,
+    /// and gone from the bounding set, so no command gets it): commands
+    /// run as the guest's uid, and a process holding a permitted
+    /// capability its caller lacks is out of the caller's reach through
+    /// `/proc/PID/fd`, `/proc/PID/mem` and `ptrace`. Under gVisor, which
+    /// does not honour "not dumpable", this is what keeps a command from
+    /// opening the guest's link to hako (`/proc/1/fd/N`) and writing
+    /// frames on it. A guest that cannot keep it refuses to serve.
+    #[serde(default)]
+    pub guard: bool,
 }
+
+/// The guest's descriptor directories in `/proc`, which a gVisor guest
+/// hides behind an empty read-only tmpfs when it seals itself
+/// ([`Seal::mask_dirs`]). Its link to hako is a pair of host pipes at
+/// `/proc/1/fd/N`; gVisor lets a process of the same uid open another's
+/// descriptors whatever its dumpable flag or capabilities, and commands run
+/// as the guest's uid. Linux refuses that open by "not dumpable" and by
+/// the guard ([`Seal::guard`]); under gVisor the mask is what refuses it.
+/// The guest is pid 1 and single-threaded, so these two paths are every
+/// way to its descriptors; its supervisors hold nothing that can be opened
+/// again through `/proc` (a unix socket, a signalfd).
+pub const GUEST_FD_DIRS: [&str; 2] = ["/proc/1/fd", "/proc/1/task/1/fd"];
 
 /// The sandbox's end of the egress proxy (network mode `allow`): listeners
 /// on loopback inside that relay every connection to the proxy's unix

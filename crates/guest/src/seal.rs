@@ -11,11 +11,16 @@
 //!    kernel has them (gVisor's has none; with the bounding and
 //!    inheritable sets empty, not even uid 0 gains a capability by
 //!    `exec`): a set that is not empty afterwards is a failure, not a
-//!    warning.
+//!    warning. With [`Seal::guard`], `CAP_SETPCAP` alone stays in the
+//!    permitted set, never effective: the guest and its supervisors hold a
+//!    capability no command can, which puts them out of the commands'
+//!    reach through `/proc` and `ptrace` (see `Seal::guard`).
 //! 4. The default seccomp policy: from here no process of the sandbox can
 //!    mount, unmount or reach any other call the policy refuses.
 //!
 //! Any failure ends the guest before it has read a single command.
+
+use hako_sys::rustix::thread::CapabilitySet;
 
 use crate::proto::Seal;
 
@@ -40,8 +45,18 @@ pub(crate) fn apply(seal: &Seal) -> Result<(), String> {
             .map_err(|e| format!("cannot mask {}: {e}", file.display()))?;
     }
     hako_sys::confine::set_no_new_privs().map_err(|e| format!("cannot set no_new_privs: {e}"))?;
-    let dropped = hako_sys::confine::drop_all_capabilities()
+    let guard = if seal.guard {
+        CapabilitySet::SETPCAP
+    } else {
+        CapabilitySet::empty()
+    };
+    let dropped = hako_sys::confine::drop_capabilities_keeping(guard)
         .map_err(|e| format!("cannot drop capabilities: {e}"))?;
+    if dropped.kept != guard {
+        return Err(
+            "the guest cannot keep CAP_SETPCAP as its guard (the runtime did not give it): commands could reach the guest's descriptors".into(),
+        );
+    }
     if !dropped.bounding_set_empty {
         return Err(
             "the bounding set could not be emptied (the guest was not given CAP_SETPCAP)".into(),

@@ -294,6 +294,10 @@ pub struct CapsDropped {
     /// The bounding set is empty: every capability was dropped from it (needs
     /// `CAP_SETPCAP`), or it already was.
     pub bounding_set_empty: bool,
+    /// What stays in the permitted set (see
+    /// [`drop_capabilities_keeping`]); empty after
+    /// [`drop_all_capabilities`].
+    pub kept: CapabilitySet,
 }
 
 /// The securebits [`drop_all_capabilities`] sets: uid 0 gains no capability
@@ -351,7 +355,22 @@ fn cap_bit(cap: u32) -> CapabilitySet {
 /// Capability sets are per thread: call this in a single-threaded process
 /// (the child about to `exec`), whose other threads would keep theirs.
 pub fn drop_all_capabilities() -> Result<CapsDropped, ConfineError> {
+    drop_capabilities_keeping(CapabilitySet::empty())
+}
+
+/// Like [`drop_all_capabilities`], but the capabilities of `keep` that the
+/// thread holds in its permitted set stay there (never effective, never
+/// inheritable, and gone from the bounding set, so no `exec` passes them
+/// on): a guard, not a power. A process that holds a permitted capability
+/// its caller lacks is out of the caller's reach through `/proc/PID` and
+/// `ptrace` (the ptrace access check of Linux's commoncap and of gVisor
+/// alike), whatever their uids; so a guest that keeps one is out of the
+/// reach of every command it starts, which hold none. A capability of
+/// `keep` the thread did not hold is not kept: check
+/// [`CapsDropped::kept`].
+pub fn drop_capabilities_keeping(keep: CapabilitySet) -> Result<CapsDropped, ConfineError> {
     let caps = rt::capabilities(None).map_err(|e| ConfineError::Capget(e.into()))?;
+    let kept = keep & caps.permitted;
     let mut had_setpcap = caps.effective.contains(CapabilitySet::SETPCAP);
     if !had_setpcap && caps.permitted.contains(CapabilitySet::SETPCAP) {
         rt::set_capabilities(
@@ -412,7 +431,7 @@ pub fn drop_all_capabilities() -> Result<CapsDropped, ConfineError> {
     // allowed; CAP_SETPCAP goes with the rest.
     let empty = CapabilitySets {
         effective: CapabilitySet::empty(),
-        permitted: CapabilitySet::empty(),
+        permitted: kept,
         inheritable: CapabilitySet::empty(),
     };
     rt::set_capabilities(None, empty).map_err(|e| ConfineError::Capset(e.into()))?;
@@ -429,6 +448,7 @@ pub fn drop_all_capabilities() -> Result<CapsDropped, ConfineError> {
         had_setpcap,
         securebits_locked,
         bounding_set_empty,
+        kept,
     })
 }
 

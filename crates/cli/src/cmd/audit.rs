@@ -92,7 +92,7 @@ fn readable(r: &serde_json::Map<String, Value>) -> String {
     let kind = escaped(kind).to_string();
     let mut out = format!("{seq:>5}  {}  {kind:<8}", utc(at));
     for (k, v) in r {
-        if matches!(k.as_str(), "seq" | "at_ms" | "kind" | "prev") {
+        if matches!(k.as_str(), "seq" | "at_ms" | "kind" | "prev" | "hash") {
             continue;
         }
         let _ = write!(out, " {}=", escaped(k));

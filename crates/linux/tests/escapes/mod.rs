@@ -388,3 +388,12 @@ fn rewriting_the_sandbox_processes_own_proc_entries_is_refused() {
         text(&out.stdout)
     );
 }
+
+#[test]
+fn writing_a_frame_on_the_guests_link_through_proc_is_refused() {
+    let (_d, ws) = workspace();
+    let sb = sandbox(&ws);
+    if let Err(message) = hako_conformance::attacks::writing_on_the_guests_link_through_proc(&sb) {
+        panic!("{message}");
+    }
+}
