@@ -264,10 +264,10 @@ pub(crate) struct ContainerLauncher {
     /// removed) at close.
     pub(crate) keep: Mutex<Vec<Box<dyn std::fmt::Debug + Send>>>,
     /// The sandbox's end of the egress proxy, for the guest to set up.
-    pub(crate) network: Option<hako_guest::proto::NetSpec>,
+    pub(crate) network: Option<hako_proto::NetSpec>,
     /// What the guest does to itself before it serves, where the runtime
     /// leaves it to the guest (gVisor's masks).
-    pub(crate) seal: Option<hako_guest::proto::Seal>,
+    pub(crate) seal: Option<hako_proto::Seal>,
     /// Whether a process of its own removes what `keep` holds once the
     /// client exits (gVisor's bundle: see `hako_guest::host_view`).
     pub(crate) self_cleaning: bool,

@@ -24,8 +24,8 @@ use hako_core::{
 };
 use hako_fence::FenceOptions;
 use hako_guest::network::{NetworkSetup, NET_DIR};
-use hako_guest::proto::{Seal, GUEST_FD_DIRS};
 use hako_guest::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
+use hako_proto::{Seal, GUEST_FD_DIRS};
 
 use crate::common::{
     self, base_env, cpus_decimal, limit_reports, locate_static_guest, ContainerLauncher, Owner,

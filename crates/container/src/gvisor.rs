@@ -8,7 +8,7 @@
 //! an image directory. The guest starts with `CAP_SYS_ADMIN` and
 //! `CAP_SETPCAP` inside gVisor and nothing else; before it reads a
 //! command it masks the `/etc` secrets, drops every capability and
-//! installs the seccomp policy on itself (`hako_guest::proto::Seal`),
+//! installs the seccomp policy on itself (`hako_proto::Seal`),
 //! and refuses to serve if any of it fails.
 //!
 //! What it enforces: every system call of the sandbox is served by gVisor's
@@ -28,8 +28,8 @@ use hako_core::{
 };
 use hako_fence::FenceOptions;
 use hako_guest::network::{NetworkSetup, NET_DIR};
-use hako_guest::proto::{Seal, GUEST_FD_DIRS};
 use hako_guest::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
+use hako_proto::{Seal, GUEST_FD_DIRS};
 use serde_json::{json, Value};
 
 use crate::common::{

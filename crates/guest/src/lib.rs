@@ -17,7 +17,8 @@ pub mod host_view;
 mod linux;
 pub mod network;
 mod processes;
-pub mod proto;
+/// The wire protocol, shared with hako's side (the `hako-proto` crate).
+pub use hako_proto as proto;
 pub mod sandbox;
 mod seal;
 mod server;

@@ -8,8 +8,8 @@ use std::os::unix::net::UnixStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use hako_guest::proto::{
-    self, Cwd, ExecRequest, Frame, FromGuest, Hello, StreamId, ToGuest, MAX_FRAME,
+use hako_proto::{
+    self as proto, Cwd, ExecRequest, Frame, FromGuest, Hello, StreamId, ToGuest, MAX_FRAME,
 };
 
 /// Starts the guest with `ctl` at fd 3 (its only descriptor but stdio).
@@ -355,8 +355,8 @@ fn the_guest_serves_over_its_stdin_and_stdout_too() {
     assert!(child.wait().unwrap().success());
 }
 
-fn empty_linux_spec() -> hako_guest::proto::LinuxSpec {
-    hako_guest::proto::LinuxSpec {
+fn empty_linux_spec() -> hako_proto::LinuxSpec {
+    hako_proto::LinuxSpec {
         uid: (1000, 1000),
         gid: (1000, 1000),
         hostname: "x".into(),

@@ -24,10 +24,10 @@ use hako_core::{
 };
 use hako_fence::FenceOptions;
 use hako_guest::network::{NetworkSetup, NET_DIR};
-use hako_guest::proto::{LinuxSpec, MountOp};
 use hako_guest::sandbox::{
     common_limits, open_workspace, GuestConfig, GuestSandbox, GuestStart, Launcher, OPTIONAL,
 };
+use hako_proto::{LinuxSpec, MountOp};
 
 use crate::cgroup::Cgroups;
 use crate::plan::{PlanInput, Rlimits};

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use hako_guest::proto::{LandlockSpec, LinuxSpec, MountOp, RlimitResource, RlimitSpec};
+use hako_proto::{LandlockSpec, LinuxSpec, MountOp, RlimitResource, RlimitSpec};
 
 /// What a host path is, as far as the plan cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
