@@ -3,7 +3,6 @@
 // The entry point is `main` below, not Rust's runtime start-up: see it.
 #![cfg_attr(not(test), no_main)]
 
-mod backend;
 mod cmd;
 mod exit;
 mod log;

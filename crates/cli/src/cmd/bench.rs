@@ -13,14 +13,16 @@ use clap::Args;
 use hako_core::{Command, Sandbox};
 use serde::Serialize;
 
-use crate::backend::{self, BackendArg, BackendKind, SandboxSpec};
+use hako_runtime::{BackendArg, BackendKind, SandboxSpec};
+
+use super::BackendFlag;
 
 /// Flags of `hako bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// Backend to measure (repeatable) [default: host].
     #[arg(long, value_enum)]
-    backend: Vec<BackendArg>,
+    backend: Vec<BackendFlag>,
     /// Runs per measurement.
     #[arg(long, default_value_t = 50)]
     iterations: usize,
@@ -399,7 +401,7 @@ fn bench_backend(
     ));
     let mut spec = SandboxSpec::new(workspace.to_path_buf());
     spec.runtime = runtime.map(str::to_string);
-    let sandbox = backend::open(kind, &spec).map_err(|e| e.to_string())?;
+    let sandbox = hako_runtime::open(kind, &spec).map_err(|e| e.to_string())?;
     let command = Command::new(["true"]);
     let (warm, fork) = measure_pair(n, || exec_true(sandbox.as_ref(), &command), fork_exec)?;
     out.push(compare(
@@ -447,7 +449,7 @@ fn bench_backend(
         // exec` per command.
         let mut spec = SandboxSpec::new(workspace.to_path_buf());
         spec.no_guest = true;
-        let exec_mode = backend::open(kind, &spec).map_err(|e| e.to_string())?;
+        let exec_mode = hako_runtime::open(kind, &spec).map_err(|e| e.to_string())?;
         let (warm, fallback) = measure_pair(
             n,
             || exec_true(sandbox.as_ref(), &command),
@@ -633,7 +635,7 @@ cat <&3 >/dev/null"#
     ]));
     // Opened while this process has one thread, so that the guest runs in
     // a fork of it (no hako-guest binary needed); the servers start after.
-    let sandbox = backend::open(BackendKind::Linux, &spec).map_err(|e| e.to_string())?;
+    let sandbox = hako_runtime::open(BackendKind::Linux, &spec).map_err(|e| e.to_string())?;
     let served = [
         serve_transfers(paced, false),
         serve_transfers(unpaced, true),
@@ -725,7 +727,7 @@ pub fn run(args: BenchArgs) -> u8 {
     let requested = if args.backend.is_empty() {
         vec![BackendArg::Host]
     } else {
-        args.backend.clone()
+        args.backend.iter().map(|flag| flag.0).collect()
     };
     let workspace = std::env::temp_dir().join(format!("hako-bench-{}", std::process::id()));
     let mut report = Report {
@@ -742,7 +744,7 @@ pub fn run(args: BenchArgs) -> u8 {
         return crate::exit::SANDBOX_FAILED;
     }
     for arg in requested {
-        let result = backend::resolve(arg)
+        let result = hako_runtime::resolve(arg)
             .map_err(|e| e.to_string())
             .and_then(|kind| {
                 bench_backend(kind, None, n, &workspace, &mut report.comparisons)?;

@@ -9,8 +9,8 @@ use hako_core::{DirEntry, Error, FileKind, Metadata, Sandbox};
 use serde::Serialize;
 
 use super::SandboxArgs;
+use crate::exit;
 use crate::show::{self, escaped};
-use crate::{backend, exit};
 
 /// Most bytes `write` and `append` take from standard input.
 const MAX_INPUT: u64 = hako_fence::DEFAULT_MAX_READ;
@@ -159,8 +159,8 @@ fn print_json(value: &impl Serialize) {
 /// Runs `hako fs`.
 pub fn run(args: FsArgs) -> u8 {
     let opened = args.sandbox.spec().and_then(|(backend_arg, spec)| {
-        let kind = backend::resolve(backend_arg).map_err(|e| e.to_string())?;
-        backend::open(kind, &spec).map_err(|e| e.to_string())
+        let kind = hako_runtime::resolve(backend_arg).map_err(|e| e.to_string())?;
+        hako_runtime::open(kind, &spec).map_err(|e| e.to_string())
     });
     let sandbox = match opened {
         Ok(sb) => sb,

@@ -16,7 +16,7 @@ use clap::Args;
 use hako_core::Isolation;
 
 use super::SandboxArgs;
-use crate::{backend, exit};
+use crate::exit;
 
 /// Flags of `hako mcp`.
 #[derive(Debug, Args)]
@@ -58,7 +58,7 @@ pub fn run(args: McpArgs) -> u8 {
             spec.workspace.display()
         ));
     }
-    let kind = match backend::resolve(backend_arg) {
+    let kind = match hako_runtime::resolve(backend_arg) {
         Ok(kind) => kind,
         Err(e) => return fail(&e),
     };
@@ -84,7 +84,7 @@ pub fn run(args: McpArgs) -> u8 {
     };
     let min_isolation = args.min_isolation;
     let make_sandbox = Box::new(move || {
-        let sandbox = backend::open(kind, &spec)?;
+        let sandbox = hako_runtime::open(kind, &spec)?;
         hako_core::require_isolation(sandbox.as_ref(), min_isolation)?;
         Ok(sandbox)
     });

@@ -14,14 +14,13 @@ mod shell;
 
 use std::path::PathBuf;
 
-use clap::{Args, Subcommand};
+use clap::builder::PossibleValue;
+use clap::{Args, Subcommand, ValueEnum};
 use hako_core::env::EnvPolicy;
 use hako_core::units;
-use hako_core::{NetMode, NetworkPolicy};
+use hako_core::{Limits, NetMode, NetworkPolicy};
+use hako_runtime::{BackendArg, SandboxSpec};
 
-use crate::backend::{BackendArg, SandboxSpec};
-use clap::ValueEnum;
-use hako_linux::Limits;
 use profile::Profile;
 pub use run::RunArgs;
 
@@ -66,6 +65,39 @@ pub fn dispatch(command: Command) -> u8 {
     }
 }
 
+/// `--backend NAME`: clap's view of [`BackendArg`], whose names are the
+/// runtime's; only the help lines are the command line's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackendFlag(pub BackendArg);
+
+impl ValueEnum for BackendFlag {
+    fn value_variants<'a>() -> &'a [Self] {
+        const ALL: [BackendFlag; BackendArg::ALL.len()] = {
+            let mut all = [BackendFlag(BackendArg::Auto); BackendArg::ALL.len()];
+            let mut i = 0;
+            while i < all.len() {
+                all[i] = BackendFlag(BackendArg::ALL[i]);
+                i += 1;
+            }
+            all
+        };
+        &ALL
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        let help = match self.0 {
+            BackendArg::Auto => "The strongest backend that works on this host",
+            BackendArg::Host => "Host processes and the file fence; trusted code only",
+            BackendArg::Linux => "Linux namespaces, Landlock, seccomp; rootless",
+            BackendArg::Docker => {
+                "A locked-down Docker or Podman container (`--runtime runsc` for gVisor)"
+            }
+            BackendArg::Gvisor => "gVisor's runsc, driven directly; no daemon",
+        };
+        Some(PossibleValue::new(self.0.name()).help(help))
+    }
+}
+
 /// Flags that pick and shape a sandbox, shared by `run` and `fs`.
 #[derive(Debug, Clone, Args)]
 pub struct SandboxArgs {
@@ -76,7 +108,7 @@ pub struct SandboxArgs {
     pub profile: Option<PathBuf>,
     /// Backend to use [default: auto].
     #[arg(long, value_enum)]
-    pub backend: Option<BackendArg>,
+    pub backend: Option<BackendFlag>,
     /// Sandbox root [default: the current directory].
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
@@ -168,9 +200,12 @@ impl SandboxArgs {
         };
         let key = |name: &str, e: String| format!("profile key `{name}`: {e}");
         let backend = match (self.backend, &p.backend) {
-            (Some(b), _) => b,
+            (Some(BackendFlag(b)), _) => b,
+            // Parsed as the flag is, so that the message is the same.
             (None, Some(name)) => {
-                BackendArg::from_str(name, false).map_err(|e| key("backend", e))?
+                BackendFlag::from_str(name, false)
+                    .map_err(|e| key("backend", e))?
+                    .0
             }
             (None, None) => BackendArg::Auto,
         };

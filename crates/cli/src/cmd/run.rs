@@ -11,7 +11,7 @@ use hako_core::{
 use serde::Serialize;
 
 use super::{parse_duration, SandboxArgs};
-use crate::{backend, exit};
+use crate::exit;
 
 /// Most bytes `--stdin` reads from hako's own standard input.
 const MAX_STDIN: u64 = 64 << 20;
@@ -126,7 +126,7 @@ pub fn run(args: RunArgs) -> u8 {
         Ok(spec) => spec,
         Err(e) => return refuse(None, &e, exit::SANDBOX_FAILED),
     };
-    let kind = match backend::resolve(backend_arg) {
+    let kind = match hako_runtime::resolve(backend_arg) {
         Ok(kind) => kind,
         Err(e) => return refuse(None, &e, exit::SANDBOX_FAILED),
     };
@@ -138,7 +138,7 @@ pub fn run(args: RunArgs) -> u8 {
     // One command, from this thread: no thread of its own need read the
     // guest.
     hako_guest::client::read_on_calling_thread();
-    let sandbox = match backend::open(kind, &spec) {
+    let sandbox = match hako_runtime::open(kind, &spec) {
         Ok(sb) => sb,
         Err(e) => return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED),
     };

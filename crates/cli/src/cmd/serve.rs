@@ -7,7 +7,7 @@ use std::sync::Arc;
 use clap::Args;
 
 use super::SandboxArgs;
-use crate::{backend, exit};
+use crate::exit;
 
 /// Flags of `hako serve`.
 #[derive(Debug, Args)]
@@ -38,7 +38,7 @@ pub fn run(args: ServeArgs) -> u8 {
         Ok(s) => s,
         Err(e) => return fail(&e),
     };
-    let kind = match backend::resolve(backend_arg) {
+    let kind = match hako_runtime::resolve(backend_arg) {
         Ok(k) => k,
         Err(e) => return fail(&e),
     };
@@ -75,8 +75,11 @@ pub fn run(args: ServeArgs) -> u8 {
         args.listen,
         kind.name()
     );
-    let mut config =
-        hako_serve::ServeConfig::new(Box::new(move || backend::open(kind, &spec)), token, audit);
+    let mut config = hako_serve::ServeConfig::new(
+        Box::new(move || hako_runtime::open(kind, &spec)),
+        token,
+        audit,
+    );
     // SIGINT and SIGTERM stop it: every sandbox is closed, then the audit
     // log gets its closing record.
     config.stop_on_signals = true;

@@ -21,7 +21,7 @@ use hako_sys::rustix::termios::{self, OptionalActions, Termios};
 use hako_sys::signal::{signum, SignalFd};
 
 use super::SandboxArgs;
-use crate::{backend, exit};
+use crate::exit;
 
 /// Flags of `hako shell`.
 #[derive(Debug, Args)]
@@ -90,14 +90,14 @@ pub fn run(args: ShellArgs) -> u8 {
         Ok(spec) => spec,
         Err(e) => return fail(&e),
     };
-    let kind = match backend::resolve(backend_arg) {
+    let kind = match hako_runtime::resolve(backend_arg) {
         Ok(kind) => kind,
         Err(e) => return fail(&e),
     };
     if let Err(e) = kind.require_isolation(args.min_isolation) {
         return fail(&e);
     }
-    let sandbox: Arc<dyn Sandbox> = match backend::open(kind, &spec) {
+    let sandbox: Arc<dyn Sandbox> = match hako_runtime::open(kind, &spec) {
         Ok(sb) => Arc::from(sb),
         Err(e) => return fail(&e),
     };

@@ -1,0 +1,278 @@
+//! The closed set of backends, the names that pick one, and `auto`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use hako_core::{Error, Isolation};
+
+use crate::probe::{probe, Unavailable};
+
+/// A backend as a user names it: `auto` or one backend that can be chosen.
+///
+/// Parsed from its [`name`](BackendArg::name) with [`FromStr`]; turned
+/// into a [`BackendKind`] by [`resolve`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BackendArg {
+    /// The strongest backend that works on this host.
+    Auto,
+    /// Host processes and the file fence; trusted code only.
+    Host,
+    /// Linux namespaces, Landlock, seccomp; rootless.
+    Linux,
+    /// A locked-down Docker or Podman container (the `runsc` runtime for gVisor).
+    Docker,
+    /// gVisor's runsc, driven directly; no daemon.
+    Gvisor,
+}
+
+impl BackendArg {
+    /// Every name a user may give, in the order they are listed to them.
+    pub const ALL: [BackendArg; 5] = [
+        BackendArg::Auto,
+        BackendArg::Host,
+        BackendArg::Linux,
+        BackendArg::Docker,
+        BackendArg::Gvisor,
+    ];
+
+    /// The name on the command line and in a profile.
+    pub fn name(self) -> &'static str {
+        match self.kind() {
+            Some(kind) => kind.name(),
+            None => "auto",
+        }
+    }
+
+    /// The backend named, or `None` for `auto`, which only [`resolve`]
+    /// can answer.
+    pub fn kind(self) -> Option<BackendKind> {
+        match self {
+            BackendArg::Auto => None,
+            BackendArg::Host => Some(BackendKind::Host),
+            BackendArg::Linux => Some(BackendKind::Linux),
+            BackendArg::Docker => Some(BackendKind::Docker),
+            BackendArg::Gvisor => Some(BackendKind::Gvisor),
+        }
+    }
+}
+
+impl fmt::Display for BackendArg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A name that is not one of [`BackendArg::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseBackendError {
+    /// The name as given.
+    pub name: String,
+}
+
+impl fmt::Display for ParseBackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unknown backend {:?}; expected one of", self.name)?;
+        for (i, arg) in BackendArg::ALL.iter().enumerate() {
+            let sep = if i == 0 { " " } else { ", " };
+            write!(f, "{sep}{arg}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ParseBackendError {}
+
+impl FromStr for BackendArg {
+    type Err = ParseBackendError;
+
+    /// Exact names only, as the command line takes them.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        BackendArg::ALL
+            .into_iter()
+            .find(|arg| arg.name() == s)
+            .ok_or_else(|| ParseBackendError { name: s.into() })
+    }
+}
+
+/// The backends hako knows, whether or not this build or host can run them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// Host processes.
+    Host,
+    /// Linux namespaces, Landlock, seccomp.
+    Linux,
+    /// A Docker or Podman container.
+    Docker,
+    /// gVisor's runsc.
+    Gvisor,
+    /// A KVM microVM.
+    Vm,
+}
+
+impl BackendKind {
+    /// Every backend, strongest first: the order `auto` tries them in.
+    pub const ALL: [BackendKind; 5] = [
+        BackendKind::Vm,
+        BackendKind::Gvisor,
+        BackendKind::Docker,
+        BackendKind::Linux,
+        BackendKind::Host,
+    ];
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Host => "host",
+            BackendKind::Linux => "linux",
+            BackendKind::Docker => "docker",
+            BackendKind::Gvisor => "gvisor",
+            BackendKind::Vm => "vm",
+        }
+    }
+
+    /// The isolation the backend provides when it works.
+    pub fn isolation(self) -> Isolation {
+        match self {
+            BackendKind::Host => Isolation::None,
+            BackendKind::Linux | BackendKind::Docker => Isolation::Process,
+            BackendKind::Gvisor => Isolation::Kernel,
+            BackendKind::Vm => Isolation::Vm,
+        }
+    }
+
+    /// The policy gate, before anything starts: refuses a backend whose
+    /// isolation is weaker than `required`.
+    pub fn require_isolation(self, required: Isolation) -> Result<(), Error> {
+        if self.isolation() < required {
+            return Err(Error::IsolationTooWeak {
+                required,
+                actual: self.isolation(),
+                backend: self.name().into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The backend `arg` names; for `auto`, the strongest one whose [`probe`]
+/// passes on this host. A backend named explicitly is not probed here: it
+/// says why it cannot run when it is opened.
+pub fn resolve(arg: BackendArg) -> Result<BackendKind, Error> {
+    match arg.kind() {
+        Some(kind) => Ok(kind),
+        None => strongest(probe),
+    }
+}
+
+/// The first of [`BackendKind::ALL`] that `works`, or the refusal of `auto`.
+fn strongest(works: impl Fn(BackendKind) -> Result<(), Unavailable>) -> Result<BackendKind, Error> {
+    BackendKind::ALL
+        .into_iter()
+        .find(|&kind| works(kind).is_ok())
+        .ok_or_else(|| Error::Backend {
+            backend: "auto".into(),
+            op: "pick a backend",
+            message: "no backend works on this host; run `hako doctor` for reasons".into(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn every_backend_name_parses_back_to_itself() {
+        for arg in BackendArg::ALL {
+            assert_eq!(arg.name().parse::<BackendArg>(), Ok(arg));
+            assert_eq!(arg.to_string(), arg.name());
+        }
+        let names: Vec<_> = BackendArg::ALL.iter().map(|a| a.name()).collect();
+        assert_eq!(names, ["auto", "host", "linux", "docker", "gvisor"]);
+    }
+
+    #[test]
+    fn an_unknown_or_miscased_name_is_refused_with_the_names_that_exist() {
+        for bad in ["bogus", "Linux", "lin", "", "vm"] {
+            let err = bad.parse::<BackendArg>().unwrap_err();
+            assert_eq!(err.name, bad);
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "unknown backend {bad:?}; expected one of auto, host, linux, docker, gvisor"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn a_named_backend_resolves_to_itself_without_probing() {
+        for arg in BackendArg::ALL
+            .into_iter()
+            .filter(|a| *a != BackendArg::Auto)
+        {
+            let kind = resolve(arg).unwrap();
+            assert_eq!(kind.name(), arg.name());
+            assert_eq!(arg.kind(), Some(kind));
+        }
+        assert_eq!(BackendArg::Auto.kind(), None);
+    }
+
+    #[test]
+    fn auto_picks_the_strongest_backend_that_works() {
+        let works = |kind| match kind {
+            BackendKind::Docker | BackendKind::Host => Ok(()),
+            _ => Err(Unavailable {
+                reason: "no".into(),
+                hint: "none".into(),
+            }),
+        };
+        assert_eq!(strongest(works).unwrap(), BackendKind::Docker);
+    }
+
+    #[test]
+    fn auto_with_nothing_working_points_at_hako_doctor() {
+        let err = strongest(|_| {
+            Err(Unavailable {
+                reason: "no".into(),
+                hint: "none".into(),
+            })
+        })
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "auto backend: pick a backend: no backend works on this host; run `hako doctor` for reasons"
+        );
+    }
+
+    #[test]
+    fn backends_are_listed_strongest_first() {
+        let levels: Vec<_> = BackendKind::ALL.iter().map(|k| k.isolation()).collect();
+        assert!(levels.windows(2).all(|w| w[0] >= w[1]), "{levels:?}");
+        assert_eq!(BackendKind::ALL.last(), Some(&BackendKind::Host));
+    }
+
+    #[test]
+    fn a_backend_weaker_than_required_is_refused_before_it_starts() {
+        assert!(BackendKind::Linux
+            .require_isolation(Isolation::Process)
+            .is_ok());
+        let err = BackendKind::Host
+            .require_isolation(Isolation::Process)
+            .unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                Error::IsolationTooWeak { required: Isolation::Process, actual: Isolation::None, backend }
+                    if backend == "host"
+            ),
+            "{err:?}"
+        );
+    }
+}

@@ -1,0 +1,173 @@
+//! Turning a spec into a backend's configuration and opening it.
+
+use std::path::PathBuf;
+
+use hako_core::{Error, Limits, NetworkPolicy, Sandbox};
+
+use crate::{probe, BackendKind, SandboxSpec};
+
+/// Opens a sandbox of `kind` as `spec` describes.
+///
+/// A setting `kind` has no use for (`runtime`, `no_guest` and `image` off
+/// the backends that take them; limits or binds on `host`) is refused here,
+/// before anything starts, rather than ignored.
+pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, Error> {
+    refuse_unused(kind, spec)?;
+    let network = spec.network.clone().unwrap_or_else(|| match kind {
+        BackendKind::Host => NetworkPolicy::host(),
+        _ => NetworkPolicy::none(),
+    });
+    match kind {
+        BackendKind::Host => {
+            let mut config = hako_host::HostConfig::new(&spec.workspace);
+            config.env = spec.env.clone();
+            config.max_output = spec.max_output;
+            config.network = network;
+            Ok(Box::new(hako_host::HostSandbox::new(config)?))
+        }
+        BackendKind::Linux => {
+            let mut config = hako_linux::LinuxConfig::new(&spec.workspace);
+            config.env = spec.env.clone();
+            config.max_output = spec.max_output;
+            config.limits = spec.limits;
+            config.ro = spec.ro.clone();
+            config.rw = spec.rw.clone();
+            config.best_effort = spec.best_effort;
+            config.network = network;
+            Ok(Box::new(hako_linux::LinuxSandbox::new(config)?))
+        }
+        BackendKind::Docker => {
+            let mut config = hako_container::DockerConfig::new(&spec.workspace);
+            if let Some(image) = &spec.image {
+                config.image = image.clone();
+            }
+            config.runtime = spec.runtime.clone();
+            config.best_effort = spec.best_effort;
+            config.env = spec.env.clone();
+            config.max_output = spec.max_output;
+            config.limits = spec.limits;
+            config.ro = spec.ro.clone();
+            config.rw = spec.rw.clone();
+            config.network = network;
+            if spec.no_guest {
+                return Ok(Box::new(hako_container::DockerExecSandbox::new(config)?));
+            }
+            Ok(Box::new(hako_container::DockerSandbox::new(config)?))
+        }
+        BackendKind::Gvisor => {
+            let mut config = hako_container::GvisorConfig::new(&spec.workspace);
+            config.rootfs = spec.image.as_ref().map(PathBuf::from);
+            config.env = spec.env.clone();
+            config.max_output = spec.max_output;
+            config.limits = spec.limits;
+            config.ro = spec.ro.clone();
+            config.rw = spec.rw.clone();
+            config.best_effort = spec.best_effort;
+            config.network = network;
+            Ok(Box::new(hako_container::GvisorSandbox::new(config)?))
+        }
+        BackendKind::Vm => Err(Error::Backend {
+            backend: "vm".into(),
+            op: "open",
+            message: probe(kind).err().map(|u| u.to_string()).unwrap_or_default(),
+        }),
+    }
+}
+
+/// Refuses what `spec` asks of `kind` that `kind` cannot do; pure.
+fn refuse_unused(kind: BackendKind, spec: &SandboxSpec) -> Result<(), Error> {
+    let refuse = |what: &str, which: &str| Error::Backend {
+        backend: kind.name().into(),
+        op: "open",
+        message: format!(
+            "{what} applies only to {which}; the {} backend has none",
+            kind.name()
+        ),
+    };
+    if spec.runtime.is_some() && kind != BackendKind::Docker {
+        return Err(refuse("--runtime", "--backend docker"));
+    }
+    if spec.no_guest && kind != BackendKind::Docker {
+        return Err(refuse("--no-guest", "--backend docker"));
+    }
+    if spec.image.is_some() && !matches!(kind, BackendKind::Docker | BackendKind::Gvisor) {
+        return Err(refuse("--image", "--backend docker and gvisor"));
+    }
+    if kind == BackendKind::Host {
+        // The host backend enforces no resource limit and has no view to
+        // bind into: refuse rather than pretend.
+        let asked = spec.limits != Limits::default();
+        if (asked && !spec.best_effort) || !spec.ro.is_empty() || !spec.rw.is_empty() {
+            return Err(Error::Backend {
+                backend: "host".into(),
+                op: "open",
+                message: "the host backend cannot enforce --memory, --pids, --cpus, --max-file-size, --max-open-files, --ro or --rw; use --backend linux (or --best-effort to run without the limits)".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn refusal(kind: BackendKind, spec: &SandboxSpec) -> String {
+        match open(kind, spec) {
+            Ok(_) => panic!("{kind} opened"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn flags_of_another_backend_are_refused_before_anything_starts() {
+        let mut spec = SandboxSpec::new("/nonexistent/ws".into());
+        spec.runtime = Some("runsc".into());
+        assert_eq!(
+            refusal(BackendKind::Linux, &spec),
+            "linux backend: open: --runtime applies only to --backend docker; the linux backend has none"
+        );
+        let mut spec = SandboxSpec::new("/nonexistent/ws".into());
+        spec.no_guest = true;
+        assert_eq!(
+            refusal(BackendKind::Gvisor, &spec),
+            "gvisor backend: open: --no-guest applies only to --backend docker; the gvisor backend has none"
+        );
+        let mut spec = SandboxSpec::new("/nonexistent/ws".into());
+        spec.image = Some("alpine".into());
+        assert_eq!(
+            refusal(BackendKind::Host, &spec),
+            "host backend: open: --image applies only to --backend docker and gvisor; the host backend has none"
+        );
+        assert!(refuse_unused(BackendKind::Docker, &spec).is_ok());
+        assert!(refuse_unused(BackendKind::Gvisor, &spec).is_ok());
+    }
+
+    #[test]
+    fn the_host_backend_refuses_limits_and_binds_it_cannot_enforce() {
+        let host_refusal = "host backend: open: the host backend cannot enforce --memory, --pids, --cpus, --max-file-size, --max-open-files, --ro or --rw; use --backend linux (or --best-effort to run without the limits)";
+        let mut spec = SandboxSpec::new("/nonexistent/ws".into());
+        spec.limits.memory = Some(1 << 20);
+        assert_eq!(refusal(BackendKind::Host, &spec), host_refusal);
+        // Limits may be dropped by name; binds never.
+        spec.best_effort = true;
+        assert!(refuse_unused(BackendKind::Host, &spec).is_ok());
+        spec.rw = vec!["/tmp".into()];
+        assert_eq!(refusal(BackendKind::Host, &spec), host_refusal);
+        let mut spec = SandboxSpec::new("/nonexistent/ws".into());
+        spec.ro = vec!["/usr".into()];
+        spec.best_effort = true;
+        assert_eq!(refusal(BackendKind::Host, &spec), host_refusal);
+        // The isolating backends take them.
+        assert!(refuse_unused(BackendKind::Linux, &spec).is_ok());
+    }
+
+    #[test]
+    fn the_vm_backend_is_refused_with_its_reason_and_hint() {
+        assert_eq!(
+            refusal(BackendKind::Vm, &SandboxSpec::new("/nonexistent/ws".into())),
+            "vm backend: open: the vm backend is not part of this build yet; hint: use --backend gvisor or linux; the microVM backend is on the roadmap (see README)"
+        );
+    }
+}

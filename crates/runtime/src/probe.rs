@@ -1,0 +1,171 @@
+//! Asking the host which backends work, and why the others do not.
+
+use std::fmt;
+
+use hako_core::Command;
+use serde::Serialize;
+
+use crate::{open, BackendKind, SandboxSpec};
+
+/// Why a backend cannot be used here, and what to do about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unavailable {
+    /// What is missing or failed.
+    pub reason: String,
+    /// What the user can do about it.
+    pub hint: String,
+}
+
+impl fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}; hint: {}", self.reason, self.hint)
+    }
+}
+
+impl std::error::Error for Unavailable {}
+
+/// Whether a backend can be opened on this host, without opening one:
+/// the cheap test `auto` makes of each backend in turn.
+pub fn probe(kind: BackendKind) -> Result<(), Unavailable> {
+    match kind {
+        // The CLI runs the guest's code in a fork of itself (see
+        // `hako_guest::client::Connection::start`): no helper binary needed.
+        BackendKind::Host => Ok(()),
+        BackendKind::Linux => {
+            hako_sys::ns::user_namespaces_allowed().map_err(|reason| Unavailable {
+                reason: format!("user namespaces are not available: {reason}"),
+                hint: "enable unprivileged user namespaces, or use --backend docker".into(),
+            })
+        }
+        BackendKind::Docker => hako_container::docker::ready(
+            &format!("{}:latest", hako_container::image::DEFAULT_NAME),
+            None,
+        )
+        .map_err(|reason| Unavailable {
+            reason,
+            hint: "install docker.io (and start dockerd) or podman, run `hako image build`, and set HAKO_GUEST_STATIC to a static hako-guest (scripts/build-static-guest)".into(),
+        }),
+        BackendKind::Gvisor => hako_container::gvisor::ready().map_err(|reason| Unavailable {
+            reason,
+            hint: "install runsc (Debian: apt-get install runsc) and set HAKO_GUEST_STATIC to a static hako-guest (scripts/build-static-guest)".into(),
+        }),
+        BackendKind::Vm => Err(Unavailable {
+            reason: "the vm backend is not part of this build yet".into(),
+            hint: "use --backend gvisor or linux; the microVM backend is on the roadmap (see README)".into(),
+        }),
+    }
+}
+
+/// Whether a backend works here, the thorough way: [`probe`]s it, then
+/// opens a sandbox of it with defaults in a temporary workspace and runs
+/// `true` there. This starts a real sandbox (seconds for the container
+/// backends); `hako doctor` runs it for every backend.
+pub fn check(kind: BackendKind) -> Result<(), Unavailable> {
+    probe(kind)?;
+    let unavailable = |e: &dyn fmt::Display| Unavailable {
+        reason: e.to_string(),
+        hint: "run with HAKO_LOG=debug for details".into(),
+    };
+    let dir = std::env::temp_dir().join(format!("hako-doctor-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| unavailable(&e))?;
+    let spec = SandboxSpec::new(dir.clone());
+    let result = open(kind, &spec).and_then(|sb| {
+        let out = sb.exec(&Command::new(["true"]));
+        let _ = sb.close();
+        out
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    match result {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => Err(unavailable(&format!("`true` exited with {:?}", out.status))),
+        Err(e) => Err(unavailable(&e)),
+    }
+}
+
+/// A protection the `linux` backend applies, checked on its own, so that a
+/// kernel missing one is named rather than inferred from a failed sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Protection {
+    /// Its name: `landlock`, `seccomp`, `user namespaces`.
+    pub name: &'static str,
+    /// Whether this kernel offers it to this process.
+    pub available: bool,
+    /// The version found, or why it is missing.
+    pub detail: String,
+}
+
+/// Checks each protection the `linux` backend applies. Installing a
+/// seccomp filter is tried on a thread of its own, which then ends, so the
+/// caller is left unfiltered.
+pub fn protections() -> Vec<Protection> {
+    let landlock = hako_sys::confine::landlock_abi();
+    let seccomp = std::thread::spawn(|| -> Result<(), String> {
+        // On a thread of its own, which ends here: filters are per thread.
+        hako_sys::raw::set_no_new_privs().map_err(|e| e.to_string())?;
+        let policy = hako_seccomp::Policy {
+            default: hako_seccomp::Action::Allow,
+            rules: vec![hako_seccomp::Rule::errno(
+                "acct",
+                hako_seccomp::EPERM,
+                "probe",
+            )],
+        };
+        let program = hako_seccomp::compile(&policy).map_err(|e| e.to_string())?;
+        hako_seccomp::apply(&program).map_err(|e| e.to_string())
+    })
+    .join()
+    .unwrap_or_else(|_| Err("the probe thread panicked".into()));
+    let userns = hako_sys::ns::user_namespaces_allowed();
+    vec![
+        Protection {
+            name: "landlock",
+            available: landlock.is_some(),
+            detail: match landlock {
+                Some(abi) => format!("ABI {abi}"),
+                None => "not offered by this kernel (not built in, or not in the lsm= list); linux runs only with --best-effort".into(),
+            },
+        },
+        Protection {
+            name: "seccomp",
+            available: seccomp.is_ok(),
+            detail: match seccomp {
+                Ok(()) => "filters can be installed".into(),
+                Err(e) => format!("cannot install a filter: {e}"),
+            },
+        },
+        Protection {
+            name: "user namespaces",
+            available: userns.is_ok(),
+            detail: match userns {
+                Ok(()) => "unprivileged user namespaces allowed".into(),
+                Err(e) => e,
+            },
+        },
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_vm_backend_is_unavailable_with_a_hint() {
+        let u = probe(BackendKind::Vm).unwrap_err();
+        assert_eq!(
+            u.to_string(),
+            "the vm backend is not part of this build yet; hint: use --backend gvisor or linux; the microVM backend is on the roadmap (see README)"
+        );
+    }
+
+    #[test]
+    fn the_host_backend_needs_nothing_from_the_host() {
+        assert_eq!(probe(BackendKind::Host), Ok(()));
+    }
+
+    #[test]
+    fn every_protection_is_reported_by_name() {
+        let names: Vec<_> = protections().iter().map(|p| p.name).collect();
+        assert_eq!(names, ["landlock", "seccomp", "user namespaces"]);
+    }
+}
