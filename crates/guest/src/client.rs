@@ -31,6 +31,8 @@ use hako_core::{
 };
 use hako_sys::spawn::{prepare, ChildSetup};
 
+use crate::GuestExit;
+
 fn backend_err(backend: &str, op: &'static str, message: impl Into<String>) -> Error {
     Error::Backend {
         backend: backend.into(),
@@ -485,13 +487,13 @@ fn fork_guest(
                         // Inside a sandbox pid 1 is this process: it must not
                         // show hako's command line or environment there.
                         match hako_sys::proc::disguise_as("hako-guest") {
-                            Ok(()) => i32::from(crate::main(ctl)),
-                            Err(_) => 126,
+                            Ok(()) => crate::main(ctl),
+                            Err(_) => GuestExit::Disguise,
                         }
                     }
-                    Err(_) => 125,
+                    Err(_) => GuestExit::SetUp,
                 };
-            hako_sys::spawn::exit_now(code)
+            hako_sys::spawn::exit_now(code.into())
         }
         Ok(Forked::Parent(pid)) => hako_sys::rustix::process::Pid::from_raw(pid)
             .map(GuestProcess::Forked)
@@ -541,7 +543,7 @@ impl Connection {
                     // This process is the launcher: its child is pid 1.
                     drop(cwd);
                     let pid = crate::linux::spawn_pid1(spec, &ctl_guest, &proof)
-                        .map_err(|m| backend_err(backend, "start the sandbox", m))?;
+                        .map_err(|e| backend_err(backend, "start the sandbox", e.to_string()))?;
                     // Only pid 1 may hold the guest's end: its exit must
                     // show here as the connection closing.
                     drop(ctl_guest);
@@ -811,7 +813,7 @@ impl Connection {
                 Some(Err(why)) => {
                     // The guest is gone (or said goodbye): every waiter hears.
                     *read_by = ReadBy::Thread;
-                    finish(&self.shared, why, None);
+                    finish(&self.shared, why.to_string(), None);
                 }
                 Some(Ok(())) | None => self.end_turn(&mut read_by, taken),
             }
@@ -1475,25 +1477,47 @@ fn read_events(
             break why;
         }
     };
-    finish(shared, why, describe);
+    finish(shared, why.to_string(), describe);
+}
+
+/// Why no more frames come from the guest (see [`read_one`]); told to
+/// every command still waiting.
+#[derive(Debug, thiserror::Error)]
+enum LinkEnded {
+    /// The guest said goodbye, or its end of the connection closed.
+    #[error("the sandbox's guest ended")]
+    GuestEnded,
+    /// The guest sent what is not a frame of the protocol: nothing after
+    /// it can be trusted to be one.
+    #[error("the connection to the sandbox's guest failed: {0}")]
+    Protocol(#[source] std::io::Error),
+    /// Reading from the connection failed.
+    #[error("the connection to the sandbox's guest failed: {0}")]
+    Read(#[source] std::io::Error),
+    /// A thread panicked while it held the connection's state.
+    #[error("the connection's state is poisoned")]
+    Poisoned,
 }
 
 /// Reads one frame from the guest and hands it to the command it belongs
 /// to. `Err`: why no more come (the guest said goodbye, or is gone).
-fn read_one(ctl: &mut impl BufRead, shared: &Shared) -> std::result::Result<(), String> {
+fn read_one(ctl: &mut impl BufRead, shared: &Shared) -> std::result::Result<(), LinkEnded> {
     let frame = match proto::read_any::<FromGuest>(ctl) {
         Ok(frame) => frame,
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-            return Err("the sandbox's guest ended".to_string())
+        Err(e) => {
+            return Err(match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => LinkEnded::GuestEnded,
+                std::io::ErrorKind::InvalidData => LinkEnded::Protocol(e),
+                _ => LinkEnded::Read(e),
+            })
         }
-        Err(e) => return Err(format!("the connection to the sandbox's guest failed: {e}")),
     };
     let Ok(mut table) = shared.table.lock() else {
-        return Err("the connection's state is poisoned".to_string());
+        return Err(LinkEnded::Poisoned);
     };
     if matches!(frame, Frame::Message(FromGuest::Bye {})) {
         table.bye = true;
-        return Err("the sandbox's guest ended".to_string());
+        return Err(LinkEnded::GuestEnded);
     }
     match frame {
         Frame::Output {

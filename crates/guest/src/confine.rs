@@ -21,7 +21,9 @@ use std::sync::Arc;
 
 use hako_sys::confine::{self, LandlockRules, Resource, Rlimit};
 
+use crate::error::failed;
 use crate::proto::{LinuxSpec, RlimitResource};
+use crate::GuestError;
 
 fn resource(r: RlimitResource) -> Resource {
     match r {
@@ -36,9 +38,9 @@ fn resource(r: RlimitResource) -> Resource {
 /// The default seccomp policy, compiled for this machine (every guest that
 /// installs a filter installs this one: a `linux` sandbox's pid 1, a
 /// sealed container guest).
-pub(crate) fn default_seccomp() -> Result<hako_seccomp::Program, String> {
+pub(crate) fn default_seccomp() -> Result<hako_seccomp::Program, GuestError> {
     hako_seccomp::compile(&hako_seccomp::default_policy())
-        .map_err(|e| format!("cannot compile the seccomp policy: {e}"))
+        .map_err(failed("compile the seccomp policy"))
 }
 
 /// The confinement of every command of a sandbox, checked and compiled
@@ -60,7 +62,7 @@ pub(crate) struct Confinement {
 }
 
 impl Confinement {
-    pub(crate) fn new(spec: &LinuxSpec) -> Result<Self, String> {
+    pub(crate) fn new(spec: &LinuxSpec) -> Result<Self, GuestError> {
         let rlimits: Vec<Rlimit> = spec
             .rlimits
             .iter()
@@ -69,7 +71,10 @@ impl Confinement {
         let landlock = match &spec.landlock {
             Some(ll) if confine::landlock_abi().is_none() => {
                 if ll.required {
-                    return Err("Landlock is required but this kernel does not offer it; hint: boot with Landlock in the lsm= list, or pass --best-effort to run without it".into());
+                    return Err(GuestError::Unmet {
+                        requirement: "Landlock is required but this kernel does not offer it",
+                        hint: "boot with Landlock in the lsm= list, or pass --best-effort to run without it",
+                    });
                 }
                 None
             }
@@ -92,7 +97,7 @@ impl Confinement {
     }
 
     /// Compiles the seccomp program, if the sandbox has one.
-    pub(crate) fn compile_seccomp(&mut self) -> Result<(), String> {
+    pub(crate) fn compile_seccomp(&mut self) -> Result<(), GuestError> {
         if self.wants_seccomp && self.seccomp.is_none() {
             self.seccomp = Some(default_seccomp()?);
         }
@@ -103,14 +108,18 @@ impl Confinement {
     /// paths are the sandbox's): each command then enforces it with one
     /// system call. A ruleset that cannot be fully enforced fails the
     /// sandbox here, unless Landlock is not required.
-    pub(crate) fn prepare_landlock(&mut self) -> Result<(), String> {
+    pub(crate) fn prepare_landlock(&mut self) -> Result<(), GuestError> {
         let Some((rules, required)) = self.landlock.take() else {
             return Ok(());
         };
         match confine::landlock_prepare_writes(&rules) {
             Ok(prepared) => self.prepared = Some(prepared),
             Err(err) if required => {
-                return Err(format!("cannot build the Landlock ruleset: {err}; hint: pass --best-effort to run without it"))
+                return Err(GuestError::FailedWithHint {
+                    op: "build the Landlock ruleset",
+                    source: err.into(),
+                    hint: "pass --best-effort to run without it".into(),
+                })
             }
             Err(_) => {}
         }
@@ -132,12 +141,11 @@ impl Confinement {
     /// command still takes before exec (rlimits, Landlock, no_new_privs,
     /// dropping capabilities). Pid 1 may install it without no_new_privs: it
     /// holds CAP_SYS_ADMIN in the namespace.
-    pub(crate) fn seal_pid1(&mut self) -> Result<(), String> {
+    pub(crate) fn seal_pid1(&mut self) -> Result<(), GuestError> {
         self.compile_seccomp()?;
         if let Some(program) = self.seccomp.take() {
             self.wants_seccomp = false;
-            hako_seccomp::apply(&program)
-                .map_err(|e| format!("cannot install the seccomp filter on pid 1: {e}"))?;
+            hako_seccomp::apply(&program).map_err(failed("install the seccomp filter on pid 1"))?;
         }
         Ok(())
     }
@@ -156,16 +164,16 @@ impl Confinement {
     /// seccomp filter is inherited from pid 1 ([`Confinement::seal_pid1`]).
     pub(crate) fn confine_supervisor(
         landlock: Option<std::os::fd::BorrowedFd<'_>>,
-    ) -> Result<(), String> {
-        hako_sys::ns::set_not_dumpable().map_err(|e| format!("cannot become not dumpable: {e}"))?;
+    ) -> Result<(), GuestError> {
+        hako_sys::ns::set_not_dumpable().map_err(failed("become not dumpable"))?;
         if let Some(fd) = landlock {
             confine::landlock_restrict_self_with(fd)
-                .map_err(|e| format!("cannot enforce the Landlock ruleset: {e}"))?;
+                .map_err(failed("enforce the Landlock ruleset"))?;
         }
-        confine::set_no_new_privs().map_err(|e| format!("cannot set no_new_privs: {e}"))?;
+        confine::set_no_new_privs().map_err(failed("set no_new_privs"))?;
         confine::drop_all_capabilities()
             .map(drop)
-            .map_err(|e| format!("cannot drop capabilities: {e}"))
+            .map_err(failed("drop capabilities"))
     }
 
     /// What each command's process applies just before exec: its rlimits

@@ -29,7 +29,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use hako_sys::ns::{self, Forked, SingleThreaded};
 use hako_sys::rustix::process::Pid;
 
+use crate::error::failed;
 use crate::proto::NetSpec;
+use crate::{GuestError, GuestExit};
 
 /// A bound listener and what its connections are relayed to.
 struct Bound {
@@ -40,16 +42,15 @@ struct Bound {
 /// Binds the spec's ports on loopback and forks the forwarder. Returns
 /// its pid (the caller reaps it, and must not count it among the
 /// commands' orphans).
-pub(crate) fn start(spec: &NetSpec, proof: &SingleThreaded) -> Result<Pid, String> {
+pub(crate) fn start(spec: &NetSpec, proof: &SingleThreaded) -> Result<Pid, GuestError> {
     let mut bound = Vec::new();
     for l in &spec.listeners {
-        let v4 =
-            TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, l.port))).map_err(|e| {
-                format!(
-                    "cannot listen on 127.0.0.1:{} inside the sandbox: {e}",
-                    l.port
-                )
-            })?;
+        let v4 = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, l.port))).map_err(
+            |source| GuestError::Listen {
+                port: l.port,
+                source,
+            },
+        )?;
         bound.push(Bound {
             listener: v4,
             forward: l.forward,
@@ -64,16 +65,14 @@ pub(crate) fn start(spec: &NetSpec, proof: &SingleThreaded) -> Result<Pid, Strin
         }
     }
     match ns::fork_single_threaded(proof) {
-        Err(e) => Err(format!("cannot start the network forwarder: {e}")),
-        Ok(Forked::Parent(pid)) => {
-            Pid::from_raw(pid).ok_or_else(|| "fork returned pid 0".to_string())
-        }
+        Err(e) => Err(failed("start the network forwarder")(e)),
+        Ok(Forked::Parent(pid)) => Pid::from_raw(pid).ok_or(GuestError::ZeroPid),
         Ok(Forked::Child) => {
             let code = match become_forwarder(bound) {
                 Ok(bound) => serve(bound, &spec.socket),
-                Err(_) => 1,
+                Err(_) => GuestExit::Failed,
             };
-            hako_sys::spawn::exit_now(code)
+            hako_sys::spawn::exit_now(code.into())
         }
     }
 }
@@ -110,7 +109,7 @@ fn become_forwarder(bound: Vec<Bound>) -> std::io::Result<Vec<Bound>> {
 }
 
 /// Accepts on every listener until the process is killed.
-fn serve(bound: Vec<Bound>, socket: &Path) -> i32 {
+fn serve(bound: Vec<Bound>, socket: &Path) -> GuestExit {
     let mut threads = Vec::new();
     for b in bound {
         let socket = socket.to_path_buf();
@@ -119,13 +118,13 @@ fn serve(bound: Vec<Bound>, socket: &Path) -> i32 {
             .spawn(move || accept_loop(b, socket));
         match spawned {
             Ok(t) => threads.push(t),
-            Err(_) => return 1,
+            Err(_) => return GuestExit::Failed,
         }
     }
     for t in threads {
         let _ = t.join();
     }
-    0
+    GuestExit::Success
 }
 
 fn accept_loop(bound: Bound, socket: PathBuf) {

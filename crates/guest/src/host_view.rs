@@ -30,6 +30,8 @@ use std::path::{Path, PathBuf};
 
 use hako_sys::mount::{self, Reach};
 
+use crate::{GuestError, GuestExit};
+
 /// The argument that selects this mode.
 pub const FLAG: &str = "--host-view";
 
@@ -47,34 +49,44 @@ pub struct Plan {
 }
 
 /// Reads the argv that follows [`FLAG`].
-pub fn parse(args: &[OsString]) -> Result<Plan, String> {
+pub fn parse(args: &[OsString]) -> Result<Plan, GuestError> {
+    let usage = |message: &str| GuestError::Usage(message.to_string());
     let mut it = args.iter();
-    let root = PathBuf::from(it.next().ok_or("no root view given")?);
+    let root = PathBuf::from(it.next().ok_or_else(|| usage("no root view given"))?);
     if !root.is_absolute() {
-        return Err(format!("the root view {} is not absolute", root.display()));
+        return Err(GuestError::Usage(format!(
+            "the root view {} is not absolute",
+            root.display()
+        )));
     }
     let mut binds = Vec::new();
     let mut remove = None;
     loop {
         match it.next().and_then(|a| a.to_str()) {
             Some("--remove") => {
-                let dir = PathBuf::from(it.next().ok_or("--remove needs a directory")?);
+                let dir = PathBuf::from(
+                    it.next()
+                        .ok_or_else(|| usage("--remove needs a directory"))?,
+                );
                 if !dir.is_absolute() {
-                    return Err(format!("--remove {}: not absolute", dir.display()));
+                    return Err(GuestError::Usage(format!(
+                        "--remove {}: not absolute",
+                        dir.display()
+                    )));
                 }
                 remove = Some(dir);
             }
             Some("--bind") => {
                 let (Some(source), Some(inside)) = (it.next(), it.next()) else {
-                    return Err("--bind needs a source and a path inside the view".into());
+                    return Err(usage("--bind needs a source and a path inside the view"));
                 };
                 let (source, inside) = (PathBuf::from(source), PathBuf::from(inside));
                 if !source.is_absolute() || !inside.is_absolute() {
-                    return Err(format!(
+                    return Err(GuestError::Usage(format!(
                         "--bind {} {}: both paths must be absolute",
                         source.display(),
                         inside.display()
-                    ));
+                    )));
                 }
                 if inside.components().any(|c| {
                     !matches!(
@@ -82,17 +94,20 @@ pub fn parse(args: &[OsString]) -> Result<Plan, String> {
                         std::path::Component::RootDir | std::path::Component::Normal(_)
                     )
                 }) {
-                    return Err(format!("--bind: {} is not a plain path", inside.display()));
+                    return Err(GuestError::Usage(format!(
+                        "--bind: {} is not a plain path",
+                        inside.display()
+                    )));
                 }
                 binds.push((source, inside));
             }
             Some("--") => break,
-            _ => return Err("expected --bind, --remove or -- before the program".into()),
+            _ => return Err(usage("expected --bind, --remove or -- before the program")),
         }
     }
     let program: Vec<OsString> = it.cloned().collect();
     if program.is_empty() {
-        return Err("no program to run after --".into());
+        return Err(usage("no program to run after --"));
     }
     Ok(Plan {
         root,
@@ -165,7 +180,7 @@ fn spawn_cleaner(bundle: &Path) -> std::io::Result<()> {
         hako_sys::ns::Forked::Parent(_) => Ok(()),
         hako_sys::ns::Forked::Child => {
             clean_after(parent, bundle);
-            hako_sys::spawn::exit_now(0)
+            hako_sys::spawn::exit_now(GuestExit::Success.into())
         }
     }
 }
@@ -208,23 +223,23 @@ fn clean_after(parent: u32, bundle: &Path) {
 
 /// Runs the mode: returns only on failure (its exit code), having said
 /// why on stderr.
-pub fn main(args: &[OsString]) -> u8 {
+pub fn main(args: &[OsString]) -> GuestExit {
     let plan = match parse(args) {
         Ok(plan) => plan,
         Err(e) => {
             eprintln!("hako-guest {FLAG}: {e}");
-            return 2;
+            return GuestExit::Handshake;
         }
     };
     if let Some(bundle) = &plan.remove {
         if let Err(e) = spawn_cleaner(bundle) {
             eprintln!("hako-guest {FLAG}: cannot start the bundle's cleaner: {e}");
-            return 125;
+            return GuestExit::SetUp;
         }
     }
     if let Err(e) = mount_view(&plan) {
         eprintln!("hako-guest {FLAG}: cannot bind the root view: {e}");
-        return 125;
+        return GuestExit::SetUp;
     }
     let err = std::process::Command::new(&plan.program[0])
         .args(&plan.program[1..])
@@ -233,7 +248,7 @@ pub fn main(args: &[OsString]) -> u8 {
         "hako-guest {FLAG}: cannot run {}: {err}",
         Path::new(&plan.program[0]).display()
     );
-    127
+    GuestExit::Exec
 }
 
 #[cfg(test)]

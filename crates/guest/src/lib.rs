@@ -9,9 +9,15 @@
 //! spawns, which enforces the deadline and kills and reaps every process
 //! the command left behind (including those that called `setsid` or
 //! double-forked) before the command is reported as ended.
+//!
+//! What goes wrong is a [`GuestError`] (its message is what hako is told,
+//! in a `Refused` or `Failed` frame); how each of the guest's processes
+//! exits is a [`GuestExit`].
 
 pub mod client;
 mod confine;
+mod error;
+mod exit;
 mod forward;
 pub mod host_view;
 mod linux;
@@ -24,14 +30,17 @@ mod seal;
 mod server;
 mod supervise;
 
+pub use error::{GuestError, Source};
+pub use exit::GuestExit;
+
 /// The guest's entry point: the handshake on `ctl`, then serving commands
 /// (from pid 1 of a new `linux` sandbox when the handshake asks for one).
 /// Returns the process's exit code.
-pub fn main(ctl: std::os::fd::OwnedFd) -> u8 {
+pub fn main(ctl: std::os::fd::OwnedFd) -> GuestExit {
     let stream = std::os::unix::net::UnixStream::from(ctl);
     match server::Link::socket(stream) {
         Ok(link) => serve_link(link),
-        Err(_) => 2,
+        Err(_) => GuestExit::Handshake,
     }
 }
 
@@ -40,64 +49,40 @@ pub fn main(ctl: std::os::fd::OwnedFd) -> u8 {
 /// entrypoint): frames are read from stdin and written to stdout. A guest
 /// reached this way does not share hako's view, so it accepts no
 /// descriptor and builds no `linux` sandbox.
-pub fn main_stdio() -> u8 {
+pub fn main_stdio() -> GuestExit {
     use std::os::fd::AsFd;
     let (Ok(input), Ok(output)) = (
         std::io::stdin().as_fd().try_clone_to_owned(),
         std::io::stdout().as_fd().try_clone_to_owned(),
     ) else {
-        return 2;
+        return GuestExit::Handshake;
     };
     // From here the link has its own descriptors; the process's stdio goes
     // to /dev/null so that nothing it starts can write into the link.
     if hako_sys::stdio_to_null().is_err() {
-        return 2;
+        return GuestExit::Handshake;
     }
     serve_link(server::Link::pipes(input, output))
 }
 
-fn serve_link(ctl: server::Link) -> u8 {
-    use proto::{FromGuest, ToGuest};
+fn serve_link(ctl: server::Link) -> GuestExit {
     // Once for every command below: an "ignore" inherited from whoever
     // started hako would survive into them (Ctrl-C could not stop one).
     let _ = hako_sys::signal::restore_ignored_signals();
-    let refuse = |ctl: &server::Link, message: String| {
-        let _ = ctl.write_frame(&FromGuest::Refused { message });
-        2
+    let refuse = |ctl: &server::Link, err: GuestError| {
+        let _ = ctl.write_frame(&proto::FromGuest::Refused {
+            message: err.to_string(),
+        });
+        GuestExit::Handshake
     };
     let proof = match hako_sys::ns::single_threaded() {
         Ok(proof) => proof,
-        Err(err) => return refuse(&ctl, err.to_string()),
+        Err(err) => return refuse(&ctl, GuestError::NotSingleThreaded(err)),
     };
-    let hello = match ctl.read_frame::<ToGuest>() {
-        Ok(ToGuest::Hello(hello)) => hello,
-        Ok(other) => return refuse(&ctl, format!("expected the handshake, got {other:?}")),
-        Err(err) => return refuse(&ctl, format!("bad handshake frame: {err}")),
+    let hello = match handshake(&ctl) {
+        Ok(hello) => hello,
+        Err(err) => return refuse(&ctl, err),
     };
-    if hello.version != proto::VERSION {
-        return refuse(
-            &ctl,
-            format!(
-                "protocol version {} is not supported; this guest speaks {}",
-                hello.version,
-                proto::VERSION
-            ),
-        );
-    }
-    if hello.linux.is_some() && hello.seal.is_some() {
-        // A linux sandbox's pid 1 confines itself from its own spec; a
-        // seal here would be a caller's mistake, never silently ignored.
-        return refuse(
-            &ctl,
-            "a seal is for a guest that serves where it is, not for a linux sandbox".into(),
-        );
-    }
-    if hello.linux.is_some() && !ctl.is_socket() {
-        return refuse(
-            &ctl,
-            "a linux sandbox is built only by a guest reached over a socket".into(),
-        );
-    }
     let _ = hako_sys::stdio_to_null();
     let accept_fds = ctl.is_socket();
     // As a container's init, SIGINT, SIGTERM and SIGHUP can only come from
@@ -107,14 +92,14 @@ fn serve_link(ctl: server::Link) -> u8 {
     match &hello.linux {
         Some(spec) => match ctl.into_socket() {
             Some(stream) => linux::start(spec, stream, &proof),
-            None => 2,
+            None => GuestExit::Handshake,
         },
         None => {
             // First of all, what the runtime left to the guest: masks,
             // then no capability and the seccomp filter.
             if let Some(seal) = &hello.seal {
-                if let Err(message) = seal::apply(seal) {
-                    return refuse(&ctl, format!("cannot seal the sandbox: {message}"));
+                if let Err(err) = seal::apply(seal) {
+                    return refuse(&ctl, error::failed("seal the sandbox")(err));
                 }
             }
             // Commands run as the guest's uid (in a container, the invoking
@@ -132,7 +117,7 @@ fn serve_link(ctl: server::Link) -> u8 {
             let forwarder = match hello.network.as_ref().map(|n| forward::start(n, &proof)) {
                 None => None,
                 Some(Ok(pid)) => Some(pid),
-                Some(Err(message)) => return refuse(&ctl, message),
+                Some(Err(err)) => return refuse(&ctl, err),
             };
             server::serve(
                 ctl,
@@ -146,4 +131,33 @@ fn serve_link(ctl: server::Link) -> u8 {
             )
         }
     }
+}
+
+/// Reads the handshake on `ctl` and checks that this guest can do what it
+/// asks.
+fn handshake(ctl: &server::Link) -> Result<Box<proto::Hello>, GuestError> {
+    let hello = match ctl.read_frame::<proto::ToGuest>() {
+        Ok(proto::ToGuest::Hello(hello)) => hello,
+        Ok(other) => {
+            return Err(GuestError::NoHandshake {
+                got: format!("{other:?}"),
+            })
+        }
+        Err(err) => return Err(GuestError::BadHandshake(err)),
+    };
+    if hello.version != proto::VERSION {
+        return Err(GuestError::Version {
+            asked: hello.version,
+            speaks: proto::VERSION,
+        });
+    }
+    if hello.linux.is_some() && hello.seal.is_some() {
+        // A linux sandbox's pid 1 confines itself from its own spec; a
+        // seal here would be a caller's mistake, never silently ignored.
+        return Err(GuestError::SealWithLinux);
+    }
+    if hello.linux.is_some() && !ctl.is_socket() {
+        return Err(GuestError::LinuxOverPipes);
+    }
+    Ok(hello)
 }

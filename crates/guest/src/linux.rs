@@ -30,8 +30,10 @@ use hako_sys::rustix::process::{self as rproc, Pid, Signal, WaitOptions};
 use hako_sys::signal::{signum, SignalFd};
 
 use crate::confine::Confinement;
+use crate::error::{failed, failed_on};
 use crate::proto::{FromGuest, LinuxSpec, MountOp};
 use crate::server::Mode as ServeMode;
+use crate::{GuestError, GuestExit};
 
 /// Where the new root is assembled, inside the new mount namespace only.
 const STAGING: &str = "/tmp";
@@ -48,21 +50,20 @@ const CLONED_NAMESPACES: i32 = ns::CLONE_NEWUSER
     | ns::CLONE_NEWPID;
 
 /// Moves process `pid` into the sandbox's cgroups.
-fn join_cgroups(spec: &LinuxSpec, pid: i32) -> Result<(), String> {
+fn join_cgroups(spec: &LinuxSpec, pid: i32) -> Result<(), GuestError> {
     for file in &spec.cgroup_procs {
-        std::fs::write(file, pid.to_string())
-            .map_err(|e| format!("cannot join cgroup {}: {e}", file.display()))?;
+        std::fs::write(file, pid.to_string()).map_err(failed_on("join cgroup", file))?;
     }
     Ok(())
 }
 
 /// Builds the sandbox `spec` describes and serves commands from its pid 1
 /// until hako closes `ctl`. Returns the launcher's exit code.
-pub(crate) fn start(spec: &LinuxSpec, ctl: UnixStream, proof: &SingleThreaded) -> u8 {
+pub(crate) fn start(spec: &LinuxSpec, ctl: UnixStream, proof: &SingleThreaded) -> GuestExit {
     match spawn_pid1(spec, &ctl, proof) {
-        Err(message) => {
-            let _ = crate::proto::write_frame(&ctl, &FromGuest::Refused { message });
-            1
+        Err(err) => {
+            refuse(&ctl, &err);
+            GuestExit::Failed
         }
         Ok(pid) => {
             // Pid 1 holds the connection; hako sees it close when pid 1 ends.
@@ -81,7 +82,7 @@ pub(crate) fn spawn_pid1(
     spec: &LinuxSpec,
     ctl: &UnixStream,
     proof: &SingleThreaded,
-) -> Result<i32, String> {
+) -> Result<i32, GuestError> {
     // Checked and compiled once, before any command, and before pid 1
     // exists, so that pid 1 has less to do before it builds the view.
     let mut confinement = Confinement::new(spec)?;
@@ -89,22 +90,26 @@ pub(crate) fn spawn_pid1(
     // Likewise what pid 1 and its supervisors need to know to disguise
     // themselves and to drop their capabilities: a fork inherits it.
     let disguise = hako_sys::proc::Disguise::of_this_process()
-        .map_err(|e| format!("cannot read this process's arguments' place: {e}"))?;
+        .map_err(failed("read this process's arguments' place"))?;
     hako_sys::confine::learn_capabilities();
     let (go_r, go_w) =
         hako_sys::rustix::pipe::pipe_with(hako_sys::rustix::pipe::PipeFlags::CLOEXEC)
-            .map_err(|e| format!("cannot create a pipe: {e}"))?;
+            .map_err(failed("create a pipe"))?;
     match ns::fork_into_namespaces(proof, CLONED_NAMESPACES) {
         Err(err) => {
             let hint = ns::user_namespaces_allowed()
                 .err()
                 .unwrap_or_else(|| "user namespaces may be disabled or restricted here".into());
-            Err(format!("cannot create namespaces: {err}; hint: {hint}"))
+            Err(GuestError::FailedWithHint {
+                op: "create namespaces",
+                source: err.into(),
+                hint: hint.into(),
+            })
         }
         Ok(Forked::Child) => {
             drop(go_w);
             let code = pid1(spec, ctl, go_r, confinement, disguise, proof);
-            hako_sys::spawn::exit_now(i32::from(code))
+            hako_sys::spawn::exit_now(code.into())
         }
         Ok(Forked::Parent(pid)) => {
             drop(go_r);
@@ -112,24 +117,23 @@ pub(crate) fn spawn_pid1(
             // must be mapped, and it must be counted in the cgroups before
             // it can start a process.
             let released = ns::write_id_maps_of(pid, spec.uid, spec.gid)
-                .map_err(|err| {
-                    format!(
-                        "cannot map uid {} / gid {} into the user namespace: {err}",
-                        spec.uid.1, spec.gid.1
-                    )
+                .map_err(|source| GuestError::MapIds {
+                    uid: spec.uid.1,
+                    gid: spec.gid.1,
+                    source,
                 })
                 .and_then(|()| join_cgroups(spec, pid))
                 .and_then(|()| {
                     hako_sys::rustix::io::write(&go_w, b"1")
                         .map(drop)
-                        .map_err(|e| format!("cannot release pid 1: {e}"))
+                        .map_err(failed("release pid 1"))
                 });
-            if let Err(message) = released {
+            if let Err(err) = released {
                 if let Some(p) = Pid::from_raw(pid) {
                     let _ = rproc::kill_process(p, Signal::KILL);
                     let _ = rproc::waitpid(Some(p), WaitOptions::empty());
                 }
-                return Err(message);
+                return Err(err);
             }
             Ok(pid)
         }
@@ -144,7 +148,7 @@ fn pid1(
     confinement: Confinement,
     disguise: hako_sys::proc::Disguise,
     proof: &SingleThreaded,
-) -> u8 {
+) -> GuestExit {
     // While the parent maps our ids: keep only the connection (at fd 3)
     // and the go pipe, stop showing the parent's command line and
     // environment, and start making the network namespace.
@@ -153,13 +157,12 @@ fn pid1(
     std::mem::forget(go);
     let (ctl, go) = match kept {
         Ok((ctl, Some(go))) => (UnixStream::from(ctl), go),
-        _ => return 1,
+        _ => return GuestExit::Failed,
     };
     // hako's arguments and environment must not show inside: fail closed.
     if let Err(e) = disguise.apply("hako-guest") {
-        let message = format!("cannot hide hako's arguments from the sandbox: {e}");
-        let _ = crate::proto::write_frame(&ctl, &FromGuest::Refused { message });
-        return 1;
+        refuse(&ctl, &failed("hide hako's arguments from the sandbox")(e));
+        return GuestExit::Failed;
     }
     // A pid 1 cloned by hako itself did not pass through the guest's entry.
     let _ = hako_sys::signal::restore_ignored_signals();
@@ -174,7 +177,7 @@ fn pid1(
     let mut byte = [0u8; 1];
     if !matches!(hako_sys::rustix::io::read(&go, &mut byte), Ok(1)) {
         // The parent failed (and says why) or died.
-        return 1;
+        return GuestExit::Failed;
     }
     drop(go);
     let ready = set_up(spec, network)
@@ -187,14 +190,14 @@ fn pid1(
     });
     let forwarder = match forwarder {
         Ok(forwarder) => forwarder,
-        Err(message) => {
-            let _ = crate::proto::write_frame(&ctl, &FromGuest::Refused { message });
-            return 1;
+        Err(err) => {
+            refuse(&ctl, &err);
+            return GuestExit::Failed;
         }
     };
     let ctl = match crate::server::Link::socket(ctl) {
         Ok(link) => link,
-        Err(_) => return 1,
+        Err(_) => return GuestExit::Failed,
     };
     crate::server::serve(
         ctl,
@@ -213,32 +216,38 @@ fn pid1(
 fn set_up(
     spec: &LinuxSpec,
     network: Option<std::io::Result<ns::NetworkNamespace>>,
-) -> Result<(), String> {
-    ns::die_with_parent().map_err(|e| format!("cannot set the parent-death signal: {e}"))?;
+) -> Result<(), GuestError> {
+    ns::die_with_parent().map_err(failed("set the parent-death signal"))?;
     // Pid 1 stays dumpable: an unprivileged hako must be able to join its
     // namespaces through a pidfd, which a non-dumpable target refuses. The
     // commands still cannot read its memory or /proc files: it holds
     // capabilities in the namespace that they lack, and ptrace and
     // process_vm_* are refused by seccomp.
-    build_view(&spec.mounts)
-        .map_err(|err| format!("cannot build the sandbox's filesystem view: {err}"))?;
-    ns::sethostname(&spec.hostname).map_err(|e| format!("cannot set the host name: {e}"))?;
+    build_view(&spec.mounts).map_err(failed("build the sandbox's filesystem view"))?;
+    ns::sethostname(&spec.hostname).map_err(failed("set the host name"))?;
     // (On the early returns above, pid 1 refuses and exits, forking
     // nothing, with the thread unjoined.)
     match network {
         None => Ok(()),
-        Some(made) => made.and_then(ns::NetworkNamespace::enter).map_err(|e| {
-            format!("cannot make the sandbox's network namespace (loopback only): {e}")
-        }),
+        Some(made) => made.and_then(ns::NetworkNamespace::enter).map_err(failed(
+            "make the sandbox's network namespace (loopback only)",
+        )),
     }
+}
+
+/// Tells hako why the sandbox cannot be served (a `Refused` frame), as
+/// well as the connection allows.
+fn refuse(ctl: &UnixStream, err: &GuestError) {
+    let message = err.to_string();
+    let _ = crate::proto::write_frame(ctl, &FromGuest::Refused { message });
 }
 
 /// The launcher: wait for pid 1; on a stop signal, kill it (and with it the
 /// whole namespace).
-fn wait_for_init(pid: i32) -> u8 {
+fn wait_for_init(pid: i32) -> GuestExit {
     let _ = hako_sys::stdio_to_null();
     let Some(pid) = Pid::from_raw(pid) else {
-        return 4;
+        return GuestExit::NoPid1;
     };
     let signals = SignalFd::new(&[
         signum::SIGCHLD,
@@ -248,7 +257,7 @@ fn wait_for_init(pid: i32) -> u8 {
     ]);
     loop {
         match rproc::waitpid(Some(pid), WaitOptions::NOHANG) {
-            Ok(Some(_)) | Err(_) => return 0,
+            Ok(Some(_)) | Err(_) => return GuestExit::Success,
             Ok(None) => {}
         }
         match &signals {
@@ -264,7 +273,7 @@ fn wait_for_init(pid: i32) -> u8 {
             }
             Err(_) => {
                 let _ = rproc::waitpid(Some(pid), WaitOptions::empty());
-                return 0;
+                return GuestExit::Success;
             }
         }
     }

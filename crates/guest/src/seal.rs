@@ -22,10 +22,12 @@
 
 use hako_sys::rustix::thread::CapabilitySet;
 
+use crate::error::{failed, failed_on};
 use crate::proto::Seal;
+use crate::GuestError;
 
 /// Applies `seal` to the calling (single-threaded) guest.
-pub(crate) fn apply(seal: &Seal) -> Result<(), String> {
+pub(crate) fn apply(seal: &Seal) -> Result<(), GuestError> {
     use hako_sys::mount as m;
     let null = std::path::Path::new("/dev/null");
     for dir in &seal.mask_dirs {
@@ -38,34 +40,29 @@ pub(crate) fn apply(seal: &Seal) -> Result<(), String> {
                 Some("mode=0000"),
             )
         })
-        .map_err(|e| format!("cannot mask {}: {e}", dir.display()))?;
+        .map_err(failed_on("mask", dir))?;
     }
     for file in &seal.mask_files {
         crate::linux::mount_if_present(file, || m::mount(Some(null), file, None, m::MS_BIND, None))
-            .map_err(|e| format!("cannot mask {}: {e}", file.display()))?;
+            .map_err(failed_on("mask", file))?;
     }
-    hako_sys::confine::set_no_new_privs().map_err(|e| format!("cannot set no_new_privs: {e}"))?;
+    hako_sys::confine::set_no_new_privs().map_err(failed("set no_new_privs"))?;
     let guard = if seal.guard {
         CapabilitySet::SETPCAP
     } else {
         CapabilitySet::empty()
     };
-    let dropped = hako_sys::confine::drop_capabilities_keeping(guard)
-        .map_err(|e| format!("cannot drop capabilities: {e}"))?;
+    let dropped =
+        hako_sys::confine::drop_capabilities_keeping(guard).map_err(failed("drop capabilities"))?;
     if dropped.kept != guard {
-        return Err(
-            "the guest cannot keep CAP_SETPCAP as its guard (the runtime did not give it): commands could reach the guest's descriptors".into(),
-        );
+        return Err(GuestError::GuardNotKept);
     }
     if !dropped.bounding_set_empty {
-        return Err(
-            "the bounding set could not be emptied (the guest was not given CAP_SETPCAP)".into(),
-        );
+        return Err(GuestError::BoundingSetNotEmptied);
     }
     if seal.seccomp {
         let program = crate::confine::default_seccomp()?;
-        hako_seccomp::apply(&program)
-            .map_err(|e| format!("cannot install the seccomp filter: {e}"))?;
+        hako_seccomp::apply(&program).map_err(failed("install the seccomp filter"))?;
     }
     Ok(())
 }

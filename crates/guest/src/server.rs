@@ -31,6 +31,8 @@ use hako_sys::rustix::process::{self as rproc, Pid, Signal, WaitOptions};
 use hako_sys::signal::{signum, SignalFd};
 
 use crate::confine::Confinement;
+use crate::error::failed;
+use crate::{GuestError, GuestExit};
 use hako_core::ExitStatus;
 
 use crate::proto::{
@@ -234,7 +236,7 @@ struct Server<'a> {
 
 /// Serves requests on `ctl` until it closes and every command has ended.
 /// Returns the guest's exit code.
-pub(crate) fn serve(ctl: Link, proof: &SingleThreaded, mode: Mode) -> u8 {
+pub(crate) fn serve(ctl: Link, proof: &SingleThreaded, mode: Mode) -> GuestExit {
     let _ = hako_sys::set_child_subreaper();
     let watched: &[i32] = if mode.stop_signals {
         &[
@@ -250,9 +252,9 @@ pub(crate) fn serve(ctl: Link, proof: &SingleThreaded, mode: Mode) -> u8 {
         Ok(s) => s,
         Err(err) => {
             let _ = ctl.write_frame(&FromGuest::Refused {
-                message: format!("cannot open signalfd: {err}"),
+                message: failed("open signalfd")(err).to_string(),
             });
-            return 1;
+            return GuestExit::Failed;
         }
     };
     let mut server = Server {
@@ -283,7 +285,7 @@ pub(crate) fn serve(ctl: Link, proof: &SingleThreaded, mode: Mode) -> u8 {
 }
 
 impl Server<'_> {
-    fn run(&mut self, signals: &SignalFd) -> u8 {
+    fn run(&mut self, signals: &SignalFd) -> GuestExit {
         let mut closing_since: Option<Instant> = None;
         loop {
             if !self.ctl_open {
@@ -344,7 +346,7 @@ impl Server<'_> {
         if let Ok(bytes) = proto::encode(&Frame::Message(FromGuest::Bye {})) {
             let _ = self.ctl.write_all(&bytes);
         }
-        0
+        GuestExit::Success
     }
 
     /// Polls everything and returns the slots with events.
@@ -560,11 +562,8 @@ impl Server<'_> {
         match frame {
             Frame::Message(ToGuest::Exec(request)) => {
                 let id = request.id;
-                if let Err(message) = self.start(request) {
-                    self.send(&FromGuest::Failed {
-                        id: Some(id),
-                        message,
-                    });
+                if let Err(err) = self.start(request) {
+                    self.report_failure(id, &err);
                 }
             }
             Frame::Message(ToGuest::CloseStdin { id }) => {
@@ -590,19 +589,13 @@ impl Server<'_> {
                 let id = request.id;
                 match self.open_session(request) {
                     Ok(()) => self.send(&FromGuest::SessionOpened { id }),
-                    Err(message) => self.send(&FromGuest::Failed {
-                        id: Some(id),
-                        message,
-                    }),
+                    Err(err) => self.report_failure(id, &err),
                 }
             }
             Frame::Message(ToGuest::SessionExec(request)) => {
                 let id = request.id;
-                if let Err(message) = self.session_exec(request) {
-                    self.send(&FromGuest::Failed {
-                        id: Some(id),
-                        message,
-                    });
+                if let Err(err) = self.session_exec(request) {
+                    self.report_failure(id, &err);
                 }
             }
             Frame::Message(ToGuest::CloseSession { id }) => {
@@ -656,32 +649,36 @@ impl Server<'_> {
         }
     }
 
+    /// Tells hako that request `id` failed, and why.
+    fn report_failure(&mut self, id: u64, err: &GuestError) {
+        self.send(&FromGuest::Failed {
+            id: Some(id),
+            message: err.to_string(),
+        });
+    }
+
     /// Takes the working directory a request names: a descriptor that came
     /// with it (where accepted) or an absolute path.
-    fn take_cwd(&mut self, cwd: &Cwd) -> Result<Option<OwnedFd>, String> {
+    fn take_cwd(&mut self, cwd: &Cwd) -> Result<Option<OwnedFd>, GuestError> {
         match cwd {
-            Cwd::Fd if !self.mode.accept_fds => {
-                Err("a working directory descriptor is not accepted here".into())
-            }
+            Cwd::Fd if !self.mode.accept_fds => Err(GuestError::CwdFdNotAccepted),
             Cwd::Fd => self
                 .fds
                 .pop_front()
                 .map(Some)
-                .ok_or_else(|| "no working directory descriptor came with the request".into()),
-            Cwd::Path(p) if !p.is_absolute() => {
-                Err(format!("working directory {} is not absolute", p.display()))
-            }
+                .ok_or(GuestError::CwdFdMissing),
+            Cwd::Path(p) if !p.is_absolute() => Err(GuestError::CwdNotAbsolute { path: p.clone() }),
             Cwd::Path(_) => Ok(None),
         }
     }
 
     /// Starts a command under a new supervisor.
-    fn start(&mut self, request: ExecRequest) -> Result<(), String> {
+    fn start(&mut self, request: ExecRequest) -> Result<(), GuestError> {
         if self.id_in_use(request.id) {
-            return Err(format!("id {} is already in use", request.id));
+            return Err(GuestError::IdInUse { id: request.id });
         }
         if request.argv.first().is_none_or(String::is_empty) {
-            return Err("the argument vector is empty".into());
+            return Err(GuestError::EmptyArgv);
         }
         let cwd_fd = self.take_cwd(&request.cwd)?;
         let job = Job {
@@ -695,7 +692,7 @@ impl Server<'_> {
                 let (master, slave) = open_pty(rows, cols)?;
                 let dup = |fd: &OwnedFd| {
                     fd.try_clone()
-                        .map_err(|e| format!("cannot duplicate a terminal descriptor: {e}"))
+                        .map_err(failed("duplicate a terminal descriptor"))
                 };
                 let stdio = [dup(&slave)?, dup(&slave)?, slave];
                 let (supervisor, sup) =
@@ -819,7 +816,7 @@ impl Server<'_> {
         stdio: [OwnedFd; 3],
         cwd_fd: Option<OwnedFd>,
         fd3: Option<OwnedFd>,
-    ) -> Result<(Pid, UnixStream), String> {
+    ) -> Result<(Pid, UnixStream), GuestError> {
         let handoff = Handoff {
             job: job.clone(),
             cwd: cwd.clone(),
@@ -828,7 +825,7 @@ impl Server<'_> {
         };
         let encode = |handing: &Handing<&Handoff>| {
             proto::encode(&Frame::Message(handing))
-                .map_err(|err| format!("cannot encode a command for its supervisor: {err}"))
+                .map_err(failed("encode a command for its supervisor"))
         };
         let inline = encode(&Handing {
             handoff: Some(&handoff),
@@ -869,7 +866,7 @@ impl Server<'_> {
                 Err(err) => {
                     let _ = rproc::kill_process(pid, Signal::KILL);
                     if forked {
-                        return Err(format!("cannot hand a command to its supervisor: {err}"));
+                        return Err(failed("hand a command to its supervisor")(err));
                     }
                 }
             }
@@ -878,12 +875,11 @@ impl Server<'_> {
 
     /// Forks a supervisor that waits for its job on a socket; it holds
     /// nothing else (stdio on `/dev/null`, the socket at 3).
-    fn fork_spare(&self) -> Result<(Pid, UnixStream), String> {
-        let (mine, theirs) =
-            UnixStream::pair().map_err(|e| format!("cannot create a socket pair: {e}"))?;
+    fn fork_spare(&self) -> Result<(Pid, UnixStream), GuestError> {
+        let (mine, theirs) = UnixStream::pair().map_err(failed("create a socket pair"))?;
         let null = dev_null()?;
         match ns::fork_single_threaded(self.proof) {
-            Err(err) => Err(format!("cannot fork a supervisor: {err}")),
+            Err(err) => Err(failed("fork a supervisor")(err)),
             Ok(Forked::Child) => {
                 let mut fds = vec![null.as_fd(), null.as_fd(), null.as_fd(), theirs.as_fd()];
                 // The Landlock ruleset, which the supervisor enforces on
@@ -896,12 +892,12 @@ impl Server<'_> {
                 );
                 let code = match hako_sys::spawn::install_fds_close_rest(&fds) {
                     Ok(()) => spare(&self.mode),
-                    Err(_) => 10,
+                    Err(_) => GuestExit::SupervisorDescriptors,
                 };
-                std::process::exit(code)
+                std::process::exit(code.into())
             }
             Ok(Forked::Parent(pid)) => {
-                let pid = Pid::from_raw(pid).ok_or("fork returned pid 0")?;
+                let pid = Pid::from_raw(pid).ok_or(GuestError::ZeroPid)?;
                 Ok((pid, mine))
             }
         }
@@ -1134,14 +1130,14 @@ impl Server<'_> {
     /// Starts a session's shell under a supervisor, with its script on a
     /// stdin pipe, its output on two pipes and its status descriptor (3) on
     /// a third, all read here.
-    fn open_session(&mut self, request: SessionRequest) -> Result<(), String> {
+    fn open_session(&mut self, request: SessionRequest) -> Result<(), GuestError> {
         if self.id_in_use(request.id) {
-            return Err(format!("id {} is already in use", request.id));
+            return Err(GuestError::IdInUse { id: request.id });
         }
         let cwd_fd = self.take_cwd(&request.cwd)?;
         let shell = match request.shell {
             Some(shell) if shell.first().is_some_and(|p| !p.is_empty()) => shell,
-            Some(_) => return Err("the shell's argument vector is empty".into()),
+            Some(_) => return Err(GuestError::EmptyShell),
             None if std::path::Path::new("/bin/bash").exists() => {
                 vec!["/bin/bash".into(), "--noprofile".into(), "--norc".into()]
             }
@@ -1194,27 +1190,30 @@ impl Server<'_> {
     }
 
     /// Hands a script to a session's shell.
-    fn session_exec(&mut self, request: SessionExecRequest) -> Result<(), String> {
+    fn session_exec(&mut self, request: SessionExecRequest) -> Result<(), GuestError> {
         if self.id_in_use(request.id) {
-            return Err(format!("id {} is already in use", request.id));
+            return Err(GuestError::IdInUse { id: request.id });
         }
         if request.script.contains('\0') {
-            return Err("the script contains a NUL byte".into());
+            return Err(GuestError::NulInScript);
         }
         let Some(session) = self.sessions.iter_mut().find(|s| s.id == request.session) else {
-            return Err(format!(
-                "session {} is not open: never opened or closed",
-                request.session
-            ));
+            return Err(GuestError::SessionNotOpen {
+                session: request.session,
+                why: "never opened or closed".into(),
+            });
         };
         if let Some(why) = &session.ended {
-            return Err(format!("session {} is not open: {why}", request.session));
+            return Err(GuestError::SessionNotOpen {
+                session: request.session,
+                why: why.clone(),
+            });
         }
         if let Some(run) = &session.current {
-            return Err(format!(
-                "session {} is busy running command {}",
-                request.session, run.id
-            ));
+            return Err(GuestError::SessionBusy {
+                session: request.session,
+                running: run.id,
+            });
         }
         let nonce = nonce();
         // The script runs in the shell itself (so `cd`, `export`, functions
@@ -1585,14 +1584,13 @@ fn winsize(rows: u16, cols: u16) -> hako_sys::rustix::termios::Winsize {
 
 /// A new pseudo-terminal of `rows` x `cols`: (master, slave), both
 /// close-on-exec; the slave is not made anyone's controlling terminal here.
-fn open_pty(rows: u16, cols: u16) -> Result<(OwnedFd, OwnedFd), String> {
+fn open_pty(rows: u16, cols: u16) -> Result<(OwnedFd, OwnedFd), GuestError> {
     use hako_sys::rustix::pty::{grantpt, openpt, ptsname, unlockpt, OpenptFlags};
-    let err = |what: &str, e: hako_sys::rustix::io::Errno| format!("cannot {what}: {e}");
     let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)
-        .map_err(|e| err("open a pseudo-terminal", e))?;
-    grantpt(&master).map_err(|e| err("grant the pseudo-terminal", e))?;
-    unlockpt(&master).map_err(|e| err("unlock the pseudo-terminal", e))?;
-    let name = ptsname(&master, Vec::new()).map_err(|e| err("name the pseudo-terminal", e))?;
+        .map_err(failed("open a pseudo-terminal"))?;
+    grantpt(&master).map_err(failed("grant the pseudo-terminal"))?;
+    unlockpt(&master).map_err(failed("unlock the pseudo-terminal"))?;
+    let name = ptsname(&master, Vec::new()).map_err(failed("name the pseudo-terminal"))?;
     let slave = hako_sys::rustix::fs::open(
         name.as_c_str(),
         hako_sys::rustix::fs::OFlags::RDWR
@@ -1600,21 +1598,21 @@ fn open_pty(rows: u16, cols: u16) -> Result<(OwnedFd, OwnedFd), String> {
             | hako_sys::rustix::fs::OFlags::CLOEXEC,
         hako_sys::rustix::fs::Mode::empty(),
     )
-    .map_err(|e| err("open the terminal", e))?;
+    .map_err(failed("open the terminal"))?;
     hako_sys::rustix::termios::tcsetwinsize(&master, winsize(rows, cols))
-        .map_err(|e| err("size the terminal", e))?;
+        .map_err(failed("size the terminal"))?;
     Ok((master, slave))
 }
 
 /// A pipe whose ends are both close-on-exec.
-fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
-    pipe_with(PipeFlags::CLOEXEC).map_err(|e| format!("cannot create a pipe: {e}"))
+fn pipe() -> Result<(OwnedFd, OwnedFd), GuestError> {
+    pipe_with(PipeFlags::CLOEXEC).map_err(failed("create a pipe"))
 }
 
-fn dev_null() -> Result<OwnedFd, String> {
+fn dev_null() -> Result<OwnedFd, GuestError> {
     std::fs::File::open("/dev/null")
         .map(OwnedFd::from)
-        .map_err(|e| format!("cannot open /dev/null: {e}"))
+        .map_err(failed("open /dev/null"))
 }
 
 /// What a spare supervisor is handed with its descriptors (stdin, stdout,
@@ -1641,32 +1639,39 @@ struct Handing<H> {
 const INLINE_HANDOFF: usize = 16 << 10;
 
 /// A memfd holding `bytes`, read from its start.
-fn job_memfd(bytes: &[u8]) -> Result<OwnedFd, String> {
+fn job_memfd(bytes: &[u8]) -> Result<OwnedFd, GuestError> {
     use hako_sys::rustix::fs::{memfd_create, MemfdFlags};
     use std::io::Write as _;
     let fd = memfd_create("hako-job", MemfdFlags::CLOEXEC)
-        .map_err(|e| format!("cannot create a memfd for a large command: {e}"))?;
+        .map_err(failed("create a memfd for a large command"))?;
     let mut file = std::fs::File::from(fd);
     file.write_all(bytes)
-        .map_err(|e| format!("cannot write a large command to its memfd: {e}"))?;
+        .map_err(failed("write a large command to its memfd"))?;
     Ok(OwnedFd::from(file))
 }
 
 /// The handoff in `payload` (or in the memfd that came first among `fds`),
 /// and the job's own descriptors.
-fn take_handoff(payload: &[u8], mut fds: Vec<OwnedFd>) -> Result<(Handoff, Vec<OwnedFd>), String> {
+fn take_handoff(
+    payload: &[u8],
+    mut fds: Vec<OwnedFd>,
+) -> Result<(Handoff, Vec<OwnedFd>), GuestError> {
     use std::io::{Read as _, Seek as _};
-    let not_a_job =
-        |e: std::io::Error| format!("the supervisor was handed something that is not a job: {e}");
+    const NOT_A_JOB: &str = "the supervisor was handed something that is not a job";
+    let bad = |what: &'static str| GuestError::BadHandoff { what, source: None };
+    let not_a_job = |e: std::io::Error| GuestError::BadHandoff {
+        what: NOT_A_JOB,
+        source: Some(e),
+    };
     let handing = match proto::decode::<Handing<Handoff>>(payload).map_err(not_a_job)? {
         Frame::Message(handing) => handing,
-        _ => return Err("the supervisor was handed something that is not a job".into()),
+        _ => return Err(bad(NOT_A_JOB)),
     };
     if let Some(handoff) = handing.handoff {
         return Ok((handoff, fds));
     }
     if fds.is_empty() {
-        return Err("a large job came without its memfd".into());
+        return Err(bad("a large job came without its memfd"));
     }
     let mut file = std::fs::File::from(fds.remove(0));
     let mut frame = Vec::new();
@@ -1675,13 +1680,13 @@ fn take_handoff(payload: &[u8], mut fds: Vec<OwnedFd>) -> Result<(Handoff, Vec<O
             file.take(u64::from(proto::MAX_FRAME) + 4)
                 .read_to_end(&mut frame)
         })
-        .map_err(|e| format!("cannot read a large job from its memfd: {e}"))?;
+        .map_err(failed("read a large job from its memfd"))?;
     let body = frame.get(4..).unwrap_or_default();
     match proto::decode::<Handing<Handoff>>(body).map_err(not_a_job)? {
         Frame::Message(Handing {
             handoff: Some(handoff),
         }) => Ok((handoff, fds)),
-        _ => Err("the memfd of a large job held no job".into()),
+        _ => Err(bad("the memfd of a large job held no job")),
     }
 }
 
@@ -1689,20 +1694,20 @@ fn take_handoff(payload: &[u8], mut fds: Vec<OwnedFd>) -> Result<(Handoff, Vec<O
 /// socket (at 3) for a job, supervises it, reports how it ended and waits
 /// for the next. End of file where a job would come means it is no longer
 /// needed.
-fn spare(mode: &Mode) -> i32 {
+fn spare(mode: &Mode) -> GuestExit {
     let Ok(sock) = hako_sys::take_inherited_fd(3) else {
-        return 11;
+        return GuestExit::SupervisorSocket;
     };
     let sock = UnixStream::from(sock);
     // Inside a sandbox: what no command may have, the supervisor gives up
     // first (it needs none of it), once; its commands inherit it. A
     // supervisor that cannot refuses every job, saying why.
-    let mut unfit: Option<String> = None;
+    let mut unfit: Option<GuestError> = None;
     if mode.confinement.is_some() {
         let landlock = match mode.confinement.as_ref().and_then(Confinement::landlock_fd) {
             Some(_) => match hako_sys::take_inherited_fd(4) {
                 Ok(fd) => Some(fd),
-                Err(_) => return 16,
+                Err(_) => return GuestExit::SupervisorLandlock,
             },
             None => None,
         };
@@ -1718,18 +1723,18 @@ fn spare(mode: &Mode) -> i32 {
     loop {
         let (payload, fds) = match proto::recv_with_fds(&sock) {
             Ok(got) => got,
-            Err(_) => return 0,
+            Err(_) => return GuestExit::Success,
         };
         let reply = match (&supervisor, &unfit) {
             (Some(supervisor), None) => match take_handoff(&payload, fds) {
                 Ok((handoff, fds)) => supervise_one(supervisor, &handoff, fds, &sock, mode),
-                Err(why) => supervise::refuse(why),
+                Err(why) => supervise::refuse(why.to_string()),
             },
-            (_, Some(why)) => supervise::refuse(why.clone()),
+            (_, Some(why)) => supervise::refuse(why.to_string()),
             (None, None) => supervise::refuse("the supervisor could not start"),
         };
         if proto::write_frame(&sock, &reply).is_err() {
-            return 3;
+            return GuestExit::ReportLost;
         }
     }
 }

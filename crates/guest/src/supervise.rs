@@ -17,7 +17,9 @@ use hako_sys::rustix::process::{self as rproc, Pid, Signal, WaitOptions};
 use hako_sys::signal::{signum as libc_sig, SignalFd};
 use hako_sys::vfork::{self, ChildStack, SpawnCwd, SpawnSpec, SpawnStep};
 
+use crate::error::failed;
 use crate::proto::{RunReply, SpawnFailure};
+use crate::GuestError;
 
 /// One command for a supervisor.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -82,7 +84,7 @@ impl Supervisor {
     /// signals it watches. `stop_signals`: treat SIGINT, SIGTERM and SIGHUP
     /// as "stop": kill the running command's tree. (Not for pid 1 of a
     /// sandbox, where the command itself could send them.)
-    pub(crate) fn new(stop_signals: bool) -> Result<Supervisor, String> {
+    pub(crate) fn new(stop_signals: bool) -> Result<Supervisor, GuestError> {
         let orphans_to_guest = match hako_sys::set_child_subreaper() {
             Ok(()) => false,
             // A kernel that allows no subreaper but init (gVisor before 2023
@@ -95,7 +97,7 @@ impl Supervisor {
             {
                 true
             }
-            Err(err) => return Err(format!("cannot become child subreaper: {err}")),
+            Err(err) => return Err(failed("become child subreaper")(err)),
         };
         // Blocked before the first fork so no exit is missed, and so that a
         // signal meant to stop the guest makes it clean up instead of dying
@@ -110,9 +112,8 @@ impl Supervisor {
         } else {
             &[libc_sig::SIGCHLD]
         };
-        let signals =
-            SignalFd::new(watched).map_err(|err| format!("cannot open signalfd: {err}"))?;
-        let stack = ChildStack::new().map_err(|err| format!("cannot map a stack: {err}"))?;
+        let signals = SignalFd::new(watched).map_err(failed("open signalfd"))?;
+        let stack = ChildStack::new().map_err(failed("map a stack"))?;
         Ok(Supervisor {
             signals,
             orphans_to_guest,

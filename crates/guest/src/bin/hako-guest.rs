@@ -13,8 +13,14 @@ hako_sys::entry_point!(run);
 #[cfg(test)]
 const _: fn() -> u8 = run;
 
-/// Everything the guest does: its exit code.
+use hako_guest::GuestExit;
+
+/// Everything the guest does: its exit code (see [`GuestExit`]).
 fn run() -> u8 {
+    guest().into()
+}
+
+fn guest() -> GuestExit {
     let args: Vec<_> = std::env::args_os().skip(1).collect();
     match args.first().and_then(|a| a.to_str()) {
         Some("--stdio") => return hako_guest::main_stdio(),
@@ -25,7 +31,7 @@ fn run() -> u8 {
         Ok(fd) => fd,
         Err(err) => {
             eprintln!("hako-guest: no control socket at fd 3 ({err}) and no --stdio; this program is started by hako, not by hand");
-            return 2;
+            return GuestExit::Handshake;
         }
     };
     hako_guest::main(ctl)
