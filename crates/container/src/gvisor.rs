@@ -30,6 +30,7 @@ use hako_fence::FenceOptions;
 use hako_guest::network::{NetworkSetup, NET_DIR};
 use hako_guest::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
 use hako_proto::{Seal, GUEST_FD_DIRS};
+use hako_view::{HostFacts, HostPath};
 use serde_json::{json, Value};
 
 use crate::common::{
@@ -260,14 +261,11 @@ pub fn config_json(plan: &BundlePlan) -> Value {
     // masks are mounted (see `BundlePlan::seal`).
     linux.insert(
         "maskedPaths".into(),
-        json!(hako_linux::plan::MASKED_PROC_FILES
-            .iter()
-            .chain(hako_linux::plan::MASKED_PROC_DIRS)
-            .collect::<Vec<_>>()),
+        json!(hako_view::masked_proc_paths().collect::<Vec<_>>()),
     );
     linux.insert(
         "readonlyPaths".into(),
-        json!(hako_linux::plan::READ_ONLY_PROC_DIRS),
+        json!(hako_view::READ_ONLY_PROC_DIRS),
     );
     json!({
         "ociVersion": "1.0.2",
@@ -440,7 +438,7 @@ impl GvisorSandbox {
         )
         .map_err(io("create the bundle"))?;
         let workspace = fence.workdir().to_path_buf();
-        let facts = hako_linux::plan::host_facts();
+        let facts = hako_view::host_facts();
         let (root, host_view) = match &config.rootfs {
             Some(rootfs) => (rootfs.clone(), false),
             None => (dir.path().join("rootfs"), true),
@@ -460,26 +458,19 @@ impl GvisorSandbox {
             tmp_size: config.tmp_size,
             ro: config.ro.clone(),
             rw: config.rw.clone(),
-            masked_files: hako_linux::plan::MASKED_ETC_FILES
-                .iter()
-                .map(PathBuf::from)
-                .chain(facts.ssh_host_keys.iter().cloned())
+            masked_files: facts
+                .masked_etc_files()
                 // Without root, a file the user cannot read needs no mask
                 // (the sandbox, as that user, cannot read it either), and
                 // runsc's gofer cannot open it to mount over it.
                 .filter(|p| p.is_file() && (!rootless || std::fs::File::open(p).is_ok()))
                 .collect(),
-            masked_dirs: hako_linux::plan::MASKED_ETC_DIRS
+            masked_dirs: hako_view::MASKED_ETC_DIRS
                 .iter()
                 .map(PathBuf::from)
                 .filter(|p| p.is_dir() && (!rootless || std::fs::read_dir(p).is_ok()))
                 .collect(),
-            system_dirs: facts
-                .system
-                .iter()
-                .filter(|(_, kind)| matches!(kind, hako_linux::plan::HostPath::Dir))
-                .map(|(p, _)| p.clone())
-                .collect(),
+            system_dirs: facts.bound_dirs().map(Path::to_path_buf).collect(),
             network: RunNetwork::of(&network),
         };
         if host_view {
@@ -560,17 +551,17 @@ impl GvisorSandbox {
 
 /// The root of a host view: mount points for every bind and the host's
 /// usr-merge symlinks.
-fn build_view(plan: &BundlePlan, facts: &hako_linux::plan::HostFacts) -> std::io::Result<()> {
+fn build_view(plan: &BundlePlan, facts: &HostFacts) -> std::io::Result<()> {
     let root = &plan.root;
     std::fs::create_dir_all(root)?;
     for (path, kind) in &facts.system {
         match kind {
-            hako_linux::plan::HostPath::Dir => mount_point(root, path, false)?,
-            hako_linux::plan::HostPath::Symlink(target) => {
+            HostPath::Dir => mount_point(root, path, false)?,
+            HostPath::Symlink(target) => {
                 let inside = hako_guest::host_view::in_view(root, path);
                 std::os::unix::fs::symlink(target, inside)?;
             }
-            hako_linux::plan::HostPath::Absent => {}
+            HostPath::Absent => {}
         }
     }
     for dir in ["/proc", "/dev", "/tmp", "/sys"] {

@@ -231,7 +231,8 @@ impl LinuxSandbox {
             seccomp: true,
             optional: OPTIONAL,
         };
-        let spec = plan::plan(&input, &plan::host_facts()).map_err(|e| backend_err("plan", e.0));
+        let spec =
+            plan::plan(&input, &hako_view::host_facts()).map_err(|e| backend_err("plan", e.0));
         let spec = spec.map(|mut spec| {
             spec.host_network = network.access == NetworkAccess::Host;
             if let Some(dir) = network.socket_dir() {

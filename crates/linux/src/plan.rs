@@ -1,69 +1,16 @@
 //! Turning a configuration into the guest's [`LinuxSpec`]: pure, so every
-//! mount, mask and rule can be unit-tested without a kernel.
+//! mount, mask and rule can be unit-tested without a kernel. What the view
+//! of the host holds (system directories, masked secrets) is `hako-view`'s,
+//! shared with the gvisor backend; the order pid 1 mounts it in is this
+//! module's.
 
 use std::path::{Path, PathBuf};
 
 use hako_proto::{LandlockSpec, LinuxSpec, MountOp, RlimitResource, RlimitSpec};
-
-/// What a host path is, as far as the plan cares.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HostPath {
-    /// A directory (bound read-only).
-    Dir,
-    /// A symlink (recreated as the same symlink).
-    Symlink(PathBuf),
-    /// Not there.
-    Absent,
-}
-
-/// Facts about the host that the plan depends on, gathered by the caller.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostFacts {
-    /// The system directories ([`SYSTEM_DIRS`]) and what each is.
-    pub system: Vec<(PathBuf, HostPath)>,
-    /// Files under `/etc/ssh` whose names are private host keys.
-    pub ssh_host_keys: Vec<PathBuf>,
-    /// The invoking user's uid and gid.
-    pub uid: u32,
-    /// The invoking user's gid.
-    pub gid: u32,
-}
-
-/// Directories a toolchain needs, bound read-only when they are
-/// directories and recreated when they are symlinks (merged-/usr systems).
-pub const SYSTEM_DIRS: &[&str] = &[
-    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
-];
-
-/// Files under `/etc` that are never visible inside.
-pub const MASKED_ETC_FILES: &[&str] = &[
-    "/etc/shadow",
-    "/etc/shadow-",
-    "/etc/gshadow",
-    "/etc/gshadow-",
-    "/etc/sudoers",
-    "/etc/security/opasswd",
-];
-
-/// Directories under `/etc` that are hidden behind an empty tmpfs.
-pub const MASKED_ETC_DIRS: &[&str] = &["/etc/sudoers.d", "/etc/ssl/private"];
-
-/// Files under `/proc` hidden behind `/dev/null`.
-pub const MASKED_PROC_FILES: &[&str] = &[
-    "/proc/kcore",
-    "/proc/keys",
-    "/proc/kmsg",
-    "/proc/sysrq-trigger",
-    "/proc/timer_list",
-    "/proc/sched_debug",
-    "/proc/latency_stats",
-];
-
-/// Directories under `/proc` made read-only.
-pub const READ_ONLY_PROC_DIRS: &[&str] = &["/proc/sys", "/proc/irq", "/proc/bus", "/proc/fs"];
-
-/// Directories under `/proc` hidden behind an empty tmpfs.
-pub const MASKED_PROC_DIRS: &[&str] = &["/proc/acpi", "/proc/scsi", "/proc/firmware"];
+use hako_view::{
+    HostFacts, HostPath, MASKED_ETC_DIRS, MASKED_ETC_FILES, MASKED_PROC_DIRS, MASKED_PROC_FILES,
+    READ_ONLY_PROC_DIRS,
+};
 
 /// Device nodes bound into the sandbox's `/dev` (all writable, as programs
 /// expect; Landlock allows writing exactly these).
@@ -276,43 +223,6 @@ pub fn plan(input: &PlanInput, facts: &HostFacts) -> Result<LinuxSpec, PlanError
         host_network: false,
         network: None,
     })
-}
-
-/// Gathers [`HostFacts`] from this host.
-pub fn host_facts() -> HostFacts {
-    let system = SYSTEM_DIRS
-        .iter()
-        .map(|d| {
-            let path = PathBuf::from(d);
-            let kind = match std::fs::symlink_metadata(&path) {
-                Ok(m) if m.file_type().is_symlink() => std::fs::read_link(&path)
-                    .map(HostPath::Symlink)
-                    .unwrap_or(HostPath::Absent),
-                Ok(m) if m.is_dir() => HostPath::Dir,
-                _ => HostPath::Absent,
-            };
-            (path, kind)
-        })
-        .collect();
-    let mut ssh_host_keys: Vec<PathBuf> = std::fs::read_dir("/etc/ssh")
-        .map(|dir| {
-            dir.flatten()
-                .map(|e| e.path())
-                .filter(|p| {
-                    p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.starts_with("ssh_host_") && n.ends_with("_key"))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    ssh_host_keys.sort();
-    HostFacts {
-        system,
-        ssh_host_keys,
-        uid: hako_sys::rustix::process::geteuid().as_raw(),
-        gid: hako_sys::rustix::process::getegid().as_raw(),
-    }
 }
 
 #[cfg(test)]
