@@ -61,3 +61,55 @@ echo "tried $targets"
     }
     Ok(())
 }
+
+/// Runs `hako-probe --steal-guest-fds` (at `probe`, a path inside the
+/// sandbox) for `rounds` rounds: kills the guest's idle supervisors and
+/// tries every descriptor of each process forked to replace them, stopped
+/// the moment it is seen. A fork of a process that holds hako's channel
+/// holds it too until it closes what it inherited. `Err` names each
+/// descriptor that opened, or how the sandbox failed during or after.
+pub fn stealing_the_guests_link_from_a_fresh_supervisor(
+    sb: &dyn Sandbox,
+    probe: &str,
+    rounds: u32,
+) -> Result<(), String> {
+    let out = sb
+        .exec(
+            &Command::new([probe, "--steal-guest-fds", &rounds.to_string()])
+                .timeout(Duration::from_secs(120)),
+        )
+        .map_err(|e| format!("the sandbox failed during the attack: {e}"))?;
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        format!(
+            "the probe's report is not JSON ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    if report["caught"].as_u64().unwrap_or(0) == 0 {
+        return Err(format!(
+            "the attack caught no fresh supervisor, so it tried nothing: {report}"
+        ));
+    }
+    let reached = report["reached"].as_array().cloned().unwrap_or_default();
+    if !reached.is_empty() {
+        return Err(format!(
+            "a command opened descriptors of a fresh supervisor: {report}"
+        ));
+    }
+    // Usable afterwards, twice over (the second needs supervisors the
+    // attack did not see).
+    for _ in 0..2 {
+        let again = sb
+            .exec(&Command::shell("echo still here").timeout(Duration::from_secs(60)))
+            .map_err(|e| format!("the sandbox is not usable after the attack: {e}"))?;
+        if again.stdout != b"still here\n" {
+            return Err(format!(
+                "the sandbox answers wrongly after the attack ({report}): {:?} {:?}",
+                String::from_utf8_lossy(&again.stdout),
+                String::from_utf8_lossy(&again.stderr)
+            ));
+        }
+    }
+    Ok(())
+}

@@ -221,6 +221,32 @@ fn writing_a_frame_on_the_guests_link_through_proc_is_refused(kind: Kind) {
     sb.close().unwrap();
 }
 
+/// A fresh supervisor is a fork of the guest: whatever it inherited is
+/// open until it closes it. Killing the idle ones makes the guest fork
+/// more while the attacker runs; each is stopped the moment it appears and
+/// its descriptors tried.
+fn stealing_the_guests_link_from_a_fresh_supervisor_is_refused(kind: Kind) {
+    let (_d, ws) = workspace();
+    let Some(probe) = static_probe() else {
+        skip("no static hako-probe (scripts/build-static-guest)");
+        return;
+    };
+    std::fs::copy(probe, ws.join("hako-probe")).unwrap();
+    let Some(sb) = open(kind, &ws, Limits::default()) else {
+        return;
+    };
+    if let Err(message) =
+        hako_conformance::attacks::stealing_the_guests_link_from_a_fresh_supervisor(
+            sb.as_ref(),
+            "./hako-probe",
+            10,
+        )
+    {
+        panic!("{message}");
+    }
+    sb.close().unwrap();
+}
+
 fn proc_self_status_shows_no_capability_and_no_new_privs_and_seccomp(kind: Kind) {
     let (_d, ws) = workspace();
     let Some(sb) = open(kind, &ws, Limits::default()) else {
@@ -483,6 +509,10 @@ macro_rules! escapes_on {
             #[test]
             fn writing_a_frame_on_the_guests_link_through_proc_is_refused() {
                 super::writing_a_frame_on_the_guests_link_through_proc_is_refused($kind)
+            }
+            #[test]
+            fn stealing_the_guests_link_from_a_fresh_supervisor_is_refused() {
+                super::stealing_the_guests_link_from_a_fresh_supervisor_is_refused($kind)
             }
             #[test]
             fn proc_self_status_shows_no_capability_and_no_new_privs_and_seccomp() {

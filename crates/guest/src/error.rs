@@ -93,6 +93,11 @@ pub enum GuestError {
     /// `fork` (or `clone`) reported a pid of 0.
     #[error("fork returned pid 0")]
     ZeroPid,
+    /// The zygote supervisors are forked from is gone (a command killed
+    /// it) while commands run; it is replaced once none does (see
+    /// `zygote`).
+    #[error("the supervisors' zygote was killed from inside the sandbox; a new one starts once no command runs")]
+    ZygoteGone,
     /// The guest is not single-threaded, or cannot tell that it is (it
     /// forks, which only a single-threaded process may do safely).
     #[error("{0}")]

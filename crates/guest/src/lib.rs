@@ -29,6 +29,7 @@ pub mod sandbox;
 mod seal;
 mod server;
 mod supervise;
+mod zygote;
 
 pub use error::{GuestError, Source};
 pub use exit::GuestExit;

@@ -22,7 +22,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use hako_sys::ns::{self, Forked, SingleThreaded};
+use hako_sys::ns::SingleThreaded;
 use hako_sys::rustix::event::{poll, PollFd, PollFlags, Timespec};
 use hako_sys::rustix::io::Errno;
 use hako_sys::rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
@@ -40,6 +40,7 @@ use crate::proto::{
     SessionRequest, StreamId, ToGuest, MAX_CHUNK,
 };
 use crate::supervise::{self, CwdChoice, Job, RunOptions};
+use crate::zygote::Zygote;
 
 /// How long output may keep flowing after a command's tree is gone (only a
 /// descriptor passed to a process outside the tree can keep a pipe open).
@@ -220,6 +221,9 @@ struct Server<'a> {
     /// Supervisors waiting for a job: forked ahead of need (the fork is then
     /// off the path of the next command), or done with their last one.
     idle: Vec<(Pid, UnixStream)>,
+    /// Where supervisors are forked from (see [`zygote`](crate::zygote));
+    /// `None` once it is gone, until it is replaced.
+    zygote: Option<Zygote>,
     /// When the last event was handled.
     last_event: Instant,
     /// Commands handed to supervisors so far.
@@ -257,6 +261,17 @@ pub(crate) fn serve(ctl: Link, proof: &SingleThreaded, mode: Mode) -> GuestExit 
             return GuestExit::Failed;
         }
     };
+    // Before any command exists: the only fork of the guest while it
+    // serves, besides a replacement once no command runs.
+    let zygote = match Zygote::start(proof, &mode) {
+        Ok(zygote) => zygote,
+        Err(err) => {
+            let _ = ctl.write_frame(&FromGuest::Refused {
+                message: err.to_string(),
+            });
+            return GuestExit::Failed;
+        }
+    };
     let mut server = Server {
         ctl,
         ctl_open: true,
@@ -269,6 +284,7 @@ pub(crate) fn serve(ctl: Link, proof: &SingleThreaded, mode: Mode) -> GuestExit 
         orphans: false,
         buf: vec![0u8; MAX_CHUNK],
         idle: Vec::new(),
+        zygote: Some(zygote),
         last_event: Instant::now(),
         handoffs: 0,
         last_sweep: Instant::now(),
@@ -280,7 +296,8 @@ pub(crate) fn serve(ctl: Link, proof: &SingleThreaded, mode: Mode) -> GuestExit 
     });
     // The first command comes right after Ready: have its supervisor
     // forked while hako reads Ready and sends it.
-    server.idle.extend(server.fork_spare().ok());
+    let spare = server.fork_spare().ok();
+    server.idle.extend(spare);
     server.run(&signals)
 }
 
@@ -313,7 +330,8 @@ impl Server<'_> {
             if self.spare_due() {
                 // Now, while nothing happens, rather than when a request
                 // comes.
-                self.idle.extend(self.fork_spare().ok());
+                let spare = self.fork_spare().ok();
+                self.idle.extend(spare);
             }
             let ready = match self.wait(signals, closing_since.is_some()) {
                 Ok(ready) => ready,
@@ -338,6 +356,7 @@ impl Server<'_> {
             .drain(..)
             .map(|(pid, _)| pid)
             .chain(self.mode.forwarder)
+            .chain(self.zygote.as_ref().map(Zygote::pid))
             .collect();
         if !self.kill_helpers_if_all_that_is_left(&helpers) {
             let mut status = None;
@@ -757,7 +776,8 @@ impl Server<'_> {
             .iter()
             .map(|e| e.supervisor)
             .chain(self.sessions.iter().map(|s| s.supervisor))
-            .chain(self.idle.iter().map(|(p, _)| *p));
+            .chain(self.idle.iter().map(|(p, _)| *p))
+            .chain(self.zygote.as_ref().map(Zygote::pid));
         for pid in pids {
             let _ = rproc::kill_process(pid, Signal::CONT);
         }
@@ -873,34 +893,47 @@ impl Server<'_> {
         }
     }
 
-    /// Forks a supervisor that waits for its job on a socket; it holds
-    /// nothing else (stdio on `/dev/null`, the socket at 3).
-    fn fork_spare(&self) -> Result<(Pid, UnixStream), GuestError> {
-        let (mine, theirs) = UnixStream::pair().map_err(failed("create a socket pair"))?;
-        let null = dev_null()?;
-        match ns::fork_single_threaded(self.proof) {
-            Err(err) => Err(failed("fork a supervisor")(err)),
-            Ok(Forked::Child) => {
-                let mut fds = vec![null.as_fd(), null.as_fd(), null.as_fd(), theirs.as_fd()];
-                // The Landlock ruleset, which the supervisor enforces on
-                // itself (at 4).
-                fds.extend(
-                    self.mode
-                        .confinement
-                        .as_ref()
-                        .and_then(Confinement::landlock_fd),
-                );
-                let code = match hako_sys::spawn::install_fds_close_rest(&fds) {
-                    Ok(()) => spare(&self.mode),
-                    Err(_) => GuestExit::SupervisorDescriptors,
-                };
-                std::process::exit(code.into())
+    /// A supervisor that waits for its job on a socket; it holds nothing
+    /// else (stdio on `/dev/null`, the socket at 3). Forked by the zygote;
+    /// a zygote that is gone is replaced here only when no command's
+    /// process is alive (see [`zygote`](crate::zygote)).
+    fn fork_spare(&mut self) -> Result<(Pid, UnixStream), GuestError> {
+        if self.zygote.is_none() {
+            // A zygote that just died is reaped first, or it would count as
+            // a process of a command.
+            self.reap();
+            if !self.no_command_alive() {
+                return Err(GuestError::ZygoteGone);
             }
-            Ok(Forked::Parent(pid)) => {
-                let pid = Pid::from_raw(pid).ok_or(GuestError::ZeroPid)?;
-                Ok((pid, mine))
-            }
+            self.zygote = Some(Zygote::start(self.proof, &self.mode)?);
         }
+        let got = match &self.zygote {
+            Some(zygote) => zygote.fork_supervisor(),
+            None => Err(GuestError::ZygoteGone),
+        };
+        if got.is_err() {
+            // Killed by `fork_supervisor`, or dead already: reaped later.
+            self.zygote = None;
+        }
+        got
+    }
+
+    /// Whether no process of any command is alive: no command or session
+    /// runs, and every child of the guest is an idle supervisor or the
+    /// forwarder (neither runs a command's code nor holds more than its
+    /// socket).
+    fn no_command_alive(&self) -> bool {
+        if !self.execs.is_empty() || !self.sessions.is_empty() {
+            return false;
+        }
+        let known: Vec<Pid> = self
+            .idle
+            .iter()
+            .map(|(p, _)| *p)
+            .chain(self.mode.forwarder)
+            .collect();
+        hako_sys::proc::children_of(rproc::getpid())
+            .is_ok_and(|children| children.iter().all(|c| known.contains(c)))
     }
 
     /// Reads a chunk of a command's output and forwards what is under the
@@ -962,6 +995,11 @@ impl Server<'_> {
                 // on (every child of the guest is a supervisor, the
                 // forwarder, or an orphan about to be killed).
                 let _ = rproc::kill_process(pid, Signal::CONT);
+                continue;
+            }
+            if self.zygote.as_ref().is_some_and(|z| z.pid() == pid) {
+                // Killed from inside: replaced once no command runs.
+                self.zygote = None;
                 continue;
             }
             if let Some(at) = self.idle.iter().position(|(p, _)| *p == pid) {
@@ -1027,6 +1065,7 @@ impl Server<'_> {
             .chain(self.sessions.iter().map(|s| s.supervisor))
             .chain(self.idle.iter().map(|(p, _)| *p))
             .chain(self.mode.forwarder)
+            .chain(self.zygote.as_ref().map(Zygote::pid))
             .collect();
         let mut found = false;
         if let Ok(children) = hako_sys::proc::children_of(me) {
@@ -1609,7 +1648,7 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), GuestError> {
     pipe_with(PipeFlags::CLOEXEC).map_err(failed("create a pipe"))
 }
 
-fn dev_null() -> Result<OwnedFd, GuestError> {
+pub(crate) fn dev_null() -> Result<OwnedFd, GuestError> {
     std::fs::File::open("/dev/null")
         .map(OwnedFd::from)
         .map_err(failed("open /dev/null"))
@@ -1694,7 +1733,7 @@ fn take_handoff(
 /// socket (at 3) for a job, supervises it, reports how it ended and waits
 /// for the next. End of file where a job would come means it is no longer
 /// needed.
-fn spare(mode: &Mode) -> GuestExit {
+pub(crate) fn spare(mode: &Mode) -> GuestExit {
     let Ok(sock) = hako_sys::take_inherited_fd(3) else {
         return GuestExit::SupervisorSocket;
     };

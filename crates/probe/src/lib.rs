@@ -59,6 +59,8 @@
 //! nonexistent, so each call fails before it acts; the one call that would
 //! act (`personality` with `ADDR_NO_RANDOMIZE`) is undone at once.
 
+pub mod steal;
+
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 

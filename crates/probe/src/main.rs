@@ -13,7 +13,10 @@ const USAGE: &str = "usage: hako-probe [--apply-default-seccomp | --skip-x32 | -
                            policy on the probe itself first
   --skip-x32               leave out the x32 call (a runtime's filter
                            kills the process for it)
-  --single x32-mount       make only the x32 call and print its outcome";
+  --single x32-mount       make only the x32 call and print its outcome
+  --steal-guest-fds N      N rounds of killing the guest's idle supervisors
+                           and trying the descriptors of their replacements
+                           (see hako_probe::steal)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -38,6 +41,13 @@ fn main() -> ExitCode {
         ["--single", "x32-mount"] => hako_probe::single_x32_mount(arch),
         ["--single", "unshare-newuser"] => hako_probe::unshare_newuser_here(arch),
         ["--single", "noop"] => return ExitCode::SUCCESS,
+        ["--steal-guest-fds", rounds] => match rounds.parse() {
+            Ok(rounds) => hako_probe::steal::steal_guest_fds(rounds),
+            Err(_) => {
+                eprintln!("{USAGE}");
+                return ExitCode::from(2);
+            }
+        },
         ["-h" | "--help"] => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

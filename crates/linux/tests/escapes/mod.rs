@@ -397,3 +397,19 @@ fn writing_a_frame_on_the_guests_link_through_proc_is_refused() {
         panic!("{message}");
     }
 }
+
+#[test]
+fn stealing_the_guests_link_from_a_fresh_supervisor_is_refused() {
+    let (_d, ws) = workspace();
+    std::fs::copy(probe_binary(), ws.join("hako-probe")).unwrap();
+    let sb = sandbox(&ws);
+    if let Err(message) =
+        hako_conformance::attacks::stealing_the_guests_link_from_a_fresh_supervisor(
+            &sb,
+            "./hako-probe",
+            10,
+        )
+    {
+        panic!("{message}");
+    }
+}

@@ -1,0 +1,218 @@
+//! The zygote: the one process the guest forks supervisors from.
+//!
+//! A fork holds every descriptor of the process it was forked from until
+//! it closes them, and any process of its uid can stop it in that window
+//! (`SIGSTOP`) and open them through `/proc/PID/fd`: under gVisor, which
+//! honours neither "not dumpable" nor capabilities there, a command that
+//! kills the idle supervisors and catches their replacements as they are
+//! forked from the guest would hold the guest's link to hako (and other
+//! commands' pipes). So the guest forks only one process while it serves,
+//! and only when no command's process is alive: the zygote, which keeps
+//! nothing but its socket to the guest (and the Landlock ruleset a `linux`
+//! supervisor enforces). Each supervisor is forked from the zygote on
+//! request, through an intermediate that exits at once, so that it becomes
+//! the guest's child (the guest reaps it, and is the parent a supervisor
+//! that cannot be a subreaper relies on); its end of a new socket pair is
+//! sent to the guest with its pid.
+//!
+//! A zygote killed from inside is replaced only once no command runs;
+//! until then a command that needs a new supervisor is refused, saying
+//! so.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use hako_sys::ns::{self, Forked, SingleThreaded};
+use hako_sys::rustix::process::{self as rproc, Pid, Signal};
+
+use crate::confine::Confinement;
+use crate::error::failed;
+use crate::proto;
+use crate::server::{dev_null, spare, Mode};
+use crate::{GuestError, GuestExit};
+
+/// How long the guest waits for the zygote to fork a supervisor before it
+/// counts it as gone (a zygote a command stopped is continued first).
+const REPLY_WITHIN: Duration = Duration::from_secs(10);
+
+/// The guest's handle on its zygote.
+pub(crate) struct Zygote {
+    pid: Pid,
+    sock: UnixStream,
+}
+
+impl Zygote {
+    /// Forks the zygote. Call only when no command's process is alive:
+    /// until it has closed them, it holds every descriptor of the guest.
+    pub(crate) fn start(proof: &SingleThreaded, mode: &Mode) -> Result<Zygote, GuestError> {
+        let (mine, theirs) = UnixStream::pair().map_err(failed("create a socket pair"))?;
+        let null = dev_null()?;
+        match ns::fork_single_threaded(proof) {
+            Err(err) => Err(failed("fork the supervisors' zygote")(err)),
+            Ok(Forked::Child) => {
+                let mut fds = vec![null.as_fd(), null.as_fd(), null.as_fd(), theirs.as_fd()];
+                fds.extend(mode.confinement.as_ref().and_then(Confinement::landlock_fd));
+                let code = match hako_sys::spawn::install_fds_close_rest(&fds) {
+                    Ok(()) => serve(proof, mode),
+                    Err(_) => GuestExit::SupervisorDescriptors,
+                };
+                std::process::exit(code.into())
+            }
+            Ok(Forked::Parent(pid)) => {
+                let pid = Pid::from_raw(pid).ok_or(GuestError::ZeroPid)?;
+                mine.set_read_timeout(Some(REPLY_WITHIN))
+                    .map_err(failed("set the zygote's reply timeout"))?;
+                Ok(Zygote { pid, sock: mine })
+            }
+        }
+    }
+
+    /// The zygote's pid (a child of the guest).
+    pub(crate) fn pid(&self) -> Pid {
+        self.pid
+    }
+
+    /// A new supervisor, the guest's child: its pid and the guest's end of
+    /// its socket. An error means the zygote is gone (or stuck, and now
+    /// killed).
+    pub(crate) fn fork_supervisor(&self) -> Result<(Pid, UnixStream), GuestError> {
+        // Stopped by a command, it would never answer.
+        let _ = rproc::kill_process(self.pid, Signal::CONT);
+        let asked = (&self.sock)
+            .write_all(&[1])
+            .map_err(failed("ask the zygote for a supervisor"));
+        let answer = asked.and_then(|()| {
+            proto::recv_with_fds(&self.sock).map_err(failed("take a supervisor from the zygote"))
+        });
+        let (payload, mut fds) = match answer {
+            Ok(got) => got,
+            Err(err) => {
+                let _ = rproc::kill_process(self.pid, Signal::KILL);
+                return Err(err);
+            }
+        };
+        let pid = <[u8; 4]>::try_from(payload.as_slice())
+            .ok()
+            .and_then(|b| Pid::from_raw(i32::from_be_bytes(b)));
+        match (pid, fds.pop(), fds.is_empty()) {
+            (Some(pid), Some(sock), true) => Ok((pid, UnixStream::from(sock))),
+            _ => {
+                let _ = rproc::kill_process(self.pid, Signal::KILL);
+                Err(GuestError::BadHandoff {
+                    what: "the zygote's answer",
+                    source: None,
+                })
+            }
+        }
+    }
+}
+
+/// The zygote's loop: one supervisor forked per byte read from the guest,
+/// until the guest closes its end.
+fn serve(proof: &SingleThreaded, mode: &Mode) -> GuestExit {
+    let Ok(sock) = hako_sys::take_inherited_fd(3) else {
+        return GuestExit::SupervisorSocket;
+    };
+    let mut sock = UnixStream::from(sock);
+    let landlock: Option<OwnedFd> =
+        match mode.confinement.as_ref().and_then(Confinement::landlock_fd) {
+            Some(_) => match hako_sys::take_inherited_fd(4) {
+                Ok(fd) => Some(fd),
+                Err(_) => return GuestExit::SupervisorLandlock,
+            },
+            None => None,
+        };
+    let mut byte = [0u8; 1];
+    loop {
+        match sock.read(&mut byte) {
+            Ok(1) => {}
+            Ok(_) => return GuestExit::Success,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return GuestExit::Success,
+        }
+        let (Ok((guests, theirs)), Ok(null)) = (UnixStream::pair(), dev_null()) else {
+            // Nothing sent: the guest counts the zygote as gone.
+            return GuestExit::Failed;
+        };
+        // Through an intermediate that exits at once: the supervisor is
+        // then an orphan, and orphans go to the guest (the sandbox's init,
+        // or the subreaper it made itself), which reaps it as its child and
+        // is the parent a supervisor that cannot be a subreaper relies on.
+        // (`CLONE_PARENT` would save the fork, but gVisor ignores it.)
+        match ns::fork_single_threaded(proof) {
+            Err(_) => return GuestExit::Failed,
+            Ok(Forked::Child) => {
+                let code = intermediate(
+                    proof,
+                    mode,
+                    &sock,
+                    &guests,
+                    &theirs,
+                    &null,
+                    landlock.as_ref(),
+                );
+                std::process::exit(code.into())
+            }
+            Ok(Forked::Parent(pid)) => {
+                drop((guests, theirs, null));
+                let Some(pid) = Pid::from_raw(pid) else {
+                    return GuestExit::Failed;
+                };
+                // It exits once it has answered the guest.
+                while let Err(hako_sys::rustix::io::Errno::INTR) =
+                    rproc::waitpid(Some(pid), rproc::WaitOptions::empty())
+                {}
+            }
+        }
+    }
+}
+
+/// The intermediate: forks the supervisor, tells the guest its pid (with
+/// the guest's end of its socket) and exits.
+fn intermediate(
+    proof: &SingleThreaded,
+    mode: &Mode,
+    sock: &UnixStream,
+    guests: &UnixStream,
+    theirs: &UnixStream,
+    null: &OwnedFd,
+    landlock: Option<&OwnedFd>,
+) -> GuestExit {
+    let me = rproc::getpid();
+    match ns::fork_single_threaded(proof) {
+        Err(_) => GuestExit::Failed,
+        Ok(Forked::Child) => {
+            let mut fds = vec![null.as_fd(), null.as_fd(), null.as_fd(), theirs.as_fd()];
+            fds.extend(landlock.map(AsFd::as_fd));
+            if hako_sys::spawn::install_fds_close_rest(&fds).is_err() {
+                return GuestExit::SupervisorDescriptors;
+            }
+            // The guest's child once the intermediate is gone.
+            let until = std::time::Instant::now() + REPLY_WITHIN;
+            while rproc::getppid() == Some(me) {
+                if std::time::Instant::now() > until {
+                    return GuestExit::Failed;
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            spare(mode)
+        }
+        Ok(Forked::Parent(pid)) => {
+            // One frame: the pid (4 bytes, big-endian), with the guest's
+            // end of the supervisor's socket.
+            let mut frame = 4u32.to_be_bytes().to_vec();
+            frame.extend(pid.to_be_bytes());
+            match proto::send_with_fds(sock, &frame, &[guests.as_fd()]) {
+                Ok(()) => GuestExit::Success,
+                Err(_) => {
+                    if let Some(pid) = Pid::from_raw(pid) {
+                        let _ = rproc::kill_process(pid, Signal::KILL);
+                    }
+                    GuestExit::Failed
+                }
+            }
+        }
+    }
+}
