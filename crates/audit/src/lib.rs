@@ -278,19 +278,16 @@ fn open_log_file(path: &Path, sandbox_writable: &[PathBuf]) -> Result<File, Audi
         _ => Path::new("."),
     };
     let dir = std::fs::canonicalize(parent).map_err(io)?;
-    let real = dir.join(name);
-    for writable in sandbox_writable {
-        // A directory that cannot be resolved is compared as given.
-        let writable = std::fs::canonicalize(writable).unwrap_or_else(|_| writable.clone());
-        if real.starts_with(&writable) {
-            return Err(refused(
-                path,
-                format!(
-                    "it lies beneath {}, which the sandbox can write: a command inside could replace the log with a link and make hako write where it points; keep the log outside the workspace and every writable bind",
-                    writable.display()
-                ),
-            ));
-        }
+    if let Some(writable) =
+        hako_fence::placement::writable_dir_holding(path, sandbox_writable).map_err(io)?
+    {
+        return Err(refused(
+            path,
+            format!(
+                "it lies beneath {}, which the sandbox can write: a command inside could replace the log with a link and make hako write where it points; keep the log outside the workspace and every writable bind",
+                writable.display()
+            ),
+        ));
     }
     let dirfd = rustix::fs::open(
         &dir,

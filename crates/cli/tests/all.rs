@@ -1231,3 +1231,39 @@ fn an_audit_log_replaced_by_a_symlink_is_not_written_through() {
         text(&out.stdout)
     );
 }
+
+#[test]
+fn an_audit_log_beneath_a_bind_mount_of_the_workspace_is_refused() {
+    // The workspace reached under another path: a bind mount of it, made
+    // in a mount namespace of this test's own.
+    let d = dirs();
+    let alias = d.outside.join("alias");
+    std::fs::create_dir(&alias).unwrap();
+    let script = "mount --bind \"$1\" \"$2\" || exit 99; exec \"$3\" run --workspace \"$1\" --audit \"$2/audit.log\" -- touch ran";
+    let out = Command::new("unshare")
+        .args(["--mount", "--map-root-user", "--propagation", "private"])
+        .args(["sh", "-c", script, "sh"])
+        .arg(&d.ws)
+        .arg(&alias)
+        .arg(env!("CARGO_BIN_EXE_hako"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    if out.status.code() == Some(99) {
+        assert!(
+            std::env::var_os("HAKO_MUST_WORK").is_none(),
+            "cannot make a bind mount here: {}",
+            text(&out.stderr)
+        );
+        eprintln!("SKIPPED: cannot make a bind mount here");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("can write"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!d.ws.join("ran").exists(), "the command ran");
+    assert!(!d.ws.join("audit.log").exists());
+}

@@ -13,6 +13,8 @@
 //!   no permission bit for group or others (as logind makes
 //!   `/run/user/UID`; under `sudo` it names the invoking user's directory,
 //!   which root does not own, and is passed over);
+//! - else, for root, `/run/hako-0` (`/run` is root's alone, so no other
+//!   user can make the directory first);
 //! - else `hako-EUID` in the temporary directory (`$TMPDIR`, else `/tmp`),
 //!   which must be sticky if others may write to it (else they could
 //!   rename hako's directory away and put theirs in its place).
@@ -160,7 +162,20 @@ pub fn check_dir(path: &Path) -> std::io::Result<Option<Unfit>> {
 /// missing; an error if what is there is not fit.
 pub fn private_dir() -> Result<PathBuf, PrivateDirError> {
     let runtime = std::env::var_os(RUNTIME_DIR_VAR).map(PathBuf::from);
-    private_dir_at(runtime.as_deref(), &std::env::temp_dir())
+    let temp = root_run_dir().unwrap_or_else(std::env::temp_dir);
+    private_dir_at(runtime.as_deref(), &temp)
+}
+
+/// For root: `/run`, when it is a directory only root may write. There no
+/// other user can make `hako-0` first (in `/tmp` anyone could, and root's
+/// container backends would then refuse to start: safe, but a denial of
+/// service any local user could cause).
+fn root_run_dir() -> Option<PathBuf> {
+    if euid() != 0 {
+        return None;
+    }
+    let meta = std::fs::symlink_metadata("/run").ok()?;
+    (meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o022 == 0).then(|| PathBuf::from("/run"))
 }
 
 /// [`private_dir`] given the runtime directory (`$XDG_RUNTIME_DIR`) and

@@ -20,6 +20,7 @@
 //!   opens a device for reading.
 //! - Creating never follows a dangling symlink.
 
+pub mod placement;
 mod resolve;
 
 use std::ffi::{OsStr, OsString};

@@ -330,6 +330,14 @@ pub fn checks(arch: Arch) -> Vec<Check> {
             "EINVAL",
             Never,
         ),
+        // Unknown flags are refused before the pidfd is looked at.
+        check(
+            "pidfd_getfd",
+            "pidfd_getfd",
+            [MINUS_1, 0, BAD_FLAG, 0, 0, 0],
+            "EINVAL",
+            Never,
+        ),
         // UFFD_USER_MODE_ONLY passes the privilege test (Linux 5.11 and
         // later), then the unknown flag is EINVAL.
         check(

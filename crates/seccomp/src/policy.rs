@@ -374,6 +374,10 @@ pub fn default_policy() -> Policy {
     rules.push(eperm("process_vm_readv", TRACE));
     rules.push(eperm("process_vm_writev", TRACE));
     rules.push(eperm(
+        "pidfd_getfd",
+        "copies a descriptor out of another process (the guest's link to hako, where the kernel's access check is weaker than Linux's, as gVisor's)",
+    ));
+    rules.push(eperm(
         "userfaultfd",
         "pausing page faults at will is a standard aid to exploiting kernel races",
     ));
@@ -472,6 +476,7 @@ mod tests {
         "ptrace",
         "process_vm_readv",
         "process_vm_writev",
+        "pidfd_getfd",
         "userfaultfd",
         "io_uring_setup",
         "io_uring_enter",

@@ -87,7 +87,8 @@ enum Arg {
     /// A pointer: must be 0 or [`BAD_ADDRESS`].
     Ptr,
     /// A descriptor that must be invalid (negative), because a real one
-    /// (an io_uring ring) could make the kernel act on this process's memory.
+    /// (an io_uring ring) could make the kernel act on this process's
+    /// memory, or (a pidfd) put another process's descriptor in it.
     BadFd,
 }
 
@@ -123,6 +124,7 @@ const ACCEPTED: &[(libc::c_long, [Arg; 6])] = &[
     (libc::SYS_ptrace, [Int, Int, Ptr, Ptr, Int, Int]),
     (libc::SYS_process_vm_readv, [Int, Ptr, Int, Ptr, Int, Int]),
     (libc::SYS_process_vm_writev, [Int, Ptr, Int, Ptr, Int, Int]),
+    (libc::SYS_pidfd_getfd, [BadFd, Int, Int, Int, Int, Int]),
     (libc::SYS_userfaultfd, [Int; 6]),
     (libc::SYS_io_uring_setup, [Int, Ptr, Int, Int, Int, Int]),
     (libc::SYS_io_uring_enter, [BadFd, Int, Int, Int, Ptr, Int]),
@@ -191,7 +193,8 @@ fn check_args(kinds: &[Arg; 6], args: &[u64; 6]) -> Result<(), SyscallError> {
 /// memory; otherwise returns [`SyscallError::NotSound`] without calling.
 ///
 /// Only the calls a seccomp policy of hako refuses (mount and its new API,
-/// namespaces, keys, bpf, perf, ptrace, process_vm_*, userfaultfd, io_uring,
+/// namespaces, keys, bpf, perf, ptrace, process_vm_*, pidfd_getfd (on an
+/// invalid pidfd only), userfaultfd, io_uring,
 /// kexec, modules, reboot, swap, acct, clocks, personality, ioctl) and
 /// `getpid` are accepted. It is sound because:
 /// - every argument the kernel may dereference must be null or
