@@ -113,3 +113,70 @@ pub fn stealing_the_guests_link_from_a_fresh_supervisor(
     }
     Ok(())
 }
+
+/// Runs `hako-probe --catch-forks` (at `probe`, inside) while a line is
+/// typed at a terminal process of the same sandbox: the first input to a
+/// terminal makes the guest find out whether the kernel signals Ctrl-C
+/// itself, which forks. The fork must hold nothing of hako's channel. `Err`
+/// names each descriptor that opened, or what failed.
+pub fn stealing_the_guests_link_while_a_terminal_is_typed_at(
+    sb: &dyn Sandbox,
+    probe: &str,
+) -> Result<(), String> {
+    use hako_core::{SpawnOptions, TermSize};
+    let p = sb
+        .processes()
+        .ok_or("this sandbox has no long-lived processes")?;
+    let tty = p
+        .spawn(
+            &Command::shell("read -r x; echo got").timeout(Duration::from_secs(60)),
+            &SpawnOptions {
+                pty: Some(TermSize { rows: 24, cols: 80 }),
+                ..SpawnOptions::default()
+            },
+        )
+        .map_err(|e| format!("spawn on a terminal: {e}"))?;
+    let catcher = p
+        .spawn(
+            &Command::new([probe, "--catch-forks", "3000"]).timeout(Duration::from_secs(60)),
+            &SpawnOptions::default(),
+        )
+        .map_err(|e| format!("spawn the probe: {e}"))?;
+    // Once the probe watches, the first line typed at the terminal.
+    std::thread::sleep(Duration::from_millis(500));
+    p.write_stdin(tty, b"\n")
+        .map_err(|e| format!("type at the terminal: {e}"))?;
+    let end = p
+        .wait(catcher, Some(Duration::from_secs(60)))
+        .map_err(|e| format!("wait for the probe: {e}"))?;
+    let _ = p.wait(tty, Some(Duration::from_secs(10)));
+    let out = p
+        .read_output(catcher, hako_core::Stream::Stdout, 0, 1 << 20, None)
+        .map_err(|e| format!("read the probe's report: {e}"))?;
+    let report: serde_json::Value = serde_json::from_slice(&out.data).map_err(|e| {
+        format!(
+            "the probe's report is not JSON ({e}, {end:?}): {}",
+            String::from_utf8_lossy(&out.data)
+        )
+    })?;
+    if report["caught"].as_u64().unwrap_or(0) == 0 {
+        return Err(format!(
+            "the guest forked nothing while the probe watched, so it tried nothing: {report}"
+        ));
+    }
+    let reached = report["reached"].as_array().cloned().unwrap_or_default();
+    if !reached.is_empty() {
+        return Err(format!(
+            "a command opened descriptors of a fork of the guest: {report}"
+        ));
+    }
+    let again = sb
+        .exec(&Command::shell("echo still here").timeout(Duration::from_secs(60)))
+        .map_err(|e| format!("the sandbox is not usable after the attack: {e}"))?;
+    if again.stdout != b"still here\n" {
+        return Err(format!(
+            "the sandbox answers wrongly after the attack: {again:?}"
+        ));
+    }
+    Ok(())
+}

@@ -247,6 +247,30 @@ fn stealing_the_guests_link_from_a_fresh_supervisor_is_refused(kind: Kind) {
     sb.close().unwrap();
 }
 
+/// The first line typed at a terminal makes the guest find out, by a
+/// fork, whether the kernel signals Ctrl-C itself: that fork must carry
+/// nothing of hako's channel while a command watches for it.
+fn stealing_the_guests_link_while_a_terminal_is_typed_at_is_refused(kind: Kind) {
+    let (_d, ws) = workspace();
+    let Some(probe) = static_probe() else {
+        skip("no static hako-probe (scripts/build-static-guest)");
+        return;
+    };
+    std::fs::copy(probe, ws.join("hako-probe")).unwrap();
+    let Some(sb) = open(kind, &ws, Limits::default()) else {
+        return;
+    };
+    if let Err(message) =
+        hako_conformance::attacks::stealing_the_guests_link_while_a_terminal_is_typed_at(
+            sb.as_ref(),
+            "./hako-probe",
+        )
+    {
+        panic!("{message}");
+    }
+    sb.close().unwrap();
+}
+
 fn proc_self_status_shows_no_capability_and_no_new_privs_and_seccomp(kind: Kind) {
     let (_d, ws) = workspace();
     let Some(sb) = open(kind, &ws, Limits::default()) else {
@@ -513,6 +537,10 @@ macro_rules! escapes_on {
             #[test]
             fn stealing_the_guests_link_from_a_fresh_supervisor_is_refused() {
                 super::stealing_the_guests_link_from_a_fresh_supervisor_is_refused($kind)
+            }
+            #[test]
+            fn stealing_the_guests_link_while_a_terminal_is_typed_at_is_refused() {
+                super::stealing_the_guests_link_while_a_terminal_is_typed_at_is_refused($kind)
             }
             #[test]
             fn proc_self_status_shows_no_capability_and_no_new_privs_and_seccomp() {

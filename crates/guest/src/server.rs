@@ -66,6 +66,9 @@ const EAGER_SPARE_AFTER_HANDOFFS: u64 = 2;
 /// How often, while commands run, every supervisor is continued in case a
 /// command stopped it and the notice was missed.
 const SWEEP_EVERY: Duration = Duration::from_millis(500);
+/// How long the guest waits after a spare supervisor could not be had
+/// before it tries again.
+const SPARE_RETRY: Duration = Duration::from_millis(100);
 /// The most supervisors kept idle, for the commands to come, once their
 /// command has ended (more run at once when as many commands do).
 const MAX_IDLE_SUPERVISORS: usize = 4;
@@ -224,6 +227,8 @@ struct Server<'a> {
     /// Where supervisors are forked from (see [`zygote`](crate::zygote));
     /// `None` once it is gone, until it is replaced.
     zygote: Option<Zygote>,
+    /// When a spare last could not be had (see `spare_due`).
+    spare_failed_at: Option<Instant>,
     /// When the last event was handled.
     last_event: Instant,
     /// Commands handed to supervisors so far.
@@ -285,6 +290,7 @@ pub(crate) fn serve(ctl: Link, proof: &SingleThreaded, mode: Mode) -> GuestExit 
         buf: vec![0u8; MAX_CHUNK],
         idle: Vec::new(),
         zygote: Some(zygote),
+        spare_failed_at: None,
         last_event: Instant::now(),
         handoffs: 0,
         last_sweep: Instant::now(),
@@ -423,8 +429,16 @@ impl Server<'_> {
         }
         let tick = Duration::from_millis(20);
         // Wake up to fork a spare supervisor once things are quiet.
-        let spare_in = (self.idle.is_empty() && self.ctl_open)
-            .then(|| self.spare_quiet().saturating_sub(self.last_event.elapsed()));
+        // (None while the zygote is gone and commands run: no spare can be
+        // had until they end; and not before a failed spare's retry.)
+        let can_fork = self.zygote.is_some() || (self.execs.is_empty() && self.sessions.is_empty());
+        let spare_in = (self.idle.is_empty() && self.ctl_open && can_fork).then(|| {
+            let quiet = self.spare_quiet().saturating_sub(self.last_event.elapsed());
+            let retry = self.spare_failed_at.map_or(Duration::ZERO, |at| {
+                SPARE_RETRY.saturating_sub(at.elapsed())
+            });
+            quiet.max(retry)
+        });
         // While commands run, wake up now and then to continue any of
         // their supervisors a command stopped (see `reap`), should the
         // notice of the stop have been missed.
@@ -815,9 +829,18 @@ impl Server<'_> {
         }
     }
 
-    /// Whether to fork a spare supervisor now.
+    /// Whether to fork a spare supervisor now. Not while the zygote is gone
+    /// and commands run (it cannot be replaced until they end), nor within
+    /// `SPARE_RETRY` of a spare that could not be had: the guest would
+    /// otherwise spin.
     fn spare_due(&self) -> bool {
-        self.idle.is_empty()
+        let can = self.zygote.is_some() || (self.execs.is_empty() && self.sessions.is_empty());
+        // (Kept in step with the wake-up in `wait`.)
+        let waited = self
+            .spare_failed_at
+            .is_none_or(|at| at.elapsed() >= SPARE_RETRY);
+        can && waited
+            && self.idle.is_empty()
             && self.ctl_open
             && (self.handoffs >= EAGER_SPARE_AFTER_HANDOFFS
                 || self.last_event.elapsed() >= self.spare_quiet())
@@ -903,6 +926,7 @@ impl Server<'_> {
             // a process of a command.
             self.reap();
             if !self.no_command_alive() {
+                self.spare_failed_at = Some(Instant::now());
                 return Err(GuestError::ZygoteGone);
             }
             self.zygote = Some(Zygote::start(self.proof, &self.mode)?);
@@ -914,6 +938,7 @@ impl Server<'_> {
         if got.is_err() {
             // Killed by `fork_supervisor`, or dead already: reaped later.
             self.zygote = None;
+            self.spare_failed_at = Some(Instant::now());
         }
         got
     }
@@ -961,10 +986,15 @@ impl Server<'_> {
         if self.execs[i].pty.is_none() || !typed.iter().any(|&b| b < 0x20) {
             return;
         }
-        let proof = self.proof;
-        let by_kernel = *self
-            .kernel_tty_signals
-            .get_or_insert_with(|| hako_sys::tty::kernel_sends_tty_signals(proof).unwrap_or(true));
+        // Found out by the zygote: finding out forks, and no fork of this
+        // process may be alive while a command runs (see `zygote`).
+        if self.kernel_tty_signals.is_none() {
+            self.kernel_tty_signals = self
+                .zygote
+                .as_ref()
+                .and_then(|z| z.kernel_sends_tty_signals().ok());
+        }
+        let by_kernel = self.kernel_tty_signals.unwrap_or(true);
         if let (false, Some(master)) = (by_kernel, self.execs[i].pty.as_ref()) {
             // The command is the supervisor's child and leads its session.
             let leader = hako_sys::proc::children_of(self.execs[i].supervisor)

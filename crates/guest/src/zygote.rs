@@ -33,9 +33,16 @@ use crate::proto;
 use crate::server::{dev_null, spare, Mode};
 use crate::{GuestError, GuestExit};
 
-/// How long the guest waits for the zygote to fork a supervisor before it
-/// counts it as gone (a zygote a command stopped is continued first).
-const REPLY_WITHIN: Duration = Duration::from_secs(10);
+/// How long the guest waits for the zygote to answer before it counts it
+/// as gone (a zygote a command stopped is continued first).
+const REPLY_WITHIN: Duration = Duration::from_secs(5);
+
+/// A request: fork a supervisor (answered with its pid and a socket).
+const FORK_SUPERVISOR: u8 = 1;
+/// A request: does the kernel signal a terminal's foreground group for
+/// Ctrl-C? (Answered with one byte, 1 or 0.) Finding out forks a process
+/// that holds a terminal; forked from the zygote, it holds nothing else.
+const ASK_TTY_SIGNALS: u8 = 2;
 
 /// The guest's handle on its zygote.
 pub(crate) struct Zygote {
@@ -78,21 +85,7 @@ impl Zygote {
     /// its socket. An error means the zygote is gone (or stuck, and now
     /// killed).
     pub(crate) fn fork_supervisor(&self) -> Result<(Pid, UnixStream), GuestError> {
-        // Stopped by a command, it would never answer.
-        let _ = rproc::kill_process(self.pid, Signal::CONT);
-        let asked = (&self.sock)
-            .write_all(&[1])
-            .map_err(failed("ask the zygote for a supervisor"));
-        let answer = asked.and_then(|()| {
-            proto::recv_with_fds(&self.sock).map_err(failed("take a supervisor from the zygote"))
-        });
-        let (payload, mut fds) = match answer {
-            Ok(got) => got,
-            Err(err) => {
-                let _ = rproc::kill_process(self.pid, Signal::KILL);
-                return Err(err);
-            }
-        };
+        let (payload, mut fds) = self.ask(FORK_SUPERVISOR, "take a supervisor from the zygote")?;
         let pid = <[u8; 4]>::try_from(payload.as_slice())
             .ok()
             .and_then(|b| Pid::from_raw(i32::from_be_bytes(b)));
@@ -109,7 +102,32 @@ impl Zygote {
     }
 }
 
-/// The zygote's loop: one supervisor forked per byte read from the guest,
+impl Zygote {
+    /// Whether the kernel signals a terminal's foreground group for the
+    /// Ctrl-C typed at it (gVisor before 2023 does not), found out by the
+    /// zygote.
+    pub(crate) fn kernel_sends_tty_signals(&self) -> Result<bool, GuestError> {
+        let (payload, _) = self.ask(ASK_TTY_SIGNALS, "ask the zygote about terminals")?;
+        Ok(payload.first() == Some(&1))
+    }
+
+    /// Sends `request` and reads the one frame that answers it; a zygote
+    /// that does not answer in time is killed.
+    fn ask(&self, request: u8, op: &'static str) -> Result<(Vec<u8>, Vec<OwnedFd>), GuestError> {
+        // Stopped by a command, it would never answer.
+        let _ = rproc::kill_process(self.pid, Signal::CONT);
+        let answer = (&self.sock)
+            .write_all(&[request])
+            .map_err(failed(op))
+            .and_then(|()| proto::recv_with_fds(&self.sock).map_err(failed(op)));
+        if answer.is_err() {
+            let _ = rproc::kill_process(self.pid, Signal::KILL);
+        }
+        answer
+    }
+}
+
+/// The zygote's loop: one answer per request byte read from the guest,
 /// until the guest closes its end.
 fn serve(proof: &SingleThreaded, mode: &Mode) -> GuestExit {
     let Ok(sock) = hako_sys::take_inherited_fd(3) else {
@@ -131,6 +149,15 @@ fn serve(proof: &SingleThreaded, mode: &Mode) -> GuestExit {
             Ok(_) => return GuestExit::Success,
             Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(_) => return GuestExit::Success,
+        }
+        if byte[0] == ASK_TTY_SIGNALS {
+            let yes = hako_sys::tty::kernel_sends_tty_signals(proof).unwrap_or(true);
+            let mut frame = 1u32.to_be_bytes().to_vec();
+            frame.push(u8::from(yes));
+            if (&sock).write_all(&frame).is_err() {
+                return GuestExit::Success;
+            }
+            continue;
         }
         let (Ok((guests, theirs)), Ok(null)) = (UnixStream::pair(), dev_null()) else {
             // Nothing sent: the guest counts the zygote as gone.
@@ -160,10 +187,17 @@ fn serve(proof: &SingleThreaded, mode: &Mode) -> GuestExit {
                 let Some(pid) = Pid::from_raw(pid) else {
                     return GuestExit::Failed;
                 };
-                // It exits once it has answered the guest.
-                while let Err(hako_sys::rustix::io::Errno::INTR) =
-                    rproc::waitpid(Some(pid), rproc::WaitOptions::empty())
-                {}
+                // It exits once it has answered the guest; stopped by a
+                // command, it is continued.
+                loop {
+                    match rproc::waitpid(Some(pid), rproc::WaitOptions::UNTRACED) {
+                        Err(hako_sys::rustix::io::Errno::INTR) => {}
+                        Ok(Some((_, status))) if status.stopped() => {
+                            let _ = rproc::kill_process(pid, Signal::CONT);
+                        }
+                        _ => break,
+                    }
+                }
             }
         }
     }

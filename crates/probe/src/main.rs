@@ -16,7 +16,9 @@ const USAGE: &str = "usage: hako-probe [--apply-default-seccomp | --skip-x32 | -
   --single x32-mount       make only the x32 call and print its outcome
   --steal-guest-fds N      N rounds of killing the guest's idle supervisors
                            and trying the descriptors of their replacements
-                           (see hako_probe::steal)";
+                           (see hako_probe::steal)
+  --catch-forks MS         for MS ms, try the descriptors of every process
+                           that appears, killing nothing";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -41,6 +43,13 @@ fn main() -> ExitCode {
         ["--single", "x32-mount"] => hako_probe::single_x32_mount(arch),
         ["--single", "unshare-newuser"] => hako_probe::unshare_newuser_here(arch),
         ["--single", "noop"] => return ExitCode::SUCCESS,
+        ["--catch-forks", ms] => match ms.parse() {
+            Ok(ms) => hako_probe::steal::catch_forks(ms),
+            Err(_) => {
+                eprintln!("{USAGE}");
+                return ExitCode::from(2);
+            }
+        },
         ["--steal-guest-fds", rounds] => match rounds.parse() {
             Ok(rounds) => hako_probe::steal::steal_guest_fds(rounds),
             Err(_) => {

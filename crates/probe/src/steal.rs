@@ -108,3 +108,26 @@ pub fn steal_guest_fds(rounds: u32) -> Value {
     }
     json!({"rounds": rounds, "killed": killed, "caught": caught, "reached": reached})
 }
+
+/// `--catch-forks MS`: for `ms` milliseconds, stops every process that
+/// appears the moment it is seen, tries its descriptors as
+/// [`steal_guest_fds`] does, and lets it go on; kills nothing. For forks
+/// the guest makes on its own (such as the one that asks the kernel how it
+/// treats a terminal's Ctrl-C), which a command can provoke but not time.
+pub fn catch_forks(ms: u64) -> Value {
+    let mut seen: HashSet<i32> = pids().into_iter().collect();
+    let mut reached = Vec::new();
+    let mut caught = 0u32;
+    let until = Instant::now() + Duration::from_millis(ms);
+    while Instant::now() < until {
+        for pid in pids() {
+            if seen.insert(pid) {
+                signal(pid, Signal::STOP);
+                caught += 1;
+                open_descriptors(pid, &mut reached);
+                signal(pid, Signal::CONT);
+            }
+        }
+    }
+    json!({"ms": ms, "caught": caught, "reached": reached})
+}

@@ -413,3 +413,18 @@ fn stealing_the_guests_link_from_a_fresh_supervisor_is_refused() {
         panic!("{message}");
     }
 }
+
+#[test]
+fn stealing_the_guests_link_while_a_terminal_is_typed_at_is_refused() {
+    let (_d, ws) = workspace();
+    std::fs::copy(probe_binary(), ws.join("hako-probe")).unwrap();
+    let sb = sandbox(&ws);
+    if let Err(message) =
+        hako_conformance::attacks::stealing_the_guests_link_while_a_terminal_is_typed_at(
+            &sb,
+            "./hako-probe",
+        )
+    {
+        panic!("{message}");
+    }
+}
