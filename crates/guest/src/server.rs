@@ -302,7 +302,9 @@ pub(crate) fn serve(ctl: Link, proof: &SingleThreaded, mode: Mode) -> GuestExit 
     });
     // The first command comes right after Ready: have its supervisor
     // forked while hako reads Ready and sends it.
-    let spare = server.fork_spare().ok();
+    // Forked here (no command exists before the first request is read),
+    // which spares the zygote's forks on the way to the first command.
+    let spare = crate::zygote::fork_first_supervisor(server.proof, &server.mode).ok();
     server.idle.extend(spare);
     server.run(&signals)
 }

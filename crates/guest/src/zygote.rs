@@ -6,14 +6,17 @@
 //! honours neither "not dumpable" nor capabilities there, a command that
 //! kills the idle supervisors and catches their replacements as they are
 //! forked from the guest would hold the guest's link to hako (and other
-//! commands' pipes). So the guest forks only one process while it serves,
-//! and only when no command's process is alive: the zygote, which keeps
-//! nothing but its socket to the guest (and the Landlock ruleset a `linux`
-//! supervisor enforces). Each supervisor is forked from the zygote on
-//! request, through an intermediate that exits at once, so that it becomes
-//! the guest's child (the guest reaps it, and is the parent a supervisor
-//! that cannot be a subreaper relies on); its end of a new socket pair is
-//! sent to the guest with its pid.
+//! commands' pipes). So the guest forks only when no command's process can
+//! be alive: the zygote, before the first command, which keeps nothing but
+//! its socket to the guest (and the Landlock ruleset a `linux` supervisor
+//! enforces); the first supervisor, before the first request is read; and
+//! a new zygote once every command has ended. Everything else the guest
+//! needs forked, the zygote forks: each supervisor, on request, through
+//! an intermediate that exits at once, so that it becomes the guest's
+//! child (the guest reaps it, and is the parent a supervisor that cannot
+//! be a subreaper relies on), its end of a new socket pair sent to the
+//! guest with its pid; and the process that finds out how the kernel
+//! treats a terminal's Ctrl-C.
 //!
 //! A zygote killed from inside is replaced only once no command runs;
 //! until then a command that needs a new supervisor is refused, saying
@@ -127,6 +130,46 @@ impl Zygote {
     }
 }
 
+/// The first supervisor, forked by the guest itself, which saves the
+/// zygote's two forks on the way to the first command. Call only before
+/// the guest has read its first request: no command can exist yet, and the
+/// supervisor closes what it inherited before it takes a job.
+pub(crate) fn fork_first_supervisor(
+    proof: &SingleThreaded,
+    mode: &Mode,
+) -> Result<(Pid, UnixStream), GuestError> {
+    let (mine, theirs) = UnixStream::pair().map_err(failed("create a socket pair"))?;
+    let null = dev_null()?;
+    match ns::fork_single_threaded(proof) {
+        Err(err) => Err(failed("fork a supervisor")(err)),
+        Ok(Forked::Child) => {
+            let landlock = mode.confinement.as_ref().and_then(Confinement::landlock_fd);
+            std::process::exit(become_supervisor(&null, &theirs, landlock, mode).into())
+        }
+        Ok(Forked::Parent(pid)) => {
+            let pid = Pid::from_raw(pid).ok_or(GuestError::ZeroPid)?;
+            Ok((pid, mine))
+        }
+    }
+}
+
+/// In a fresh fork: keeps only `/dev/null` as stdio, the socket at 3 and
+/// the Landlock ruleset at 4 (a `linux` supervisor enforces it on itself),
+/// and serves as a supervisor.
+fn become_supervisor(
+    null: &OwnedFd,
+    socket: &UnixStream,
+    landlock: Option<std::os::fd::BorrowedFd<'_>>,
+    mode: &Mode,
+) -> GuestExit {
+    let mut fds = vec![null.as_fd(), null.as_fd(), null.as_fd(), socket.as_fd()];
+    fds.extend(landlock);
+    match hako_sys::spawn::install_fds_close_rest(&fds) {
+        Ok(()) => spare(mode),
+        Err(_) => GuestExit::SupervisorDescriptors,
+    }
+}
+
 /// The zygote's loop: one answer per request byte read from the guest,
 /// until the guest closes its end.
 fn serve(proof: &SingleThreaded, mode: &Mode) -> GuestExit {
@@ -218,11 +261,6 @@ fn intermediate(
     match ns::fork_single_threaded(proof) {
         Err(_) => GuestExit::Failed,
         Ok(Forked::Child) => {
-            let mut fds = vec![null.as_fd(), null.as_fd(), null.as_fd(), theirs.as_fd()];
-            fds.extend(landlock.map(AsFd::as_fd));
-            if hako_sys::spawn::install_fds_close_rest(&fds).is_err() {
-                return GuestExit::SupervisorDescriptors;
-            }
             // The guest's child once the intermediate is gone.
             let until = std::time::Instant::now() + REPLY_WITHIN;
             while rproc::getppid() == Some(me) {
@@ -231,7 +269,7 @@ fn intermediate(
                 }
                 std::thread::sleep(Duration::from_micros(50));
             }
-            spare(mode)
+            become_supervisor(null, theirs, landlock.map(AsFd::as_fd), mode)
         }
         Ok(Forked::Parent(pid)) => {
             // One frame: the pid (4 bytes, big-endian), with the guest's

@@ -65,6 +65,25 @@ fn open_descriptors(pid: i32, reached: &mut Vec<String>) {
     }
 }
 
+/// For `watch`, stops every process not in `seen` the moment it is seen,
+/// tries its descriptors ([`open_descriptors`]) and lets it go on; returns
+/// how many it caught.
+fn catch_new(seen: &mut HashSet<i32>, watch: Duration, reached: &mut Vec<String>) -> u32 {
+    let mut caught = 0;
+    let until = Instant::now() + watch;
+    while Instant::now() < until {
+        for pid in pids() {
+            if seen.insert(pid) {
+                signal(pid, Signal::STOP);
+                caught += 1;
+                open_descriptors(pid, reached);
+                signal(pid, Signal::CONT);
+            }
+        }
+    }
+    caught
+}
+
 /// Runs the attack for `rounds` rounds; the report's `reached` lists every
 /// descriptor of a guest process that opened.
 pub fn steal_guest_fds(rounds: u32) -> Value {
@@ -94,17 +113,7 @@ pub fn steal_guest_fds(rounds: u32) -> Value {
             signal(pid, Signal::KILL);
             killed += 1;
         }
-        let until = Instant::now() + Duration::from_millis(300);
-        while Instant::now() < until {
-            for pid in pids() {
-                if seen.insert(pid) {
-                    signal(pid, Signal::STOP);
-                    caught += 1;
-                    open_descriptors(pid, &mut reached);
-                    signal(pid, Signal::CONT);
-                }
-            }
-        }
+        caught += catch_new(&mut seen, Duration::from_millis(300), &mut reached);
     }
     json!({"rounds": rounds, "killed": killed, "caught": caught, "reached": reached})
 }
@@ -117,17 +126,6 @@ pub fn steal_guest_fds(rounds: u32) -> Value {
 pub fn catch_forks(ms: u64) -> Value {
     let mut seen: HashSet<i32> = pids().into_iter().collect();
     let mut reached = Vec::new();
-    let mut caught = 0u32;
-    let until = Instant::now() + Duration::from_millis(ms);
-    while Instant::now() < until {
-        for pid in pids() {
-            if seen.insert(pid) {
-                signal(pid, Signal::STOP);
-                caught += 1;
-                open_descriptors(pid, &mut reached);
-                signal(pid, Signal::CONT);
-            }
-        }
-    }
+    let caught = catch_new(&mut seen, Duration::from_millis(ms), &mut reached);
     json!({"ms": ms, "caught": caught, "reached": reached})
 }
