@@ -105,7 +105,8 @@ pub struct Verified {
 
 /// A record's line and hash: the record with its `hash` added.
 fn finish(mut obj: Record) -> (String, String) {
-    let hash = record_hash(&obj);
+    // `obj` has no `hash` yet: its JSON is what `record_hash` hashes.
+    let hash = sha256_hex(serde_json::to_string(&obj).unwrap_or_default().as_bytes());
     obj.insert("hash".into(), Value::from(hash.clone()));
     (Value::Object(obj).to_string(), hash)
 }
@@ -188,10 +189,13 @@ impl AuditLog {
         if tail.ended {
             return Err(io(io::Error::other("the audit log is closed")));
         }
-        let mut obj = Map::new();
-        obj.insert("seq".into(), Value::from(tail.seq + 1));
-        obj.insert("at_ms".into(), Value::from(now_ms()));
-        obj.insert("kind".into(), Value::from(kind));
+        // What every record has; an oversized one keeps only this.
+        let mut head = Map::new();
+        head.insert("seq".into(), Value::from(tail.seq + 1));
+        head.insert("at_ms".into(), Value::from(now_ms()));
+        head.insert("kind".into(), Value::from(kind));
+        head.insert("prev".into(), Value::from(tail.prev.clone()));
+        let mut obj = head.clone();
         if let Value::Object(fields) = fields {
             for (k, v) in fields {
                 if !matches!(k.as_str(), "seq" | "at_ms" | "kind" | "prev" | "hash") {
@@ -199,15 +203,11 @@ impl AuditLog {
                 }
             }
         }
-        obj.insert("prev".into(), Value::from(tail.prev.clone()));
-        let (mut line, mut hash) = finish(obj.clone());
+        let (mut line, mut hash) = finish(obj);
         if line.len() > MAX_LINE {
             // Too long to be read back within the bound: the record keeps
             // its kind and a digest of what it would have said.
-            let mut short: Record = ["seq", "at_ms", "kind", "prev"]
-                .into_iter()
-                .filter_map(|key| Some((key.to_string(), obj.get(key)?.clone())))
-                .collect();
+            let mut short = head;
             short.insert("oversized_bytes".into(), Value::from(line.len()));
             short.insert(
                 "oversized_sha256".into(),

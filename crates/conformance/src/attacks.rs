@@ -50,16 +50,7 @@ echo "tried $targets"
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    let again = sb
-        .exec(&Command::shell("echo still here").timeout(Duration::from_secs(60)))
-        .map_err(|e| format!("the sandbox is not usable after the attack: {e}"))?;
-    if again.stdout != b"still here\n" {
-        return Err(format!(
-            "the sandbox answers wrongly after the attack: {:?}",
-            String::from_utf8_lossy(&again.stdout)
-        ));
-    }
-    Ok(())
+    still_usable(sb)
 }
 
 /// Runs `hako-probe --steal-guest-fds` (at `probe`, a path inside the
@@ -79,39 +70,16 @@ pub fn stealing_the_guests_link_from_a_fresh_supervisor(
                 .timeout(Duration::from_secs(120)),
         )
         .map_err(|e| format!("the sandbox failed during the attack: {e}"))?;
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
-        format!(
-            "the probe's report is not JSON ({e}): {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })?;
-    if report["caught"].as_u64().unwrap_or(0) == 0 {
-        return Err(format!(
-            "the attack caught no fresh supervisor, so it tried nothing: {report}"
-        ));
-    }
-    let reached = report["reached"].as_array().cloned().unwrap_or_default();
-    if !reached.is_empty() {
-        return Err(format!(
-            "a command opened descriptors of a fresh supervisor: {report}"
-        ));
-    }
+    check_catch_report(
+        &out.stdout,
+        &String::from_utf8_lossy(&out.stderr),
+        "the attack caught no fresh supervisor",
+        "a fresh supervisor",
+    )?;
     // Usable afterwards, twice over (the second needs supervisors the
     // attack did not see).
-    for _ in 0..2 {
-        let again = sb
-            .exec(&Command::shell("echo still here").timeout(Duration::from_secs(60)))
-            .map_err(|e| format!("the sandbox is not usable after the attack: {e}"))?;
-        if again.stdout != b"still here\n" {
-            return Err(format!(
-                "the sandbox answers wrongly after the attack ({report}): {:?} {:?}",
-                String::from_utf8_lossy(&again.stdout),
-                String::from_utf8_lossy(&again.stderr)
-            ));
-        }
-    }
-    Ok(())
+    still_usable(sb)?;
+    still_usable(sb)
 }
 
 /// Runs `hako-probe --catch-forks` (at `probe`, inside) while a line is
@@ -153,29 +121,52 @@ pub fn stealing_the_guests_link_while_a_terminal_is_typed_at(
     let out = p
         .read_output(catcher, hako_core::Stream::Stdout, 0, 1 << 20, None)
         .map_err(|e| format!("read the probe's report: {e}"))?;
-    let report: serde_json::Value = serde_json::from_slice(&out.data).map_err(|e| {
-        format!(
-            "the probe's report is not JSON ({e}, {end:?}): {}",
-            String::from_utf8_lossy(&out.data)
-        )
-    })?;
-    if report["caught"].as_u64().unwrap_or(0) == 0 {
-        return Err(format!(
-            "the guest forked nothing while the probe watched, so it tried nothing: {report}"
-        ));
-    }
-    let reached = report["reached"].as_array().cloned().unwrap_or_default();
-    if !reached.is_empty() {
-        return Err(format!(
-            "a command opened descriptors of a fork of the guest: {report}"
-        ));
-    }
+    check_catch_report(
+        &out.data,
+        &format!(" ({end:?})"),
+        "the guest forked nothing while the probe watched",
+        "a fork of the guest",
+    )?;
+    still_usable(sb)
+}
+
+/// Checks that the sandbox still answers a command after an attack.
+fn still_usable(sb: &dyn Sandbox) -> Result<(), String> {
     let again = sb
         .exec(&Command::shell("echo still here").timeout(Duration::from_secs(60)))
         .map_err(|e| format!("the sandbox is not usable after the attack: {e}"))?;
     if again.stdout != b"still here\n" {
         return Err(format!(
-            "the sandbox answers wrongly after the attack: {again:?}"
+            "the sandbox answers wrongly after the attack: {:?} {:?}",
+            String::from_utf8_lossy(&again.stdout),
+            String::from_utf8_lossy(&again.stderr)
+        ));
+    }
+    Ok(())
+}
+
+/// Reads a `hako-probe` fork-catching report (`stdout`, and what to show
+/// beside it when it is not JSON): `Err` when it caught no fresh process
+/// (`nothing` says why that means the attack tried nothing) or opened any
+/// of their descriptors (`reached` names whose).
+fn check_catch_report(
+    stdout: &[u8],
+    beside: &str,
+    nothing: &str,
+    reached: &str,
+) -> Result<(), String> {
+    let report: serde_json::Value = serde_json::from_slice(stdout).map_err(|e| {
+        format!(
+            "the probe's report is not JSON ({e}): {}{beside}",
+            String::from_utf8_lossy(stdout)
+        )
+    })?;
+    if report["caught"].as_u64().unwrap_or(0) == 0 {
+        return Err(format!("{nothing}, so it tried nothing: {report}"));
+    }
+    if report["reached"].as_array().is_some_and(|r| !r.is_empty()) {
+        return Err(format!(
+            "a command opened descriptors of {reached}: {report}"
         ));
     }
     Ok(())

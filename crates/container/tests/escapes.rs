@@ -226,13 +226,7 @@ fn writing_a_frame_on_the_guests_link_through_proc_is_refused(kind: Kind) {
 /// more while the attacker runs; each is stopped the moment it appears and
 /// its descriptors tried.
 fn stealing_the_guests_link_from_a_fresh_supervisor_is_refused(kind: Kind) {
-    let (_d, ws) = workspace();
-    let Some(probe) = static_probe() else {
-        skip("no static hako-probe (scripts/build-static-guest)");
-        return;
-    };
-    std::fs::copy(probe, ws.join("hako-probe")).unwrap();
-    let Some(sb) = open(kind, &ws, Limits::default()) else {
+    let Some((_d, sb)) = open_with_probe(kind) else {
         return;
     };
     if let Err(message) =
@@ -251,13 +245,7 @@ fn stealing_the_guests_link_from_a_fresh_supervisor_is_refused(kind: Kind) {
 /// fork, whether the kernel signals Ctrl-C itself: that fork must carry
 /// nothing of hako's channel while a command watches for it.
 fn stealing_the_guests_link_while_a_terminal_is_typed_at_is_refused(kind: Kind) {
-    let (_d, ws) = workspace();
-    let Some(probe) = static_probe() else {
-        skip("no static hako-probe (scripts/build-static-guest)");
-        return;
-    };
-    std::fs::copy(probe, ws.join("hako-probe")).unwrap();
-    let Some(sb) = open(kind, &ws, Limits::default()) else {
+    let Some((_d, sb)) = open_with_probe(kind) else {
         return;
     };
     if let Err(message) =
@@ -315,14 +303,20 @@ fn static_probe() -> Option<PathBuf> {
         .filter(|p| hako_container::is_static_elf(p) == Some(true))
 }
 
-fn every_system_call_the_policy_refuses_gets_eperm_inside(kind: Kind) {
-    let (_d, ws) = workspace();
+/// A sandbox of `kind` whose workspace holds the static `hako-probe` (run
+/// it as `./hako-probe`), and the workspace's directory; `None` (after
+/// saying why) where either cannot be had.
+fn open_with_probe(kind: Kind) -> Option<(tempfile::TempDir, Box<dyn Sandbox>)> {
+    let (dir, ws) = workspace();
     let Some(probe) = static_probe() else {
-        skip("no static hako-probe (scripts/build-static-guest)");
-        return;
+        return skip("no static hako-probe (scripts/build-static-guest)").map(|sb| (dir, sb));
     };
     std::fs::copy(probe, ws.join("hako-probe")).unwrap();
-    let Some(sb) = open(kind, &ws, Limits::default()) else {
+    open(kind, &ws, Limits::default()).map(|sb| (dir, sb))
+}
+
+fn every_system_call_the_policy_refuses_gets_eperm_inside(kind: Kind) {
+    let Some((_d, sb)) = open_with_probe(kind) else {
         return;
     };
     // The x32 call on its own: the runtime's filter (libseccomp) kills a

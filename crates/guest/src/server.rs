@@ -431,16 +431,7 @@ impl Server<'_> {
         }
         let tick = Duration::from_millis(20);
         // Wake up to fork a spare supervisor once things are quiet.
-        // (None while the zygote is gone and commands run: no spare can be
-        // had until they end; and not before a failed spare's retry.)
-        let can_fork = self.zygote.is_some() || (self.execs.is_empty() && self.sessions.is_empty());
-        let spare_in = (self.idle.is_empty() && self.ctl_open && can_fork).then(|| {
-            let quiet = self.spare_quiet().saturating_sub(self.last_event.elapsed());
-            let retry = self.spare_failed_at.map_or(Duration::ZERO, |at| {
-                SPARE_RETRY.saturating_sub(at.elapsed())
-            });
-            quiet.max(retry)
-        });
+        let spare_in = self.spare_in();
         // While commands run, wake up now and then to continue any of
         // their supervisors a command stopped (see `reap`), should the
         // notice of the stop have been missed.
@@ -831,21 +822,31 @@ impl Server<'_> {
         }
     }
 
-    /// Whether to fork a spare supervisor now. Not while the zygote is gone
-    /// and commands run (it cannot be replaced until they end), nor within
-    /// `SPARE_RETRY` of a spare that could not be had: the guest would
-    /// otherwise spin.
+    /// How long until a spare supervisor is due: once the guest has been
+    /// quiet for `spare_quiet` (at once after `EAGER_SPARE_AFTER_HANDOFFS`
+    /// handoffs), and not within `SPARE_RETRY` of a spare that could not
+    /// be had. `None` while one is not wanted (one is idle, hako has
+    /// closed) or cannot be had: the zygote is gone and commands run (it is
+    /// replaced once they end), and trying would only spin.
+    fn spare_in(&self) -> Option<Duration> {
+        let can_fork = self.zygote.is_some() || (self.execs.is_empty() && self.sessions.is_empty());
+        if !(self.idle.is_empty() && self.ctl_open && can_fork) {
+            return None;
+        }
+        let quiet = if self.handoffs >= EAGER_SPARE_AFTER_HANDOFFS {
+            Duration::ZERO
+        } else {
+            self.spare_quiet().saturating_sub(self.last_event.elapsed())
+        };
+        let retry = self.spare_failed_at.map_or(Duration::ZERO, |at| {
+            SPARE_RETRY.saturating_sub(at.elapsed())
+        });
+        Some(quiet.max(retry))
+    }
+
+    /// Whether to fork a spare supervisor now.
     fn spare_due(&self) -> bool {
-        let can = self.zygote.is_some() || (self.execs.is_empty() && self.sessions.is_empty());
-        // (Kept in step with the wake-up in `wait`.)
-        let waited = self
-            .spare_failed_at
-            .is_none_or(|at| at.elapsed() >= SPARE_RETRY);
-        can && waited
-            && self.idle.is_empty()
-            && self.ctl_open
-            && (self.handoffs >= EAGER_SPARE_AFTER_HANDOFFS
-                || self.last_event.elapsed() >= self.spare_quiet())
+        self.spare_in() == Some(Duration::ZERO)
     }
 
     /// Hands `job` to a supervisor (an idle one, or one forked now) with

@@ -62,9 +62,8 @@ impl Zygote {
         match ns::fork_single_threaded(proof) {
             Err(err) => Err(failed("fork the supervisors' zygote")(err)),
             Ok(Forked::Child) => {
-                let mut fds = vec![null.as_fd(), null.as_fd(), null.as_fd(), theirs.as_fd()];
-                fds.extend(mode.confinement.as_ref().and_then(Confinement::landlock_fd));
-                let code = match hako_sys::spawn::install_fds_close_rest(&fds) {
+                let landlock = mode.confinement.as_ref().and_then(Confinement::landlock_fd);
+                let code = match keep_only(&null, &theirs, landlock) {
                     Ok(()) => serve(proof, mode),
                     Err(_) => GuestExit::SupervisorDescriptors,
                 };
@@ -153,18 +152,27 @@ pub(crate) fn fork_first_supervisor(
     }
 }
 
-/// In a fresh fork: keeps only `/dev/null` as stdio, the socket at 3 and
-/// the Landlock ruleset at 4 (a `linux` supervisor enforces it on itself),
-/// and serves as a supervisor.
+/// In a fresh fork: keeps only `/dev/null` as stdio, `socket` at 3 and the
+/// Landlock ruleset at 4 (a `linux` supervisor enforces it on itself);
+/// every other descriptor it inherited is closed.
+fn keep_only(
+    null: &OwnedFd,
+    socket: &UnixStream,
+    landlock: Option<std::os::fd::BorrowedFd<'_>>,
+) -> std::io::Result<()> {
+    let mut fds = vec![null.as_fd(), null.as_fd(), null.as_fd(), socket.as_fd()];
+    fds.extend(landlock);
+    hako_sys::spawn::install_fds_close_rest(&fds)
+}
+
+/// In a fresh fork: [`keep_only`], then serves as a supervisor.
 fn become_supervisor(
     null: &OwnedFd,
     socket: &UnixStream,
     landlock: Option<std::os::fd::BorrowedFd<'_>>,
     mode: &Mode,
 ) -> GuestExit {
-    let mut fds = vec![null.as_fd(), null.as_fd(), null.as_fd(), socket.as_fd()];
-    fds.extend(landlock);
-    match hako_sys::spawn::install_fds_close_rest(&fds) {
+    match keep_only(null, socket, landlock) {
         Ok(()) => spare(mode),
         Err(_) => GuestExit::SupervisorDescriptors,
     }
