@@ -10,12 +10,17 @@ use hako_core::{Command, Sandbox};
 /// (pid 1), of the command's supervisor (its parent) and of every other
 /// process running the guest's program (a spare supervisor), for writing
 /// (writing a frame there would speak on hako's channel as the guest) and
-/// for reading, and the guest's memory (a character device, such as the
-/// `/dev/null` a supervisor holds as its stdio, is passed over); then
-/// checks that the sandbox still answers. `Err` says what was reached, or how the sandbox failed after.
+/// for reading, and the guest's memory; then checks that the sandbox still
+/// answers. Passed over: a character device (such as the `/dev/null` a
+/// supervisor holds as its stdio) and the command's own stdin, stdout and
+/// stderr, which its supervisor still holds for a moment after starting it
+/// (under load the scan can come first; reaching what the command holds
+/// already is no escape). `Err` says what was reached, or how the sandbox
+/// failed after.
 pub fn writing_on_the_guests_link_through_proc(sb: &dyn Sandbox) -> Result<(), String> {
     const SCRIPT: &str = r#"
 one=$(tr '\0' ' ' < /proc/1/cmdline 2>/dev/null)
+own=" $(readlink /proc/$$/fd/0) $(readlink /proc/$$/fd/1) $(readlink /proc/$$/fd/2) "
 targets="1 $PPID"
 for p in /proc/[0-9]*; do
   n=${p#/proc/}
@@ -26,6 +31,8 @@ for n in $targets; do
   for f in $(seq 0 31); do
     # A supervisor's stdio is /dev/null, harmless to reopen.
     [ -c "/proc/$n/fd/$f" ] && continue
+    t=$(readlink "/proc/$n/fd/$f" 2>/dev/null)
+    case "$own" in *" $t "*) [ -n "$t" ] && continue ;; esac
     if (printf 'hako-forged-frame' > "/proc/$n/fd/$f") 2>/dev/null; then echo "WROTE /proc/$n/fd/$f"; fi
     if (: < "/proc/$n/fd/$f") 2>/dev/null; then echo "OPENED /proc/$n/fd/$f"; fi
   done

@@ -204,10 +204,10 @@ fn signalling_the_guest_does_not_end_the_sandbox(kind: Kind) {
 }
 
 /// The guest's link to hako (a pipe to the runtime, at /proc/1/fd/N) is
-/// out of every command's reach: runc's kernel honours "not dumpable", and
-/// on both runtimes the guest keeps a capability no command holds (gVisor
-/// honours only that). A forged frame written there would end the sandbox
-/// or speak for another command.
+/// out of every command's reach: runc's kernel honours "not dumpable" and
+/// the capability the guest keeps and no command holds; under gVisor the
+/// guest hides its descriptor directories (`GUEST_FD_DIRS`). A forged
+/// frame written there would end the sandbox or speak for another command.
 fn writing_a_frame_on_the_guests_link_through_proc_is_refused(kind: Kind) {
     let (_d, ws) = workspace();
     let Some(sb) = open(kind, &ws, Limits::default()) else {

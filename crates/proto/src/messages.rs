@@ -55,10 +55,11 @@ pub struct Seal {
     /// and gone from the bounding set, so no command gets it): commands
     /// run as the guest's uid, and a process holding a permitted
     /// capability its caller lacks is out of the caller's reach through
-    /// `/proc/PID/fd`, `/proc/PID/mem` and `ptrace`. Under gVisor, which
-    /// does not honour "not dumpable", this is what keeps a command from
-    /// opening the guest's link to hako (`/proc/1/fd/N`) and writing
-    /// frames on it. A guest that cannot keep it refuses to serve.
+    /// `ptrace` and `/proc/PID/mem` (and, on Linux, `/proc/PID/fd`).
+    /// gVisor, which does not honour "not dumpable", checks it for
+    /// `ptrace` and memory, not for descriptors: there the guest's own
+    /// descriptors are hidden instead ([`GUEST_FD_DIRS`]). A guest that
+    /// cannot keep it refuses to serve.
     #[serde(default)]
     pub guard: bool,
 }
@@ -72,7 +73,8 @@ pub struct Seal {
 /// the guard ([`Seal::guard`]); under gVisor the mask is what refuses it.
 /// The guest is pid 1 and single-threaded, so these two paths are every
 /// way to its descriptors; its supervisors hold nothing that can be opened
-/// again through `/proc` (a unix socket, a signalfd).
+/// again through `/proc` (a unix socket, a signalfd) but, for a moment
+/// after starting a command, that command's own stdin, stdout and stderr.
 pub const GUEST_FD_DIRS: [&str; 2] = ["/proc/1/fd", "/proc/1/task/1/fd"];
 
 /// The sandbox's end of the egress proxy (network mode `allow`): listeners
