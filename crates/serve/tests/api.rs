@@ -140,13 +140,13 @@ fn requests_without_the_token_get_401_and_touch_nothing() {
         (200, Some(0))
     );
     assert!(!s.ws.join("planted").exists());
-    assert!(hako_serve::constant_time_eq(b"abc", b"abc"));
-    assert!(!hako_serve::constant_time_eq(b"abc", b"abd"));
-    assert!(!hako_serve::constant_time_eq(b"abc", b"abcd"));
-    assert!(hako_serve::token_matches(b"abc", b"abc"));
-    assert!(!hako_serve::token_matches(b"abc", b"abcd"));
-    assert!(!hako_serve::token_matches(b"", b"abc"));
-    assert_eq!(hako_serve::generate_token().unwrap().len(), 64);
+    assert!(hako_runtime::token::constant_time_eq(b"abc", b"abc"));
+    assert!(!hako_runtime::token::constant_time_eq(b"abc", b"abd"));
+    assert!(!hako_runtime::token::constant_time_eq(b"abc", b"abcd"));
+    assert!(hako_runtime::token::matches(b"abc", b"abc"));
+    assert!(!hako_runtime::token::matches(b"abc", b"abcd"));
+    assert!(!hako_runtime::token::matches(b"", b"abc"));
+    assert_eq!(hako_runtime::token::generate().unwrap().len(), 64);
 }
 
 /// The `required` fields of a 200/201 JSON response's schema.

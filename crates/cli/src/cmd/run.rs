@@ -99,7 +99,7 @@ pub fn run(args: RunArgs) -> u8 {
     // The log is kept out of every directory the sandbox can write.
     let writable = match &spec {
         Ok((_, spec)) => spec.writable(),
-        Err(_) => args.sandbox.writable_without_profile(),
+        Err(_) => args.sandbox.flags().writable_without_profile(),
     };
     let audit = match args
         .audit
