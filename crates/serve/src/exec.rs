@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use hako_audit::{Exec, FrontEnd, Record};
 use hako_core::{Command, Error, Output, Program, Sandbox, SessionId, Stream};
 use http_body_util::BodyExt;
 use hyper::body::{Bytes, Frame};
@@ -18,13 +19,13 @@ use serde_json::{json, Value};
 
 use crate::reply::{error, from_error, output_json, reply, response, with_body, Body, Reply};
 use crate::routes::blocking;
-use crate::state::{audit, Slot, State};
+use crate::state::{audit, audit_failure, Slot, State};
 use crate::{DEFAULT_EXEC_TIMEOUT, MAX_EXEC_TIMEOUT, STREAM_BUFFER};
 
 /// `POST /v1/sandboxes/{id}/exec`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct ExecRequest {
+pub(crate) struct ExecBody {
     argv: Option<Vec<String>>,
     command: Option<String>,
     cwd: Option<PathBuf>,
@@ -59,16 +60,19 @@ pub(crate) fn exec_timeout(timeout_ms: Option<u64>) -> Result<Duration, Reply> {
 /// A command ready to run.
 pub(crate) struct Prepared {
     command: Command,
+    /// The sandbox's id.
+    sandbox: u64,
     session: Option<u64>,
 }
 
 pub(crate) async fn exec(
     state: Arc<State>,
+    id: u64,
     sb: Arc<dyn Sandbox>,
     body: &[u8],
     slot: Option<Slot>,
 ) -> Response<Body> {
-    let req: ExecRequest = match serde_json::from_slice(body) {
+    let req: ExecBody = match serde_json::from_slice(body) {
         Ok(r) => r,
         Err(e) => return response(error(400, "bad_request", format!("bad exec request: {e}"))),
     };
@@ -103,6 +107,7 @@ pub(crate) async fn exec(
     }
     let prepared = Prepared {
         command,
+        sandbox: id,
         session: req.session,
     };
     if !req.stream {
@@ -160,20 +165,17 @@ pub(crate) fn run_command(
         },
         (None, None) => sb.exec(command),
     };
-    let argv = command.program.argv();
     match &result {
-        Ok(out) => audit(
-            state,
-            "exec",
-            json!({"argv": argv, "cwd": command.cwd, "session": prepared.session, "exit_code": out.status.code(),
-                   "timed_out": out.timed_out, "duration_ms": u64::try_from(out.duration.as_millis()).unwrap_or(u64::MAX),
-                   "stdout_bytes": out.stdout_total, "stderr_bytes": out.stderr_total}),
-        ),
-        Err(e) => audit(
-            state,
-            "refusal",
-            json!({"argv": argv, "error": e.to_string()}),
-        ),
+        Ok(out) => {
+            let mut exec = Exec::new(FrontEnd::Serve, &sb.capabilities().backend, command)
+                .in_session(prepared.session)
+                .output(out);
+            exec.sandbox = Some(prepared.sandbox);
+            audit(state, Record::Exec(exec));
+        }
+        Err(e) => audit_failure(state, prepared.sandbox, sb, e, |f| {
+            f.argv = Some(command.program.argv());
+        }),
     }
     result
 }

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use hako_audit::{FileOp, FrontEnd, Record};
 use hako_core::Sandbox;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
@@ -12,49 +13,53 @@ use hyper::Response;
 use serde_json::{json, Value};
 
 use crate::reply::{error, from_error, no_sandbox, reply, response, with_body, Body, Reply};
-use crate::state::{audit, lookup, State};
+use crate::state::{audit, audit_failure, lookup, State};
 use crate::MAX_BODY;
 
 pub(crate) fn with_file<T>(
     state: &State,
     sid: &str,
     file: Option<String>,
-    f: impl FnOnce(&dyn Sandbox, &Path) -> hako_core::Result<T>,
+    f: impl FnOnce(u64, &dyn Sandbox, &Path) -> hako_core::Result<T>,
 ) -> Result<T, Reply> {
-    let Some(sb) = sid.parse::<u64>().ok().and_then(|n| lookup(state, n)) else {
+    let Some((id, sb)) = sid
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| lookup(state, n).map(|sb| (n, sb)))
+    else {
         return Err(no_sandbox(sid));
     };
     let Some(path) = file else {
         return Err(error(400, "bad_request", "the query must name ?path="));
     };
     let path = PathBuf::from(path);
-    f(sb.as_ref(), &path).map_err(|e| {
-        audit(
-            state,
-            "refusal",
-            json!({"path": path, "error": e.to_string()}),
-        );
+    f(id, sb.as_ref(), &path).map_err(|e| {
+        audit_failure(state, id, sb.as_ref(), &e, |f| f.path = Some(path.clone()));
         from_error(&e)
     })
+}
+
+/// Records `op` on `path` in sandbox `id`.
+fn audit_file(state: &State, id: u64, path: &Path, op: FileOp) {
+    audit(
+        state,
+        Record::File(hako_audit::File::new(FrontEnd::Serve, Some(id), path, op)),
+    );
 }
 
 /// `GET /v1/sandboxes/{id}/files?path=`: at most [`MAX_BODY`] bytes of the
 /// file, raw, with `x-hako-truncated` saying whether that was all of it.
 pub(crate) async fn read(state: Arc<State>, sid: String, file: Option<String>) -> Response<Body> {
     let read = tokio::task::spawn_blocking(move || {
-        with_file(&state, &sid, file, |sb, p| {
+        with_file(&state, &sid, file, |id, sb, p| {
             let read = match sb.read_limit() {
                 Some(rl) => rl
                     .read_file_limit(p, MAX_BODY)
                     .map(|o| (o.data, o.truncated)),
                 None => sb.read_file(p).map(|d| (d, false)),
             };
-            if let Ok((data, _)) = &read {
-                audit(
-                    &state,
-                    "read",
-                    json!({"path": p, "size": data.len(), "sha256": hako_audit::sha256_hex(data)}),
-                );
+            if let Ok((data, truncated)) = &read {
+                audit_file(&state, id, p, FileOp::read(data, *truncated));
             }
             read
         })
@@ -87,13 +92,9 @@ pub(crate) async fn read(state: Arc<State>, sid: String, file: Option<String>) -
 
 /// `PUT /v1/sandboxes/{id}/files?path=`, once its whole body is read.
 pub(crate) fn write(state: &State, sid: &str, file: Option<String>, body: &[u8]) -> Reply {
-    let r = with_file(state, sid, file, |sb, p| {
+    let r = with_file(state, sid, file, |id, sb, p| {
         sb.write_file(p, body)?;
-        audit(
-            state,
-            "write",
-            json!({"path": p, "size": body.len(), "sha256": hako_audit::sha256_hex(body)}),
-        );
+        audit_file(state, id, p, FileOp::write(body));
         Ok(())
     });
     r.map(|()| reply(200, json!({"written": body.len()})))
@@ -102,9 +103,9 @@ pub(crate) fn write(state: &State, sid: &str, file: Option<String>, body: &[u8])
 
 /// `DELETE /v1/sandboxes/{id}/files?path=`.
 pub(crate) fn remove(state: &State, sid: &str, file: Option<String>) -> Reply {
-    let r = with_file(state, sid, file, |sb, p| {
+    let r = with_file(state, sid, file, |id, sb, p| {
         sb.remove(p)?;
-        audit(state, "remove", json!({"path": p}));
+        audit_file(state, id, p, FileOp::Remove);
         Ok(())
     });
     r.map(|()| reply(200, json!({"removed": true})))
@@ -114,7 +115,7 @@ pub(crate) fn remove(state: &State, sid: &str, file: Option<String>) -> Reply {
 /// `GET /v1/sandboxes/{id}/dir?path=` (the workspace without one).
 pub(crate) fn list(state: &State, sid: &str, file: Option<String>) -> Reply {
     let file = file.or_else(|| Some(".".into()));
-    let r = with_file(state, sid, file, |sb, p| sb.list_dir(p));
+    let r = with_file(state, sid, file, |_, sb, p| sb.list_dir(p));
     let r = r.map(|listing| {
         let entries: Vec<Value> = listing
             .entries

@@ -130,14 +130,14 @@ pub(crate) async fn handle(state: Arc<State>, request: Request<Incoming>) -> Res
             response(reply(200, body))
         }
         (&Method::POST, ["v1", "sandboxes", sid, "exec"]) => {
-            let Some(sb) = id(sid).and_then(|n| lookup(&state, n)) else {
+            let Some((n, sb)) = id(sid).and_then(|n| lookup(&state, n).map(|sb| (n, sb))) else {
                 return response(no_sandbox(sid));
             };
             let body = match read_body(&state, body, declared, chunked, false).await {
                 Ok(b) => b,
                 Err(r) => return r,
             };
-            exec(state, sb, &body, slot).await
+            exec(state, n, sb, &body, slot).await
         }
         (&Method::GET, ["v1", "sandboxes", sid, "files"]) => {
             files::read(state, sid.to_string(), file).await
@@ -145,7 +145,7 @@ pub(crate) async fn handle(state: Arc<State>, request: Request<Incoming>) -> Res
         (&Method::PUT, ["v1", "sandboxes", sid, "files"]) => {
             // The sandbox and the path first: a body is read only for a
             // write that can happen.
-            if let Err(r) = with_file(&state, sid, file.clone(), |_, _| Ok(())) {
+            if let Err(r) = with_file(&state, sid, file.clone(), |_, _, _| Ok(())) {
                 return response(r);
             }
             // A body cut short must not replace the file: its length has

@@ -4,11 +4,12 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use hako_audit::{FrontEnd, Record, SandboxOpened, Session, SessionOp};
 use hako_core::{Sandbox, SessionId, SessionOptions};
 use serde_json::{json, Value};
 
 use crate::reply::{error, from_error, no_sandbox, reply, Reply};
-use crate::state::{audit, table, with_sandbox, State};
+use crate::state::{self, audit, table, with_sandbox, State};
 use crate::MAX_SANDBOXES;
 
 pub(crate) fn create(state: &State) -> Reply {
@@ -35,9 +36,12 @@ pub(crate) fn create(state: &State) -> Reply {
         Ok(sb) => {
             let id = state.next.fetch_add(1, Ordering::SeqCst);
             let caps = sb.capabilities().clone();
+            let workdir = sb.workdir().map(|w| w.workdir().to_path_buf());
             t.open.insert(id, Arc::from(sb));
             drop(t);
-            audit(state, "sandbox", json!({"id": id, "backend": caps.backend}));
+            let mut opened = SandboxOpened::new(FrontEnd::Serve, Some(id), &caps);
+            opened.workdir = workdir;
+            audit(state, Record::SandboxOpened(opened));
             reply(201, json!({"id": id, "capabilities": caps}))
         }
         Err(e) => from_error(&e),
@@ -83,21 +87,28 @@ pub(crate) fn get(state: &State, sid: &str) -> Reply {
 /// `DELETE /v1/sandboxes/{id}`: closes it (everything started in it is
 /// killed).
 pub(crate) fn close(state: &State, sid: &str) -> Reply {
-    let removed = id(sid).and_then(|n| table(state).open.remove(&n));
+    let removed = id(sid).and_then(|n| table(state).open.remove(&n).map(|sb| (n, sb)));
     match removed {
-        Some(sb) => match sb.close() {
-            Ok(()) => reply(200, json!({"closed": true})),
-            Err(e) => from_error(&e),
-        },
+        Some((n, sb)) => {
+            let closed = sb.close();
+            audit(state, state::closed(n));
+            match closed {
+                Ok(()) => reply(200, json!({"closed": true})),
+                Err(e) => from_error(&e),
+            }
+        }
         None => no_sandbox(sid),
     }
 }
 
 /// `POST /v1/sandboxes/{id}/sessions`.
 pub(crate) fn open_session(state: &State, sid: &str) -> Reply {
-    with_sandbox(state, id(sid), |_, sb| match sb.sessions() {
+    with_sandbox(state, id(sid), |n, sb| match sb.sessions() {
         Some(s) => match s.open_session(&SessionOptions::default()) {
-            Ok(session) => reply(200, json!({"session": session.0})),
+            Ok(session) => {
+                audit(state, session_record(SessionOp::Open, n, session.0));
+                reply(200, json!({"session": session.0}))
+            }
             Err(e) => from_error(&e),
         },
         None => error(501, "unsupported", "this sandbox has no sessions"),
@@ -109,12 +120,23 @@ pub(crate) fn close_session(state: &State, sid: &str, session: &str) -> Reply {
     let Some(session) = id(session) else {
         return error(400, "bad_request", "a session is a number");
     };
-    with_sandbox(state, id(sid), |_, sb| match sb.sessions() {
+    with_sandbox(state, id(sid), |n, sb| match sb.sessions() {
         Some(s) => match s.close_session(SessionId(session)) {
-            Ok(()) => reply(200, json!({"closed": true})),
+            Ok(()) => {
+                audit(state, session_record(SessionOp::Close, n, session));
+                reply(200, json!({"closed": true}))
+            }
             Err(e) => from_error(&e),
         },
         None => error(501, "unsupported", "this sandbox has no sessions"),
+    })
+}
+
+fn session_record(op: SessionOp, sandbox: u64, session: u64) -> Record {
+    Record::Session(Session {
+        op,
+        session,
+        sandbox: Some(sandbox),
     })
 }
 

@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use hako_audit::{Failure, FrontEnd, Record, SandboxClosed};
 use hako_core::Sandbox;
 use hako_runtime::token::Digested;
-use serde_json::Value;
 
 use crate::reply::{error, Reply};
 use crate::ServeConfig;
@@ -95,17 +95,44 @@ pub(crate) fn with_sandbox(
 /// Closes every sandbox a server opened (at shutdown).
 pub(crate) fn close_all(state: &State) {
     let all: Vec<_> = table(state).open.drain().collect();
-    for (_, sb) in all {
+    for (id, sb) in all {
         let _ = sb.close();
+        audit(state, closed(id));
     }
 }
 
-pub(crate) fn audit(state: &State, kind: &str, fields: Value) {
+/// The record of sandbox `id` closed.
+pub(crate) fn closed(id: u64) -> Record {
+    Record::SandboxClosed(SandboxClosed {
+        front_end: FrontEnd::Serve,
+        sandbox: Some(id),
+    })
+}
+
+/// Appends `record` to the audit log, if there is one. A record that
+/// cannot be written is logged: the effect has already happened.
+pub(crate) fn audit(state: &State, record: Record) {
     if let Some(log) = &state.config.audit {
-        if let Err(e) = log.record(kind, fields) {
+        if let Err(e) = log.write(&record) {
             tracing::warn!("hako serve: {e}");
         }
     }
+}
+
+/// Records a sandbox call that failed on sandbox `id` (a `refusal` when a
+/// policy refused it, an `error` otherwise), with what it was about.
+pub(crate) fn audit_failure(
+    state: &State,
+    id: u64,
+    sb: &dyn Sandbox,
+    err: &hako_core::Error,
+    about: impl FnOnce(&mut Failure),
+) {
+    let mut failure = Failure::new(FrontEnd::Serve, &err.to_string());
+    failure.backend = Some(sb.capabilities().backend.clone());
+    failure.sandbox = Some(id);
+    about(&mut failure);
+    audit(state, failure.record(hako_audit::is_refusal(err)));
 }
 
 impl Drop for State {
