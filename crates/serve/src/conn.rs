@@ -17,7 +17,7 @@ use crate::state::State;
 use crate::ACCEPT_BACKOFF;
 
 /// Resolves on SIGINT or SIGTERM (or never, when not asked to).
-pub(crate) async fn stop_signal(enabled: bool) -> std::io::Result<()> {
+async fn stop_signal(enabled: bool) -> std::io::Result<()> {
     if !enabled {
         std::future::pending::<()>().await;
     }
@@ -29,6 +29,8 @@ pub(crate) async fn stop_signal(enabled: bool) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Accepts connections until the listener fails or a stop signal comes,
+/// each served on a task of its own while a connection slot is free.
 pub(crate) async fn accept_loop(
     listener: std::net::TcpListener,
     state: Arc<State>,
@@ -71,7 +73,7 @@ pub(crate) async fn accept_loop(
     }
 }
 
-pub(crate) async fn serve_connection(
+async fn serve_connection(
     state: Arc<State>,
     stream: tokio::net::TcpStream,
     peer: std::net::SocketAddr,
@@ -109,7 +111,7 @@ pub(crate) async fn serve_connection(
 }
 
 /// What the first bytes of a connection call for.
-pub(crate) enum Peeked {
+enum Peeked {
     /// Hand it to hyper.
     Serve,
     /// Answer this, then close.
@@ -121,10 +123,7 @@ pub(crate) enum Peeked {
 /// The answer to a connection whose first request declares a
 /// Content-Length hyper cannot take (past `u64::MAX - 2`): `401` without
 /// the token, else `413`. Looks at what has arrived without consuming it.
-pub(crate) async fn refuse_unparseable_length(
-    state: &State,
-    stream: &tokio::net::TcpStream,
-) -> Peeked {
+async fn refuse_unparseable_length(state: &State, stream: &tokio::net::TcpStream) -> Peeked {
     let mut buf = vec![0u8; 16 << 10];
     let n = match tokio::time::timeout(state.config.header_timeout, stream.peek(&mut buf)).await {
         Err(_) => return Peeked::Silent,
@@ -168,7 +167,7 @@ pub(crate) async fn refuse_unparseable_length(
 /// Writes `r` as a whole HTTP/1.1 answer on a connection hyper never saw,
 /// then drains (briefly) what the client sent, so that closing does not
 /// reset the connection under the answer.
-pub(crate) async fn answer_raw(mut stream: tokio::net::TcpStream, r: Reply) -> std::io::Result<()> {
+async fn answer_raw(mut stream: tokio::net::TcpStream, r: Reply) -> std::io::Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let body = format!("{}\n", r.body);
     let reason = StatusCode::from_u16(r.status)

@@ -25,7 +25,7 @@ use crate::{DEFAULT_EXEC_TIMEOUT, MAX_EXEC_TIMEOUT, STREAM_BUFFER};
 /// `POST /v1/sandboxes/{id}/exec`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct ExecBody {
+struct ExecBody {
     argv: Option<Vec<String>>,
     command: Option<String>,
     cwd: Option<PathBuf>,
@@ -39,7 +39,7 @@ pub(crate) struct ExecBody {
 /// A command's deadline: the request's, at most [`MAX_EXEC_TIMEOUT`], or
 /// [`DEFAULT_EXEC_TIMEOUT`]. Never none: a command without one would hold
 /// its thread and slot for ever.
-pub(crate) fn exec_timeout(timeout_ms: Option<u64>) -> Result<Duration, Reply> {
+fn exec_timeout(timeout_ms: Option<u64>) -> Result<Duration, Reply> {
     let Some(ms) = timeout_ms else {
         return Ok(DEFAULT_EXEC_TIMEOUT);
     };
@@ -58,13 +58,15 @@ pub(crate) fn exec_timeout(timeout_ms: Option<u64>) -> Result<Duration, Reply> {
 }
 
 /// A command ready to run.
-pub(crate) struct Prepared {
+struct Prepared {
     command: Command,
     /// The sandbox's id.
     sandbox: u64,
     session: Option<u64>,
 }
 
+/// `POST /v1/sandboxes/{id}/exec` on sandbox `id`, its body read: the
+/// result as one JSON object, or streamed as JSON lines.
 pub(crate) async fn exec(
     state: Arc<State>,
     id: u64,
@@ -144,7 +146,7 @@ pub(crate) async fn exec(
 
 /// Runs a command (in its session, if it names one), feeding `sink` the
 /// output as it comes when given one, and records the result.
-pub(crate) fn run_command(
+fn run_command(
     state: &State,
     sb: &dyn Sandbox,
     prepared: &Prepared,
@@ -183,7 +185,7 @@ pub(crate) fn run_command(
 /// Runs a streamed command: its output, numbered JSON lines, goes to `tx`
 /// (at most [`STREAM_BUFFER`] bytes waiting; past it, a `dropped` line),
 /// then its exit or error.
-pub(crate) fn stream_command(
+fn stream_command(
     state: &State,
     sb: &dyn Sandbox,
     prepared: &Prepared,
@@ -241,7 +243,7 @@ pub(crate) fn stream_command(
 
 /// The body of a streamed response: the lines the command's sink sends,
 /// ending when the command's task drops its sender.
-pub(crate) struct ChannelBody {
+struct ChannelBody {
     rx: tokio::sync::mpsc::UnboundedReceiver<Bytes>,
     /// Bytes sent and not yet taken from the channel.
     queued: Arc<AtomicUsize>,

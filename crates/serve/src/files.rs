@@ -16,6 +16,8 @@ use crate::reply::{error, from_error, no_sandbox, reply, response, with_body, Bo
 use crate::state::{audit, audit_failure, lookup, State};
 use crate::MAX_BODY;
 
+/// Runs `f` on the sandbox `sid` names and the query's path; a sandbox
+/// error is recorded (a refusal or an error) and answered.
 pub(crate) fn with_file<T>(
     state: &State,
     sid: &str,

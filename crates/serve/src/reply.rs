@@ -19,10 +19,12 @@ pub(crate) struct Reply {
     pub(crate) body: Value,
 }
 
+/// An answer with `status` and `body`.
 pub(crate) fn reply(status: u16, body: Value) -> Reply {
     Reply { status, body }
 }
 
+/// An error answer: `{"error": message, "kind": kind}`.
 pub(crate) fn error(status: u16, kind: &str, message: impl Into<String>) -> Reply {
     reply(status, json!({"error": message.into(), "kind": kind}))
 }
@@ -51,6 +53,7 @@ pub(crate) fn from_error(e: &Error) -> Reply {
     error(status, kind, e.to_string())
 }
 
+/// The answer to a body over [`MAX_BODY`].
 pub(crate) fn too_large() -> Reply {
     error(
         413,
@@ -59,6 +62,7 @@ pub(crate) fn too_large() -> Reply {
     )
 }
 
+/// The answer when every slot of a pool is taken.
 pub(crate) fn busy(what: &str) -> Reply {
     error(
         503,
@@ -67,6 +71,7 @@ pub(crate) fn busy(what: &str) -> Reply {
     )
 }
 
+/// The answer to a body shorter than its Content-Length.
 pub(crate) fn cut_short(got: usize, declared: u64) -> Reply {
     error(
         400,
@@ -77,10 +82,12 @@ pub(crate) fn cut_short(got: usize, declared: u64) -> Reply {
     )
 }
 
+/// The answer for a sandbox id that is not open.
 pub(crate) fn no_sandbox(sid: &str) -> Reply {
     error(404, "no_such_sandbox", format!("no sandbox {sid}"))
 }
 
+/// A command's result as the API answers it.
 pub(crate) fn output_json(out: &Output) -> Value {
     json!({
         "exit_code": out.status.code(),
@@ -99,6 +106,7 @@ pub(crate) fn output_json(out: &Output) -> Value {
 /// A response body: whole, or streamed.
 pub(crate) type Body = BoxBody<Bytes, Infallible>;
 
+/// A response of `status` with `body` of `content_type`.
 pub(crate) fn with_body(status: u16, content_type: &'static str, body: Body) -> Response<Body> {
     let mut response = Response::new(body);
     *response.status_mut() =
@@ -110,6 +118,7 @@ pub(crate) fn with_body(status: u16, content_type: &'static str, body: Body) -> 
     response
 }
 
+/// `r` as a JSON response (`401` with its `WWW-Authenticate`).
 pub(crate) fn response(r: Reply) -> Response<Body> {
     let body = Full::new(Bytes::from(r.body.to_string())).boxed();
     let mut response = with_body(r.status, "application/json", body);

@@ -12,7 +12,6 @@ use serde_json::{json, Value};
 
 use crate::auth::{authorized, unauthorized};
 use crate::exec::exec;
-
 use crate::files::with_file;
 use crate::reply::{
     busy, closing, cut_short, error, no_sandbox, reply, response, too_large, Body, Reply,
@@ -22,7 +21,7 @@ use crate::{files, sandboxes};
 use crate::{MAX_BODY, OPENAPI};
 
 /// What a route costs: the pool its slot comes from, if any.
-pub(crate) enum Cost {
+enum Cost {
     /// Answered from memory (health, the API description).
     Free,
     /// Runs a command.
@@ -33,7 +32,8 @@ pub(crate) enum Cost {
     Request,
 }
 
-pub(crate) fn cost(method: &Method, parts: &[&str]) -> Cost {
+/// Which pool a route's slot comes from.
+fn cost(method: &Method, parts: &[&str]) -> Cost {
     match (method, parts) {
         (&Method::GET, ["v1", "health" | "openapi.json"]) => Cost::Free,
         (&Method::POST, ["v1", "sandboxes", _, "exec"]) => Cost::Exec,
@@ -44,7 +44,7 @@ pub(crate) fn cost(method: &Method, parts: &[&str]) -> Cost {
 
 /// The request's declared body length: `Ok(None)` without one, `Err` for
 /// one that is not a number.
-pub(crate) fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, ()> {
+fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, ()> {
     match headers.get(CONTENT_LENGTH) {
         None => Ok(None),
         Some(v) => v
@@ -65,6 +65,8 @@ pub(crate) async fn blocking(f: impl FnOnce() -> Reply + Send + 'static) -> Repl
     })
 }
 
+/// Answers one request: the token and the declared length first, then a
+/// slot, then the route.
 pub(crate) async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body> {
     // Before anything else, the body included.
     let authorized = authorized(&state, request.headers());
@@ -209,7 +211,7 @@ pub(crate) fn route(
 
 /// A request path split from its query, with the query's `path=` value
 /// percent-decoded (or the answer for a value that cannot be a path).
-pub(crate) fn split(url: &str) -> (&str, Result<Option<String>, Reply>) {
+fn split(url: &str) -> (&str, Result<Option<String>, Reply>) {
     let (path, query) = url.split_once('?').unwrap_or((url, ""));
     let value = query
         .split('&')
@@ -225,7 +227,7 @@ pub(crate) fn split(url: &str) -> (&str, Result<Option<String>, Reply>) {
 /// followed by two hex digits, a NUL byte or bytes that are not UTF-8 are
 /// an error, never replaced, so that the path used is always the path
 /// sent.
-pub(crate) fn percent_decode(s: &str) -> Result<String, &'static str> {
+fn percent_decode(s: &str) -> Result<String, &'static str> {
     fn hex(b: u8) -> Option<u8> {
         match b {
             b'0'..=b'9' => Some(b - b'0'),
@@ -259,7 +261,7 @@ pub(crate) fn percent_decode(s: &str) -> Result<String, &'static str> {
 /// body that stalls for the configured body timeout gets `408`. The error
 /// is a whole answer, which closes the connection when the body was not
 /// all read.
-pub(crate) async fn read_body(
+async fn read_body(
     state: &State,
     mut incoming: Incoming,
     declared: Option<u64>,

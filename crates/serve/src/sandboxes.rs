@@ -12,6 +12,7 @@ use crate::reply::{error, from_error, no_sandbox, reply, Reply};
 use crate::state::{self, audit, table, with_sandbox, State};
 use crate::MAX_SANDBOXES;
 
+/// `POST /v1/sandboxes`: opens one with the server's factory.
 pub(crate) fn create(state: &State) -> Reply {
     // The place is taken under the lock, before the (slow) factory runs:
     // concurrent creates cannot pass the limit between check and insert.
@@ -49,7 +50,7 @@ pub(crate) fn create(state: &State) -> Reply {
 }
 
 /// A place in the table taken by a sandbox being opened.
-pub(crate) struct Opening<'a> {
+struct Opening<'a> {
     state: &'a State,
     taken: bool,
 }

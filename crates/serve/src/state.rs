@@ -77,10 +77,12 @@ pub(crate) fn table(state: &State) -> MutexGuard<'_, Table> {
         .unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The open sandbox `id`, if there is one.
 pub(crate) fn lookup(state: &State, id: u64) -> Option<Arc<dyn Sandbox>> {
     table(state).open.get(&id).cloned()
 }
 
+/// Runs `f` on the open sandbox `id`, or answers `404`.
 pub(crate) fn with_sandbox(
     state: &State,
     id: Option<u64>,
