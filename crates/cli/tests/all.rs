@@ -1055,6 +1055,25 @@ fn audit_log_records_runs_and_verify_names_an_edited_removed_or_reordered_line()
         .map(str::to_string)
         .collect();
     assert!(lines.len() >= 6, "{lines:?}");
+    // The records are hako-audit's typed ones: the run's exec says which
+    // front end and backend ran it, the refused run is a refusal.
+    let records: Vec<serde_json::Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let exec = records
+        .iter()
+        .find(|r| r["kind"] == "exec" && r["argv"] == serde_json::json!(["echo", "one"]))
+        .unwrap_or_else(|| panic!("no exec of echo one in {records:?}"));
+    assert_eq!(exec["front_end"], "run", "{exec}");
+    assert_eq!(exec["exit_code"], 0, "{exec}");
+    assert!(exec["backend"].is_string(), "{exec}");
+    let refusal = records
+        .iter()
+        .find(|r| r["kind"] == "refusal")
+        .unwrap_or_else(|| panic!("no refusal in {records:?}"));
+    assert_eq!(refusal["front_end"], "run", "{refusal}");
+    assert_eq!(refusal["argv"], serde_json::json!(["true"]), "{refusal}");
     let tampered = d.ws.join("tampered.log");
     let check = |lines: &[String], want: usize| {
         std::fs::write(&tampered, lines.join("\n") + "\n").unwrap();

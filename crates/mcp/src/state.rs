@@ -2,10 +2,11 @@
 //! the audit log, and the error every tool failure becomes.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
-use hako_audit::AuditLog;
-use hako_audit::{Failure, FrontEnd, Process, ProcessOp, Record, SandboxClosed, SandboxOpened};
+use hako_audit::{
+    AuditLog, Failure, FrontEnd, Process, ProcessOp, Record, SandboxClosed, SandboxOpened,
+};
 use hako_core::{FenceError, ProcessId, Sandbox, SessionId};
 
 use crate::MakeSandbox;
@@ -183,6 +184,9 @@ enum Slot {
 pub struct State {
     make: Box<MakeSandbox>,
     slot: Mutex<Slot>,
+    /// The backend, set when the sandbox is first opened: what a failure's
+    /// record names without waiting for the slot's lock.
+    backend: OnceLock<String>,
     audit: Option<Arc<AuditLog>>,
 }
 
@@ -192,6 +196,7 @@ impl State {
         State {
             make,
             slot: Mutex::new(Slot::Idle),
+            backend: OnceLock::new(),
             audit,
         }
     }
@@ -219,6 +224,7 @@ impl State {
                 };
                 let caps = sandbox.capabilities();
                 tracing::info!(backend = %caps.backend, isolation = %caps.isolation, "sandbox opened");
+                let _ = self.backend.set(caps.backend.clone());
                 let mut opened = SandboxOpened::new(FrontEnd::Mcp, None, caps);
                 opened.workdir = sandbox.workdir().map(|w| w.workdir().to_path_buf());
                 self.record(Record::SandboxOpened(opened));
@@ -255,13 +261,9 @@ impl State {
         self.record(failure.record(err.refused));
     }
 
-    /// The open sandbox's backend, if it is open. Does not wait for a
-    /// sandbox being opened.
+    /// The sandbox's backend, once it has been opened.
     fn backend(&self) -> Option<String> {
-        match &*self.slot.try_lock().ok()? {
-            Slot::Open(sandbox) => Some(sandbox.capabilities().backend.clone()),
-            _ => None,
-        }
+        self.backend.get().cloned()
     }
 
     /// Records the egress proxy's decisions since the last call (kind
