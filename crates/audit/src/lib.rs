@@ -3,6 +3,10 @@
 //! carrying the SHA-256 of the line before it, so that editing, removing,
 //! reordering or cutting off lines is found by [`verify`].
 //!
+//! What is recorded is one typed [`Record`] per effect (see [`record`]),
+//! built the same way by every front end and written with
+//! [`AuditLog::write`].
+//!
 //! A line is a JSON object: `seq` (1, 2, ...), `at_ms` (Unix milliseconds),
 //! `kind`, the record's own fields, `prev` (the previous line's `hash`, or
 //! the SHA-256 of the empty string for the first line) and `hash`: the hex
@@ -31,13 +35,20 @@
 //! - a line longer than [`MAX_LINE`] while verifying (a log replaced by
 //!   `/dev/zero` is refused, not read without bound).
 
-use std::fs::File;
+use std::fs;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
+
+pub mod record;
+
+pub use record::{
+    is_refusal, Exec, Failure, File, FileOp, FrontEnd, Process, ProcessOp, Record, SandboxClosed,
+    SandboxOpened, Session, SessionOp, MAX_MESSAGE_CHARS,
+};
 
 /// The kind of the record a cleanly closed log ends with.
 pub const END: &str = "end";
@@ -104,7 +115,7 @@ pub struct Verified {
 }
 
 /// A record's line and hash: the record with its `hash` added.
-fn finish(mut obj: Record) -> (String, String) {
+fn finish(mut obj: Line) -> (String, String) {
     // `obj` has no `hash` yet: its JSON is what `record_hash` hashes.
     let hash = sha256_hex(serde_json::to_string(&obj).unwrap_or_default().as_bytes());
     obj.insert("hash".into(), Value::from(hash.clone()));
@@ -119,7 +130,7 @@ fn record_hash(obj: &Map<String, Value>) -> String {
 }
 
 struct Tail {
-    file: File,
+    file: fs::File,
     seq: u64,
     prev: String,
     ended: bool,
@@ -174,10 +185,16 @@ impl AuditLog {
         })
     }
 
-    /// Appends one record of `kind` with `fields` (an object; its `seq`,
-    /// `at_ms`, `kind`, `prev` and `hash` keys, if any, are replaced) and
-    /// flushes it.
-    pub fn record(&self, kind: &str, fields: Value) -> Result<(), AuditError> {
+    /// Appends `record` and flushes it.
+    pub fn write(&self, record: &Record) -> Result<(), AuditError> {
+        self.append(record.kind(), record.fields())
+    }
+
+    /// Appends one record of `kind` with `fields` (its `seq`, `at_ms`,
+    /// `kind`, `prev` and `hash` keys, if any, are replaced) and flushes
+    /// it. A line longer than [`MAX_LINE`] is written as a digest of its
+    /// fields.
+    fn append(&self, kind: &str, fields: Map<String, Value>) -> Result<(), AuditError> {
         let io = |source| AuditError::Io {
             path: self.path.clone(),
             source,
@@ -196,11 +213,9 @@ impl AuditLog {
         head.insert("kind".into(), Value::from(kind));
         head.insert("prev".into(), Value::from(tail.prev.clone()));
         let mut obj = head.clone();
-        if let Value::Object(fields) = fields {
-            for (k, v) in fields {
-                if !matches!(k.as_str(), "seq" | "at_ms" | "kind" | "prev" | "hash") {
-                    obj.insert(k, v);
-                }
+        for (k, v) in fields {
+            if !matches!(k.as_str(), "seq" | "at_ms" | "kind" | "prev" | "hash") {
+                obj.insert(k, v);
             }
         }
         let (mut line, mut hash) = finish(obj);
@@ -233,7 +248,7 @@ impl AuditLog {
         if ended {
             return Ok(());
         }
-        self.record(END, Value::Object(Map::new()))?;
+        self.append(END, Map::new())?;
         if let Ok(tail) = self.tail.lock() {
             let _ = tail.file.sync_all();
         }
@@ -247,8 +262,9 @@ impl Drop for AuditLog {
     }
 }
 
-/// One record of a log.
-pub type Record = Map<String, Value>;
+/// One line of a log, as read back: a JSON object, whatever the record
+/// type that wrote it (a log written before [`Record`] reads the same).
+pub type Line = Map<String, Value>;
 
 /// Why hako will not write the log at `path`.
 fn refused(path: &Path, reason: impl Into<String>) -> AuditError {
@@ -264,7 +280,7 @@ fn refused(path: &Path, reason: impl Into<String>) -> AuditError {
 /// write (that is what was checked), so nothing inside can swap one; the
 /// file itself is opened relative to that directory without following a
 /// link, and checked by its descriptor, not by its name.
-fn open_log_file(path: &Path, sandbox_writable: &[PathBuf]) -> Result<File, AuditError> {
+fn open_log_file(path: &Path, sandbox_writable: &[PathBuf]) -> Result<fs::File, AuditError> {
     use rustix::fs::{Mode, OFlags};
     let io = |source: io::Error| AuditError::Io {
         path: path.to_path_buf(),
@@ -350,7 +366,7 @@ fn open_log_file(path: &Path, sandbox_writable: &[PathBuf]) -> Result<File, Audi
     // hang before it was refused.
     let flags = rustix::fs::fcntl_getfl(&fd).map_err(|e| io(e.into()))?;
     rustix::fs::fcntl_setfl(&fd, flags - OFlags::NONBLOCK).map_err(|e| io(e.into()))?;
-    Ok(File::from(fd))
+    Ok(fs::File::from(fd))
 }
 
 /// Walks a log: its records (when `keep`), the next `seq` and the last
@@ -360,7 +376,7 @@ fn walk(
     path: &Path,
     mut reader: impl BufRead,
     keep: bool,
-) -> Result<(Vec<Record>, u64, String), AuditError> {
+) -> Result<(Vec<Line>, u64, String), AuditError> {
     let broken = |line: u64, reason: String| AuditError::Broken {
         path: path.to_path_buf(),
         line,
@@ -461,12 +477,12 @@ pub fn verify(path: &Path) -> Result<Verified, AuditError> {
 
 /// Every record of a log, in order, after [`verify`]ing the chain (a log
 /// without its closing record is shown too).
-pub fn records(path: &Path) -> Result<Vec<Record>, AuditError> {
+pub fn records(path: &Path) -> Result<Vec<Line>, AuditError> {
     walk(path, open_for_reading(path)?, true).map(|(records, _, _)| records)
 }
 
-fn open_for_reading(path: &Path) -> Result<BufReader<File>, AuditError> {
-    File::open(path)
+fn open_for_reading(path: &Path) -> Result<BufReader<fs::File>, AuditError> {
+    fs::File::open(path)
         .map(BufReader::new)
         .map_err(|source| AuditError::Io {
             path: path.to_path_buf(),
@@ -480,13 +496,21 @@ mod tests {
 
     use super::*;
 
+    fn append(log: &AuditLog, kind: &str, v: Value) -> Result<(), AuditError> {
+        match v {
+            Value::Object(map) => log.append(kind, map),
+            _ => log.append(kind, Map::new()),
+        }
+    }
+
     /// A closed log of five records (four and `end`), and its lines.
     fn log() -> (tempfile::TempDir, PathBuf, Vec<String>) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.log");
         let log = AuditLog::open(&path, &[]).unwrap();
         for i in 0..4 {
-            log.record(
+            append(
+                &log,
                 "exec",
                 serde_json::json!({"argv": ["echo", i], "exit_code": 0}),
             )
@@ -521,12 +545,31 @@ mod tests {
         let v = verify(&path).unwrap();
         assert_eq!((v.records, v.closed), (5, true));
         let log = AuditLog::open(&path, &[]).unwrap();
-        log.record("write", serde_json::json!({"path": "a", "size": 1}))
-            .unwrap();
+        append(&log, "write", serde_json::json!({"path": "a", "size": 1})).unwrap();
         drop(log);
         let v2 = verify(&path).unwrap();
         assert_eq!(v2.records, 7);
         assert_ne!(v.head, v2.head);
+    }
+
+    #[test]
+    fn a_typed_record_is_one_line_of_the_chain_and_reads_back_with_its_kind() {
+        let (_dir, path, _) = log();
+        let log = AuditLog::open(&path, &[]).unwrap();
+        let mut failure = Failure::new(FrontEnd::Serve, "outside the workspace");
+        failure.path = Some("../x".into());
+        log.write(&failure.record(true)).unwrap();
+        log.write(&Record::NetDropped { dropped: 2 }).unwrap();
+        drop(log);
+        // The lines written before (ad-hoc JSON, as old logs hold) and the
+        // typed ones verify as one chain.
+        assert_eq!(verify(&path).unwrap().records, 8);
+        let records = records(&path).unwrap();
+        assert_eq!(records[5]["kind"], "refusal");
+        assert_eq!(records[5]["front_end"], "serve");
+        assert_eq!(records[5]["path"], "../x");
+        assert_eq!(records[6]["kind"], "net");
+        assert_eq!(records[6]["dropped"], 2);
     }
 
     #[test]
@@ -710,10 +753,8 @@ mod tests {
         let path = dir.path().join("audit.log");
         let log = AuditLog::open(&path, &[]).unwrap();
         let huge = "x".repeat(MAX_LINE + 10);
-        log.record("exec", serde_json::json!({"argv": [huge]}))
-            .unwrap();
-        log.record("exec", serde_json::json!({"argv": ["true"]}))
-            .unwrap();
+        append(&log, "exec", serde_json::json!({"argv": [huge]})).unwrap();
+        append(&log, "exec", serde_json::json!({"argv": ["true"]})).unwrap();
         drop(log);
         let v = verify(&path).unwrap();
         assert_eq!(v.records, 3);

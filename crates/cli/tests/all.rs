@@ -691,8 +691,11 @@ fn hako_shell_works_on_a_real_terminal_and_restores_it() {
     );
     tmux.send(&[&line, "Enter"]);
     tmux.send(&["echo READY-$((6*7)); stty size; tty", "Enter"]);
-    let screen = tmux.wait_for("READY-42");
+    tmux.wait_for("READY-42");
     tmux.wait_for("24 80");
+    // Waited for, not read off the screen READY-42 showed on: `tty`
+    // answers last, and under load the screen can be read before it does.
+    let screen = tmux.wait_for("/dev/pts/");
     assert!(screen.contains("/dev/pts/"), "{screen}");
     // A window-size change reaches the shell inside.
     assert!(tmux
@@ -1055,6 +1058,25 @@ fn audit_log_records_runs_and_verify_names_an_edited_removed_or_reordered_line()
         .map(str::to_string)
         .collect();
     assert!(lines.len() >= 6, "{lines:?}");
+    // The records are hako-audit's typed ones: the run's exec says which
+    // front end and backend ran it, the refused run is a refusal.
+    let records: Vec<serde_json::Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let exec = records
+        .iter()
+        .find(|r| r["kind"] == "exec" && r["argv"] == serde_json::json!(["echo", "one"]))
+        .unwrap_or_else(|| panic!("no exec of echo one in {records:?}"));
+    assert_eq!(exec["front_end"], "run", "{exec}");
+    assert_eq!(exec["exit_code"], 0, "{exec}");
+    assert!(exec["backend"].is_string(), "{exec}");
+    let refusal = records
+        .iter()
+        .find(|r| r["kind"] == "refusal")
+        .unwrap_or_else(|| panic!("no refusal in {records:?}"));
+    assert_eq!(refusal["front_end"], "run", "{refusal}");
+    assert_eq!(refusal["argv"], serde_json::json!(["true"]), "{refusal}");
     let tampered = d.ws.join("tampered.log");
     let check = |lines: &[String], want: usize| {
         std::fs::write(&tampered, lines.join("\n") + "\n").unwrap();

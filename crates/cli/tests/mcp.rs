@@ -77,6 +77,13 @@ fn drive(backend: &str) {
         .iter()
         .find(|r| r["kind"] == "exec" && r["command"] == "sleep 30" && r["timed_out"] == true);
     assert!(timed_out.is_some(), "{records:?}");
+    // Every command's record has the fields every front end writes.
+    for exec in records.iter().filter(|r| r["kind"] == "exec") {
+        assert_eq!(exec["front_end"], "mcp", "{exec:?}");
+        assert_eq!(exec["tool"], "run_command", "{exec:?}");
+        assert_eq!(exec["backend"], backend, "{exec:?}");
+        assert!(exec["command"].is_string(), "{exec:?}");
+    }
     // Nothing the sandbox started outlives the server.
     let leftover = std::fs::read_dir("/proc")
         .unwrap()

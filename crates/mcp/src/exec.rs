@@ -11,11 +11,11 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use hako_audit::{Exec, FrontEnd, Process, ProcessOp, Record, Session, SessionOp};
 use hako_core::{
     Command, ExitStatus, OutputSink, ProcessId, ProcessState, Processes, Sandbox, SessionId,
     SpawnOptions, Stream,
 };
-use serde_json::json;
 
 use crate::state::{Owner, Reply, State, ToolError};
 use crate::text::{shorten, HeadTail};
@@ -202,6 +202,12 @@ pub fn run_command(
     let refused_net = state.drain_network(sandbox);
     // A command that could not run is recorded as the call's failure.
     let outcome = result?;
+    // What the record says of every command: the line, where it ran.
+    let mut shape = Command::shell(req.command.clone());
+    shape.cwd = req.cwd.clone();
+    let mut exec =
+        Exec::new(FrontEnd::Mcp, &sandbox.capabilities().backend, &shape).in_session(req.session);
+    exec.tool = Some("run_command".into());
     let mut text = String::new();
     let mut is_error = false;
     match &outcome {
@@ -212,23 +218,13 @@ pub fn run_command(
             captured,
             kept_whole,
         } => {
-            state.record(
-                "exec",
-                json!({
-                    "tool": "run_command",
-                    "command": req.command,
-                    // A session's shell runs the line itself.
-                    "argv": req.session.is_none().then_some(["/bin/sh", "-c", req.command.as_str()]),
-                    "cwd": req.cwd,
-                    "session": req.session,
-                    "exit_code": status.code(),
-                    "signal": status.signal(),
-                    "duration_ms": duration.as_millis() as u64,
-                    "stdout_bytes": captured.stdout_bytes(),
-                    "stderr_bytes": captured.stderr_bytes(),
-                    "timed_out": timed_out,
-                }),
-            );
+            state.record(Record::Exec(exec.ended(
+                *status,
+                *timed_out,
+                *duration,
+                captured.stdout_bytes(),
+                captured.stderr_bytes(),
+            )));
             if *timed_out {
                 is_error = true;
                 let _ = writeln!(text, "{}", timeout_message(req.timeout));
@@ -243,20 +239,12 @@ pub fn run_command(
         }
         Outcome::Running { id, captured } => {
             owner.hand_out(*id);
-            state.record(
-                "exec",
-                json!({
-                    "tool": "run_command",
-                    "command": req.command,
-                    "argv": ["/bin/sh", "-c", req.command],
-                    "cwd": req.cwd,
-                    "running": true,
-                    "process": id.0,
-                    "waited_ms": start.elapsed().as_millis() as u64,
-                    "stdout_bytes": captured.stdout.total(),
-                    "stderr_bytes": captured.stderr.total(),
-                }),
-            );
+            state.record(Record::Exec(exec.still_running(
+                id.0,
+                start.elapsed(),
+                captured.stdout.total(),
+                captured.stderr.total(),
+            )));
             let _ = writeln!(
                 text,
                 "still running after {} s; process handle: {id} (it is killed {} s after it started unless it ends first).",
@@ -460,19 +448,17 @@ pub fn read_output(
     for line in refused {
         let _ = writeln!(text, "note: {line}");
     }
-    state.record(
-        "process",
-        json!({
-            "op": "read_output",
-            "process": process,
-            "stream": name,
-            "offset": slice.offset,
-            "bytes": slice.data.len(),
-            "sha256": hako_audit::sha256_hex(&slice.data),
-            "ended": st.finished(),
-            "exit_code": st.status.and_then(ExitStatus::code),
-        }),
-    );
+    state.record(Record::Process(Process {
+        process,
+        op: ProcessOp::ReadOutput {
+            stream: name.to_string(),
+            offset: slice.offset,
+            bytes: slice.data.len() as u64,
+            sha256: hako_audit::sha256_hex(&slice.data),
+            ended: st.finished(),
+            exit_code: st.status.and_then(ExitStatus::code),
+        },
+    }));
     Ok(text.into())
 }
 
@@ -493,16 +479,14 @@ pub fn send_input(
     if close {
         p.close_stdin(id)?;
     }
-    state.record(
-        "process",
-        json!({
-            "op": "send_input",
-            "process": process,
-            "bytes": data.len(),
-            "sha256": hako_audit::sha256_hex(data.as_bytes()),
-            "closed_stdin": close,
-        }),
-    );
+    state.record(Record::Process(Process {
+        process,
+        op: ProcessOp::SendInput {
+            bytes: data.len() as u64,
+            sha256: hako_audit::sha256_hex(data.as_bytes()),
+            closed_stdin: close,
+        },
+    }));
     Ok(format!(
         "wrote {} bytes to the stdin of process {process}{}",
         data.len(),
@@ -523,16 +507,14 @@ pub fn kill_process(
     p.kill(id)?;
     let st = p.wait(id, Some(Duration::from_secs(5)))?;
     state.drain_network(sandbox);
-    state.record(
-        "process",
-        json!({
-            "op": "kill",
-            "process": process,
-            "ended": st.finished(),
-            "exit_code": st.status.and_then(ExitStatus::code),
-            "signal": st.status.and_then(ExitStatus::signal),
-        }),
-    );
+    state.record(Record::Process(Process {
+        process,
+        op: ProcessOp::Kill {
+            ended: st.finished(),
+            exit_code: st.status.and_then(ExitStatus::code),
+            signal: st.status.and_then(ExitStatus::signal),
+        },
+    }));
     Ok(format!(
         "killed process {process} and everything it started; {}",
         process_line(&st)
@@ -608,7 +590,11 @@ pub fn open_session(
     })?;
     let id = sessions.open_session(&Default::default())?;
     owner.opened_session(id);
-    state.record("session", json!({ "op": "open", "session": id.0 }));
+    state.record(Record::Session(Session {
+        op: SessionOp::Open,
+        session: id.0,
+        sandbox: None,
+    }));
     Ok(format!(
         "session {id} is open: pass \"session\": {id} to run_command to run commands in it; they share its working directory, environment and shell variables. close_session ends it."
     )
@@ -631,7 +617,11 @@ pub fn close_session(
     })?;
     // Still owned after: closing it again does nothing, as documented.
     sessions.close_session(id)?;
-    state.record("session", json!({ "op": "close", "session": session }));
+    state.record(Record::Session(Session {
+        op: SessionOp::Close,
+        session,
+        sandbox: None,
+    }));
     Ok(format!("session {session} is closed; everything started in it was killed").into())
 }
 

@@ -4,8 +4,8 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use hako_audit::{FileOp, FrontEnd, Record};
 use hako_core::{FenceError, FileKind, Sandbox};
-use serde_json::json;
 
 use crate::search::{self, GrepQuery};
 use crate::state::{Reply, State, ToolError};
@@ -59,16 +59,7 @@ pub fn read_file(
     }
     let offset = offset.unwrap_or(1).max(1);
     let outcome = read_bounded(sandbox, path, READ_CAP)?;
-    state.record(
-        "file",
-        json!({
-            "op": "read",
-            "path": path,
-            "size": outcome.data.len(),
-            "truncated": outcome.truncated,
-            "sha256": hako_audit::sha256_hex(&outcome.data),
-        }),
-    );
+    record_file(state, path, FileOp::read(&outcome.data, outcome.truncated));
     let name = shown(path);
     if outcome.data.is_empty() {
         return Ok(format!("(the file {name} is empty)").into());
@@ -170,15 +161,7 @@ pub fn write_file(
     content: &str,
 ) -> Result<Reply, ToolError> {
     let created_dirs = write_creating_parents(sandbox, path, content.as_bytes())?;
-    state.record(
-        "file",
-        json!({
-            "op": "write",
-            "path": path,
-            "size": content.len(),
-            "sha256": hako_audit::sha256_hex(content.as_bytes()),
-        }),
-    );
+    record_file(state, path, FileOp::write(content.as_bytes()));
     Ok(format!(
         "wrote {} bytes ({} lines) to {}{}",
         content.len(),
@@ -218,16 +201,10 @@ pub fn edit_file(
     let (after, count) = replace_exact(before, old, new, replace_all, cap)
         .map_err(|e| ToolError::new(e.message(&name)))?;
     sandbox.write_file(path, after.as_bytes())?;
-    state.record(
-        "file",
-        json!({
-            "op": "edit",
-            "path": path,
-            "size": after.len(),
-            "sha256": hako_audit::sha256_hex(after.as_bytes()),
-            "sha256_before": hako_audit::sha256_hex(&outcome.data),
-            "replacements": count,
-        }),
+    record_file(
+        state,
+        path,
+        FileOp::edit(&outcome.data, after.as_bytes(), count as u64),
     );
     // Show the first edited place, with a few lines around it.
     let mut out = format!(
@@ -247,13 +224,12 @@ pub fn edit_file(
 /// `list_dir`.
 pub fn list_dir(state: &State, sandbox: &dyn Sandbox, path: &Path) -> Result<Reply, ToolError> {
     let listing = sandbox.list_dir(path)?;
-    state.record(
-        "file",
-        json!({
-            "op": "list",
-            "path": path,
-            "entries": listing.entries.len(),
-        }),
+    record_file(
+        state,
+        path,
+        FileOp::List {
+            entries: listing.entries.len() as u64,
+        },
     );
     let name = shown(path);
     if listing.entries.is_empty() {
@@ -350,9 +326,13 @@ pub fn glob(
 ) -> Result<Reply, ToolError> {
     let base = base.unwrap_or(Path::new("."));
     let found = search::glob(sandbox, pattern, base)?;
-    state.record(
-        "file",
-        json!({ "op": "glob", "path": base, "pattern": pattern, "matches": found.paths.len() }),
+    record_file(
+        state,
+        base,
+        FileOp::Glob {
+            pattern: pattern.to_string(),
+            matches: found.paths.len() as u64,
+        },
     );
     let mut out = String::new();
     if found.paths.is_empty() {
@@ -404,16 +384,15 @@ pub fn grep(state: &State, sandbox: &dyn Sandbox, args: &GrepArgs) -> Result<Rep
             max_results: args.max_results,
         },
     )?;
-    state.record(
-        "file",
-        json!({
-            "op": "grep",
-            "path": base,
-            "pattern": args.pattern,
-            "glob": args.glob,
-            "files": found.files,
-            "matches": found.lines.len(),
-        }),
+    record_file(
+        state,
+        base,
+        FileOp::Grep {
+            pattern: args.pattern.clone(),
+            glob: args.glob.clone(),
+            files: found.files as u64,
+            matches: found.lines.len() as u64,
+        },
     );
     let mut out = String::new();
     if found.lines.is_empty() {
@@ -462,6 +441,16 @@ pub fn grep(state: &State, sandbox: &dyn Sandbox, args: &GrepArgs) -> Result<Rep
     }
     walk_notes(&mut out, &found.report);
     Ok(out.into())
+}
+
+/// Records `op` on `path`.
+fn record_file(state: &State, path: &Path, op: FileOp) {
+    state.record(Record::File(hako_audit::File::new(
+        FrontEnd::Mcp,
+        None,
+        path,
+        op,
+    )));
 }
 
 #[cfg(test)]

@@ -257,7 +257,7 @@ fn authorized(headers: &HeaderMap, token: &[u8]) -> bool {
         return false;
     }
     let (scheme, given) = value.split_at(SCHEME.len());
-    scheme.eq_ignore_ascii_case(SCHEME) && hako_serve::token_matches(given.trim_ascii(), token)
+    scheme.eq_ignore_ascii_case(SCHEME) && hako_runtime::token::matches(given.trim_ascii(), token)
 }
 
 /// The `Host` values accepted when listening on `addr`: on a loopback

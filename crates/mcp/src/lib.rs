@@ -59,10 +59,23 @@ pub type MakeSandbox = dyn Fn() -> hako_core::Result<Box<dyn Sandbox>> + Send + 
 pub struct McpConfig {
     /// Opens the sandbox, on the first tool call (and again on the next
     /// call if opening failed). Called on a blocking thread.
+    /// [`McpConfig::new`] makes it the runtime's `Opener::open`; a library
+    /// user (or a test) may give its own.
     pub make_sandbox: Box<MakeSandbox>,
     /// Where to record every effect, if anywhere; closed when the server
     /// ends.
     pub audit: Option<Arc<AuditLog>>,
+}
+
+impl McpConfig {
+    /// A server whose sandbox the runtime opens: the backend `opener`
+    /// chose for its spec, gated by the isolation it requires.
+    pub fn new(opener: hako_runtime::Opener, audit: Option<Arc<AuditLog>>) -> Self {
+        McpConfig {
+            make_sandbox: Box::new(move || opener.open()),
+            audit,
+        }
+    }
 }
 
 impl std::fmt::Debug for McpConfig {

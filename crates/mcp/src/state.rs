@@ -2,13 +2,13 @@
 //! the audit log, and the error every tool failure becomes.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
-use hako_audit::AuditLog;
+use hako_audit::{
+    AuditLog, Failure, FrontEnd, Process, ProcessOp, Record, SandboxClosed, SandboxOpened,
+};
 use hako_core::{FenceError, ProcessId, Sandbox, SessionId};
-use serde_json::{json, Value};
 
-use crate::text::shorten;
 use crate::MakeSandbox;
 
 /// A tool call that failed: returned to the client as a tool result with
@@ -34,11 +34,7 @@ impl ToolError {
 
 impl From<hako_core::Error> for ToolError {
     fn from(err: hako_core::Error) -> Self {
-        let refused = match &err {
-            hako_core::Error::Fence(f) => f.is_refusal(),
-            hako_core::Error::IsolationTooWeak { .. } => true,
-            _ => false,
-        };
+        let refused = hako_audit::is_refusal(&err);
         let mut message = err.to_string();
         if let Some(hint) = hint(&err) {
             message.push_str("; ");
@@ -175,10 +171,6 @@ impl From<String> for Reply {
 /// own (the oldest are forgotten first; the sandbox forgets old ended
 /// processes too).
 const MAX_OWNED: usize = 1 << 16;
-/// Longest error message written to the audit log, in characters: an
-/// error can quote what the client sent (a value of the wrong type), and a
-/// record says what failed, not what was sent.
-pub const AUDIT_MESSAGE_CHARS: usize = 500;
 
 enum Slot {
     /// Not opened yet (or opening it failed: the next call tries again).
@@ -192,6 +184,9 @@ enum Slot {
 pub struct State {
     make: Box<MakeSandbox>,
     slot: Mutex<Slot>,
+    /// The backend, set when the sandbox is first opened: what a failure's
+    /// record names without waiting for the slot's lock.
+    backend: OnceLock<String>,
     audit: Option<Arc<AuditLog>>,
 }
 
@@ -201,6 +196,7 @@ impl State {
         State {
             make,
             slot: Mutex::new(Slot::Idle),
+            backend: OnceLock::new(),
             audit,
         }
     }
@@ -228,16 +224,10 @@ impl State {
                 };
                 let caps = sandbox.capabilities();
                 tracing::info!(backend = %caps.backend, isolation = %caps.isolation, "sandbox opened");
-                self.record(
-                    "sandbox",
-                    json!({
-                        "op": "open",
-                        "backend": caps.backend,
-                        "isolation": caps.isolation,
-                        "network": caps.network,
-                        "workdir": sandbox.workdir().map(|w| w.workdir().to_string_lossy().into_owned()),
-                    }),
-                );
+                let _ = self.backend.set(caps.backend.clone());
+                let mut opened = SandboxOpened::new(FrontEnd::Mcp, None, caps);
+                opened.workdir = sandbox.workdir().map(|w| w.workdir().to_path_buf());
+                self.record(Record::SandboxOpened(opened));
                 *slot = Slot::Open(sandbox.clone());
                 Ok(sandbox)
             }
@@ -254,22 +244,26 @@ impl State {
 
     /// Appends one audit record, if there is a log. A record that cannot
     /// be written is logged: the effect has already happened.
-    pub fn record(&self, kind: &str, fields: Value) {
+    pub fn record(&self, record: Record) {
         if let Some(audit) = &self.audit {
-            if let Err(err) = audit.record(kind, fields) {
+            if let Err(err) = audit.write(&record) {
                 tracing::error!("cannot write the audit log: {err}");
             }
         }
     }
 
     /// Records a tool failure: kind `refusal` for a policy refusal, `error`
-    /// otherwise.
+    /// otherwise (the message cut to [`hako_audit::MAX_MESSAGE_CHARS`]).
     pub fn record_failure(&self, tool: &str, err: &ToolError) {
-        let kind = if err.refused { "refusal" } else { "error" };
-        self.record(
-            kind,
-            json!({ "tool": tool, "error": shorten(&err.message, AUDIT_MESSAGE_CHARS) }),
-        );
+        let mut failure = Failure::new(FrontEnd::Mcp, &err.message);
+        failure.tool = Some(tool.to_string());
+        failure.backend = self.backend();
+        self.record(failure.record(err.refused));
+    }
+
+    /// The sandbox's backend, once it has been opened.
+    fn backend(&self) -> Option<String> {
+        self.backend.get().cloned()
     }
 
     /// Records the egress proxy's decisions since the last call (kind
@@ -295,13 +289,10 @@ impl State {
                         .unwrap_or_default()
                 ));
             }
-            match serde_json::to_value(&event) {
-                Ok(value) => self.record("net", value),
-                Err(err) => tracing::error!("cannot encode a network event: {err}"),
-            }
+            self.record(Record::Net(event));
         }
         if dropped > 0 {
-            self.record("net", json!({ "dropped": dropped }));
+            self.record(Record::NetDropped { dropped });
         }
         refused
     }
@@ -315,10 +306,12 @@ impl State {
             // What is still running dies with the sandbox: say which.
             if let Some(Ok(list)) = sandbox.processes().map(|p| p.list()) {
                 for st in list.iter().filter(|st| !st.finished()) {
-                    self.record(
-                        "process",
-                        json!({ "op": "killed_at_close", "process": st.id.0, "argv": st.argv }),
-                    );
+                    self.record(Record::Process(Process {
+                        process: st.id.0,
+                        op: ProcessOp::KilledAtClose {
+                            argv: st.argv.clone(),
+                        },
+                    }));
                 }
             }
             if let Err(err) = sandbox.close() {
@@ -326,7 +319,10 @@ impl State {
             }
             // Closing ends every connection from inside, so each is recorded.
             self.drain_network(sandbox.as_ref());
-            self.record("sandbox", json!({ "op": "close" }));
+            self.record(Record::SandboxClosed(SandboxClosed {
+                front_end: FrontEnd::Mcp,
+                sandbox: None,
+            }));
             tracing::info!("sandbox closed");
         }
     }
@@ -390,7 +386,7 @@ mod tests {
         let records = hako_audit::records(&path).unwrap();
         let message = records[0]["error"].as_str().unwrap();
         assert!(
-            message.chars().count() <= AUDIT_MESSAGE_CHARS + 3,
+            message.chars().count() <= hako_audit::MAX_MESSAGE_CHARS + 3,
             "{}",
             message.len()
         );

@@ -2,9 +2,12 @@
 //!
 //! Every front end (`hako run`, `shell` and `fs`, the sandboxes `hako mcp`
 //! and `hako serve` open, library users) describes a sandbox with one
-//! [`SandboxSpec`], names a backend with a [`BackendArg`] (`auto` or a
-//! backend), turns it into a [`BackendKind`] with [`resolve`] and gets a
-//! `Box<dyn Sandbox>` from [`open`]:
+//! [`SandboxSpec`], parsed once from its flags and a profile
+//! ([`SandboxFlags::spec`]; the flags' value parsers are here too), names
+//! a backend with a [`BackendArg`] (`auto` or a backend), turns it into a
+//! [`BackendKind`] with [`resolve`] and gets a `Box<dyn Sandbox>` from
+//! [`open`] (or, for a server that opens many alike, from an [`Opener`],
+//! which also gates them by the isolation required):
 //!
 //! ```no_run
 //! use hako_runtime::{open, resolve, BackendArg, SandboxSpec};
@@ -22,17 +25,26 @@
 //! [`protections`], the kernel features the `linux` backend applies), which
 //! `hako doctor` prints and `auto` relies on.
 //!
+//! The bearer token the HTTP front ends require is made and compared in
+//! [`token`], below both of them.
+//!
 //! The choice is a closed enum and the spec plain data, so what is pure
 //! here (parsing names, refusing settings a backend cannot honour) is
 //! tested without privileges. This crate sits above the backends
 //! (`hako-host`, `hako-linux`, `hako-container`), which know nothing of it.
 
 mod backend;
+mod flags;
 mod open;
 mod probe;
+mod profile;
 mod spec;
+pub mod token;
 
 pub use backend::{resolve, BackendArg, BackendKind, ParseBackendError};
-pub use open::open;
+pub use flags::{
+    parse_cpus, parse_key_value, parse_resolve, parse_size, parse_size_u64, SandboxFlags,
+};
+pub use open::{open, Opener};
 pub use probe::{check, probe, protections, Protection, Unavailable};
 pub use spec::SandboxSpec;

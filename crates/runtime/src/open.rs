@@ -2,9 +2,58 @@
 
 use std::path::PathBuf;
 
-use hako_core::{Error, Limits, NetworkPolicy, Sandbox};
+use hako_core::{Error, Isolation, Limits, NetworkPolicy, Sandbox};
 
-use crate::{probe, BackendKind, SandboxSpec};
+use crate::{probe, resolve, BackendArg, BackendKind, SandboxSpec};
+
+/// A backend chosen for a spec and gated by the isolation required: what a
+/// front end opens its sandboxes from (the one `hako mcp` opens on the
+/// first tool call, each one a `hako serve` client asks for).
+#[derive(Debug, Clone)]
+pub struct Opener {
+    kind: BackendKind,
+    spec: SandboxSpec,
+    min_isolation: Isolation,
+}
+
+impl Opener {
+    /// Resolves `backend` (`auto` probes the host) and refuses, before
+    /// anything starts, a backend weaker than `min_isolation`.
+    pub fn new(
+        backend: BackendArg,
+        spec: SandboxSpec,
+        min_isolation: Isolation,
+    ) -> Result<Self, Error> {
+        let kind = resolve(backend)?;
+        kind.require_isolation(min_isolation)?;
+        Ok(Opener {
+            kind,
+            spec,
+            min_isolation,
+        })
+    }
+
+    /// The backend chosen.
+    pub fn kind(&self) -> BackendKind {
+        self.kind
+    }
+
+    /// The spec every sandbox is opened with.
+    pub fn spec(&self) -> &SandboxSpec {
+        &self.spec
+    }
+
+    /// Opens one sandbox, and refuses it (closed again) if what it
+    /// enforces here is weaker than required.
+    pub fn open(&self) -> Result<Box<dyn Sandbox>, Error> {
+        let sandbox = open(self.kind, &self.spec)?;
+        if let Err(e) = hako_core::require_isolation(sandbox.as_ref(), self.min_isolation) {
+            let _ = sandbox.close();
+            return Err(e);
+        }
+        Ok(sandbox)
+    }
+}
 
 /// Opens a sandbox of `kind` as `spec` describes.
 ///

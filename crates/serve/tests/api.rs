@@ -140,13 +140,13 @@ fn requests_without_the_token_get_401_and_touch_nothing() {
         (200, Some(0))
     );
     assert!(!s.ws.join("planted").exists());
-    assert!(hako_serve::constant_time_eq(b"abc", b"abc"));
-    assert!(!hako_serve::constant_time_eq(b"abc", b"abd"));
-    assert!(!hako_serve::constant_time_eq(b"abc", b"abcd"));
-    assert!(hako_serve::token_matches(b"abc", b"abc"));
-    assert!(!hako_serve::token_matches(b"abc", b"abcd"));
-    assert!(!hako_serve::token_matches(b"", b"abc"));
-    assert_eq!(hako_serve::generate_token().unwrap().len(), 64);
+    assert!(hako_runtime::token::constant_time_eq(b"abc", b"abc"));
+    assert!(!hako_runtime::token::constant_time_eq(b"abc", b"abd"));
+    assert!(!hako_runtime::token::constant_time_eq(b"abc", b"abcd"));
+    assert!(hako_runtime::token::matches(b"abc", b"abc"));
+    assert!(!hako_runtime::token::matches(b"abc", b"abcd"));
+    assert!(!hako_runtime::token::matches(b"", b"abc"));
+    assert_eq!(hako_runtime::token::generate().unwrap().len(), 64);
 }
 
 /// The `required` fields of a 200/201 JSON response's schema.
@@ -390,10 +390,32 @@ fn a_client_runs_commands_streams_output_and_uses_files_and_sessions_through_the
     );
     assert_eq!((status, v["kind"].as_str()), (404, Some("no_such_sandbox")));
     // Every effect is in the audit log, whose chain holds.
+    // The file operations are `file` records, their `op` saying which.
     let records = hako_audit::records(Path::new(&s.log)).unwrap();
-    let kinds: Vec<&str> = records.iter().filter_map(|r| r["kind"].as_str()).collect();
-    for kind in ["sandbox", "write", "read", "exec", "refusal", "remove"] {
-        assert!(kinds.contains(&kind), "no {kind} in {kinds:?}");
+    let kinds: Vec<(&str, &str)> = records
+        .iter()
+        .filter_map(|r| {
+            let op = r.get("op").and_then(Value::as_str).unwrap_or("");
+            Some((r["kind"].as_str()?, op))
+        })
+        .collect();
+    for kind in [
+        ("sandbox", "open"),
+        ("file", "write"),
+        ("file", "read"),
+        ("exec", ""),
+        ("refusal", ""),
+        ("file", "remove"),
+        ("session", "open"),
+        ("sandbox", "close"),
+    ] {
+        assert!(kinds.contains(&kind), "no {kind:?} in {kinds:?}");
+    }
+    // Every exec record says which sandbox and backend it ran in.
+    for exec in records.iter().filter(|r| r["kind"] == "exec") {
+        assert_eq!(exec["front_end"], "serve", "{exec:?}");
+        assert_eq!(exec["backend"], "host", "{exec:?}");
+        assert_eq!(exec["sandbox"].as_u64(), Some(id), "{exec:?}");
     }
 }
 

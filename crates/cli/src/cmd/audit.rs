@@ -82,9 +82,10 @@ pub fn run(args: AuditArgs) -> u8 {
     }
 }
 
-/// `seq  time  kind  field=value ...` (hashes left out), one line whatever
-/// the record holds: its strings come from inside (a command, a path, a
-/// guest's message), so each is shown escaped (see [`show::escaped`]).
+/// `seq  time  kind  field=value ...` (hashes and `null` fields left out),
+/// one line whatever the record holds: its strings come from inside (a
+/// command, a path, a guest's message), so each is shown escaped (see
+/// [`show::escaped`]).
 fn readable(r: &serde_json::Map<String, Value>) -> String {
     let seq = r.get("seq").and_then(Value::as_u64).unwrap_or(0);
     let at = r.get("at_ms").and_then(Value::as_u64).unwrap_or(0);
@@ -92,7 +93,9 @@ fn readable(r: &serde_json::Map<String, Value>) -> String {
     let kind = escaped(kind).to_string();
     let mut out = format!("{seq:>5}  {}  {kind:<8}", utc(at));
     for (k, v) in r {
-        if matches!(k.as_str(), "seq" | "at_ms" | "kind" | "prev" | "hash") {
+        // A field that does not apply is `null` in the record (each kind
+        // has the same fields whoever wrote it); shown, it is only noise.
+        if matches!(k.as_str(), "seq" | "at_ms" | "kind" | "prev" | "hash") || v.is_null() {
             continue;
         }
         let _ = write!(out, " {}=", escaped(k));
@@ -183,6 +186,21 @@ mod tests {
             "{line}"
         );
         assert!(line.contains(" ke\\ny=v\\u{9b}2J"), "{line}");
+    }
+
+    #[test]
+    fn null_fields_are_left_out_and_the_others_kept() {
+        let line = readable(&record(serde_json::json!({
+            "tool": null,
+            "exit_code": 0,
+            "signal": null,
+            "timed_out": false,
+        })));
+        assert!(
+            line.contains(" exit_code=0") && line.contains(" timed_out=false"),
+            "{line}"
+        );
+        assert!(!line.contains("tool") && !line.contains("signal"), "{line}");
     }
 
     #[test]

@@ -58,14 +58,13 @@ pub fn run(args: McpArgs) -> u8 {
             spec.workspace.display()
         ));
     }
-    let kind = match hako_runtime::resolve(backend_arg) {
-        Ok(kind) => kind,
+    // The backend is chosen, and the policy gate passed, before anything
+    // is served.
+    let opener = match hako_runtime::Opener::new(backend_arg, spec, args.min_isolation) {
+        Ok(opener) => opener,
         Err(e) => return fail(&e),
     };
-    // The policy gate, before anything is served.
-    if let Err(e) = kind.require_isolation(args.min_isolation) {
-        return fail(&e);
-    }
+    let kind = opener.kind();
     // With --http: the token and the bound socket, before the audit log is
     // opened, so a port in use leaves no log behind.
     let http = match args.http.as_deref() {
@@ -76,22 +75,13 @@ pub fn run(args: McpArgs) -> u8 {
         None => None,
     };
     let audit = match &args.audit {
-        Some(path) => match hako_audit::AuditLog::open(path, &spec.writable()) {
+        Some(path) => match hako_audit::AuditLog::open(path, &opener.spec().writable()) {
             Ok(log) => Some(Arc::new(log)),
             Err(e) => return fail(&e),
         },
         None => None,
     };
-    let min_isolation = args.min_isolation;
-    let make_sandbox = Box::new(move || {
-        let sandbox = hako_runtime::open(kind, &spec)?;
-        hako_core::require_isolation(sandbox.as_ref(), min_isolation)?;
-        Ok(sandbox)
-    });
-    let config = hako_mcp::McpConfig {
-        make_sandbox,
-        audit,
-    };
+    let config = hako_mcp::McpConfig::new(opener, audit);
     if let Some(http) = http {
         if let Ok(local) = http.listener.local_addr() {
             eprintln!(
@@ -124,9 +114,9 @@ pub fn run(args: McpArgs) -> u8 {
 /// stderr) and the socket bound on `addr`, or what went wrong.
 fn http_config(addr: &str, token_file: Option<&Path>) -> Result<hako_mcp::HttpConfig, String> {
     let from_file = match token_file {
-        Some(path) => match std::fs::read_to_string(path) {
-            Ok(t) if !t.trim().is_empty() => Some(t.trim().to_string()),
-            Ok(_) => return Err(format!("the token file {} is empty", path.display())),
+        Some(path) => match hako_runtime::token::read(path) {
+            Ok(Some(t)) => Some(t),
+            Ok(None) => return Err(format!("the token file {} is empty", path.display())),
             Err(e) => {
                 return Err(format!(
                     "cannot read the token file {}: {e}",
@@ -141,7 +131,7 @@ fn http_config(addr: &str, token_file: Option<&Path>) -> Result<hako_mcp::HttpCo
     let token = match from_file {
         Some(t) => t,
         None => {
-            let t = hako_serve::generate_token()
+            let t = hako_runtime::token::generate()
                 .map_err(|e| format!("cannot generate a token: {e}"))?;
             eprintln!("hako mcp: token {t}");
             t

@@ -7,7 +7,6 @@ mod fs;
 mod gc;
 mod image;
 mod mcp;
-mod profile;
 mod run;
 mod serve;
 mod shell;
@@ -16,12 +15,13 @@ use std::path::PathBuf;
 
 use clap::builder::PossibleValue;
 use clap::{Args, Subcommand, ValueEnum};
-use hako_core::env::EnvPolicy;
 use hako_core::units;
-use hako_core::{Limits, NetMode, NetworkPolicy};
-use hako_runtime::{BackendArg, SandboxSpec};
+use hako_core::NetMode;
+use hako_runtime::{
+    parse_cpus, parse_key_value, parse_resolve, parse_size, parse_size_u64, BackendArg,
+    SandboxFlags, SandboxSpec,
+};
 
-use profile::Profile;
 pub use run::RunArgs;
 
 /// The subcommands.
@@ -98,7 +98,9 @@ impl ValueEnum for BackendFlag {
     }
 }
 
-/// Flags that pick and shape a sandbox, shared by `run` and `fs`.
+/// Flags that pick and shape a sandbox, shared by every subcommand that
+/// opens one: clap's view of the runtime's [`SandboxFlags`], which parses
+/// them and the profile into one spec.
 #[derive(Debug, Clone, Args)]
 pub struct SandboxArgs {
     /// Read sandbox settings from a TOML profile (every flag below is a key
@@ -179,164 +181,38 @@ pub struct SandboxArgs {
 }
 
 impl SandboxArgs {
-    /// The directories the flags alone make writable to a sandbox (the
-    /// workspace, or the current directory, and `--rw`): what an audit log
-    /// is kept out of when the whole spec could not be read.
-    pub fn writable_without_profile(&self) -> Vec<PathBuf> {
-        self.workspace
-            .clone()
-            .or_else(|| std::env::current_dir().ok())
-            .into_iter()
-            .chain(self.rw.iter().cloned())
-            .collect()
+    /// The flags as the runtime takes them: it parses the profile and
+    /// builds the spec ([`SandboxFlags::spec`]).
+    pub fn flags(&self) -> SandboxFlags {
+        SandboxFlags {
+            profile: self.profile.clone(),
+            backend: self.backend.map(|BackendFlag(b)| b),
+            workspace: self.workspace.clone(),
+            env: self.env.clone(),
+            pass_env: self.pass_env.clone(),
+            max_output: self.max_output,
+            memory: self.memory,
+            pids: self.pids,
+            cpus: self.cpus,
+            max_file_size: self.max_file_size,
+            max_open_files: self.max_open_files,
+            ro: self.ro.clone(),
+            rw: self.rw.clone(),
+            best_effort: self.best_effort,
+            image: self.image.clone(),
+            runtime: self.runtime.clone(),
+            no_guest: self.no_guest,
+            net: self.net,
+            allow: self.allow.clone(),
+            resolve: self.resolve.clone(),
+        }
     }
 
     /// The backend and the backend-neutral settings these flags (and the
     /// profile, if one is given) describe.
     pub fn spec(&self) -> Result<(BackendArg, SandboxSpec), String> {
-        let p = match &self.profile {
-            Some(path) => Profile::load(path)?,
-            None => Profile::default(),
-        };
-        let key = |name: &str, e: String| format!("profile key `{name}`: {e}");
-        let backend = match (self.backend, &p.backend) {
-            (Some(BackendFlag(b)), _) => b,
-            // Parsed as the flag is, so that the message is the same.
-            (None, Some(name)) => {
-                BackendFlag::from_str(name, false)
-                    .map_err(|e| key("backend", e))?
-                    .0
-            }
-            (None, None) => BackendArg::Auto,
-        };
-        let workspace = match self.workspace.clone().or(p.workspace) {
-            Some(dir) => dir,
-            None => std::env::current_dir()
-                .map_err(|e| format!("cannot read the current directory: {e}"))?,
-        };
-        let mut set = Vec::new();
-        for (k, v) in p.env {
-            if !hako_core::env::valid_name(&k) {
-                return Err(key("env", format!("invalid variable name {k:?}")));
-            }
-            set.push((k, v));
-        }
-        set.extend(self.env.iter().cloned());
-        let size = |name: &str, v: Option<profile::Scalar>| -> Result<Option<u64>, String> {
-            v.map(|v| parse_size_u64(&v.text()).map_err(|e| key(name, e)))
-                .transpose()
-        };
-        let max_output = match self.max_output {
-            Some(n) => n,
-            None => match size("max_output", p.max_output)? {
-                Some(n) => usize::try_from(n).map_err(|e| key("max_output", e.to_string()))?,
-                None => hako_core::DEFAULT_MAX_OUTPUT,
-            },
-        };
-        let cpus = match (self.cpus, p.cpus) {
-            (Some(c), _) => Some(c),
-            (None, Some(c)) => Some(parse_cpus(&c.text()).map_err(|e| key("cpus", e))?),
-            (None, None) => None,
-        };
-        let mut resolve = Vec::new();
-        for (name, addr) in p.resolve {
-            resolve.push(parse_resolve(&format!("{name}={addr}")).map_err(|e| key("resolve", e))?);
-        }
-        resolve.extend(self.resolve.iter().cloned());
-        let mut allow = p.allow;
-        allow.extend(self.allow.iter().cloned());
-        let net = match (self.net, p.net) {
-            (Some(mode), _) => Some(mode),
-            (None, Some(mode)) => Some(mode.parse::<NetMode>().map_err(|e| key("net", e))?),
-            (None, None) => None,
-        };
-        let network = match net {
-            Some(mode) => Some(NetworkPolicy {
-                mode,
-                allow,
-                resolve,
-            }),
-            None if !allow.is_empty() || !resolve.is_empty() => Some(NetworkPolicy {
-                mode: NetMode::Allow,
-                allow,
-                resolve,
-            }),
-            None => None,
-        };
-        let mut pass = p.pass_env;
-        pass.extend(self.pass_env.iter().cloned());
-        let mut ro = p.ro;
-        ro.extend(self.ro.iter().cloned());
-        let mut rw = p.rw;
-        rw.extend(self.rw.iter().cloned());
-        let spec = SandboxSpec {
-            workspace,
-            env: EnvPolicy { pass, set },
-            limits: Limits {
-                memory: self.memory.or(size("memory", p.memory)?),
-                pids: self.pids.or(p.pids),
-                cpus_milli: cpus,
-                file_size: self
-                    .max_file_size
-                    .or(size("max_file_size", p.max_file_size)?),
-                open_files: self.max_open_files.or(p.max_open_files),
-            },
-            ro,
-            rw,
-            best_effort: self.best_effort || p.best_effort.unwrap_or(false),
-            max_output,
-            image: self.image.clone().or(p.image),
-            runtime: self.runtime.clone().or(p.runtime),
-            no_guest: self.no_guest || p.no_guest.unwrap_or(false),
-            network,
-        };
-        Ok((backend, spec))
+        self.flags().spec()
     }
-}
-
-fn parse_resolve(s: &str) -> Result<(String, std::net::IpAddr), String> {
-    let (name, addr) = s
-        .split_once('=')
-        .ok_or_else(|| format!("expected NAME=ADDR, got {s:?}"))?;
-    let addr = addr
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .parse()
-        .map_err(|_| format!("{addr:?} is not an IP address"))?;
-    if name.is_empty() {
-        return Err(format!("expected NAME=ADDR, got {s:?}"));
-    }
-    Ok((name.to_ascii_lowercase(), addr))
-}
-
-fn parse_key_value(s: &str) -> Result<(String, String), String> {
-    let (k, v) = s
-        .split_once('=')
-        .ok_or_else(|| format!("expected K=V, got {s:?}"))?;
-    if !hako_core::env::valid_name(k) {
-        return Err(format!("invalid variable name {k:?}"));
-    }
-    Ok((k.to_string(), v.to_string()))
-}
-
-fn parse_size(s: &str) -> Result<usize, String> {
-    let n = units::parse_size(s).map_err(|e| e.to_string())?;
-    usize::try_from(n).map_err(|_| format!("size {s} is too large"))
-}
-
-fn parse_size_u64(s: &str) -> Result<u64, String> {
-    units::parse_size(s).map_err(|e| e.to_string())
-}
-
-/// CPUs as thousandths: `0.5` is 500.
-fn parse_cpus(s: &str) -> Result<u64, String> {
-    let cpus: f64 = s
-        .parse()
-        .map_err(|_| format!("invalid CPU count {s:?}; e.g. 0.5, 2"))?;
-    if !(cpus > 0.0 && cpus <= 4096.0) {
-        return Err(format!("CPU count {s} out of range"));
-    }
-    Ok((cpus * 1000.0).round() as u64)
 }
 
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use hako_audit::{is_refusal, AuditLog, Exec, Failure, FrontEnd, Record};
 use hako_core::{
     Command, Isolation, NetDecision, NetEvent, NetworkAccess, Output, Sandbox, Stream,
 };
@@ -99,12 +100,12 @@ pub fn run(args: RunArgs) -> u8 {
     // The log is kept out of every directory the sandbox can write.
     let writable = match &spec {
         Ok((_, spec)) => spec.writable(),
-        Err(_) => args.sandbox.writable_without_profile(),
+        Err(_) => args.sandbox.flags().writable_without_profile(),
     };
     let audit = match args
         .audit
         .as_deref()
-        .map(|path| hako_audit::AuditLog::open(path, &writable))
+        .map(|path| AuditLog::open(path, &writable))
     {
         None => None,
         Some(Ok(log)) => Some(log),
@@ -113,37 +114,40 @@ pub fn run(args: RunArgs) -> u8 {
         Some(Err(e)) => return fail(json, None, &e, exit::SANDBOX_FAILED),
     };
     let argv = args.command.clone();
-    let refuse = |backend: Option<&str>, err: &dyn std::fmt::Display, code: u8| {
+    // What did not run is recorded: a `refusal` when a policy refused it
+    // (`refused`), an `error` otherwise.
+    let refuse = |backend: Option<&str>, err: &dyn std::fmt::Display, code: u8, refused: bool| {
         if let Some(log) = &audit {
-            let _ = log.record(
-                "refusal",
-                serde_json::json!({"argv": argv, "backend": backend, "error": err.to_string(), "exit_code": code}),
-            );
+            let mut failure = Failure::new(FrontEnd::Run, &err.to_string());
+            failure.backend = backend.map(str::to_string);
+            failure.argv = Some(argv.clone());
+            failure.exit_code = Some(code);
+            let _ = log.write(&failure.record(refused));
         }
         fail(json, backend, err, code)
     };
     let (backend_arg, spec) = match spec {
         Ok(spec) => spec,
-        Err(e) => return refuse(None, &e, exit::SANDBOX_FAILED),
+        Err(e) => return refuse(None, &e, exit::SANDBOX_FAILED, false),
     };
     let kind = match hako_runtime::resolve(backend_arg) {
         Ok(kind) => kind,
-        Err(e) => return refuse(None, &e, exit::SANDBOX_FAILED),
+        Err(e) => return refuse(None, &e, exit::SANDBOX_FAILED, false),
     };
     // The policy gate comes first: a run that needs a stronger boundary
     // than this backend has never starts.
     if let Err(err) = kind.require_isolation(args.min_isolation) {
-        return refuse(Some(kind.name()), &err, exit::SANDBOX_FAILED);
+        return refuse(Some(kind.name()), &err, exit::SANDBOX_FAILED, true);
     }
     // One command, from this thread: no thread of its own need read the
     // guest.
     hako_guest::client::read_on_calling_thread();
     let sandbox = match hako_runtime::open(kind, &spec) {
         Ok(sb) => sb,
-        Err(e) => return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED),
+        Err(e) => return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED, is_refusal(&e)),
     };
     if let Err(e) = hako_core::require_isolation(sandbox.as_ref(), args.min_isolation) {
-        return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED);
+        return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED, true);
     }
     let mut command = Command::new(args.command).max_output(spec.max_output);
     command.cwd = args.cwd;
@@ -153,10 +157,10 @@ pub fn run(args: RunArgs) -> u8 {
         match std::io::stdin().take(MAX_STDIN + 1).read_to_end(&mut data) {
             Ok(n) if n as u64 > MAX_STDIN => {
                 let err = format!("standard input is larger than {MAX_STDIN} bytes; pass large inputs as files in the workspace");
-                return refuse(Some(kind.name()), &err, exit::SANDBOX_FAILED);
+                return refuse(Some(kind.name()), &err, exit::SANDBOX_FAILED, false);
             }
             Ok(_) => command.stdin = Some(data),
-            Err(e) => return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED),
+            Err(e) => return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED, false),
         }
     }
     let result = execute(sandbox.as_ref(), &command, json);
@@ -171,7 +175,7 @@ pub fn run(args: RunArgs) -> u8 {
     let network = sandbox.network_events().map(|n| n.take_network_events());
     let output = match result {
         Ok(output) => output,
-        Err(e) => return refuse(Some(kind.name()), &e, exit::for_error(&e)),
+        Err(e) => return refuse(Some(kind.name()), &e, exit::for_error(&e), is_refusal(&e)),
     };
     let caps = sandbox.capabilities();
     if let Some(log) = &audit {
@@ -213,7 +217,7 @@ pub fn run(args: RunArgs) -> u8 {
 /// ended. A record that cannot be written is reported, not fatal (the
 /// command has run).
 fn record_run(
-    log: &hako_audit::AuditLog,
+    log: &AuditLog,
     command: &Command,
     backend: &str,
     output: &Output,
@@ -221,30 +225,16 @@ fn record_run(
 ) {
     let mut records = Vec::new();
     if let Some((events, dropped)) = network {
-        for e in events {
-            records.push(("net", serde_json::to_value(e).unwrap_or_default()));
-        }
+        records.extend(events.iter().cloned().map(Record::Net));
         if *dropped > 0 {
-            records.push(("net", serde_json::json!({"dropped": dropped})));
+            records.push(Record::NetDropped { dropped: *dropped });
         }
     }
-    let argv = command.program.argv();
-    records.push((
-        "exec",
-        serde_json::json!({
-            "argv": argv,
-            "cwd": command.cwd,
-            "backend": backend,
-            "exit_code": output.status.code(),
-            "signal": output.status.signal(),
-            "timed_out": output.timed_out,
-            "duration_ms": u64::try_from(output.duration.as_millis()).unwrap_or(u64::MAX),
-            "stdout_bytes": output.stdout_total,
-            "stderr_bytes": output.stderr_total,
-        }),
+    records.push(Record::Exec(
+        Exec::new(FrontEnd::Run, backend, command).output(output),
     ));
-    for (kind, fields) in records {
-        if let Err(e) = log.record(kind, fields) {
+    for record in &records {
+        if let Err(e) = log.write(record) {
             eprintln!("hako: {}", crate::show::message(&e.to_string()));
             return;
         }

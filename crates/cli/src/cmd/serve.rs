@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Args;
+use hako_core::Isolation;
 
 use super::SandboxArgs;
 use crate::exit;
@@ -38,17 +39,18 @@ pub fn run(args: ServeArgs) -> u8 {
         Ok(s) => s,
         Err(e) => return fail(&e),
     };
-    let kind = match hako_runtime::resolve(backend_arg) {
-        Ok(k) => k,
+    // Every sandbox a client asks for is opened from this one choice.
+    let opener = match hako_runtime::Opener::new(backend_arg, spec, Isolation::None) {
+        Ok(opener) => opener,
         Err(e) => return fail(&e),
     };
     let token = match &args.token_file {
-        Some(path) => match std::fs::read_to_string(path) {
-            Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
-            Ok(_) => return fail(&format!("{} is empty", path.display())),
+        Some(path) => match hako_runtime::token::read(path) {
+            Ok(Some(t)) => t,
+            Ok(None) => return fail(&format!("{} is empty", path.display())),
             Err(e) => return fail(&format!("cannot read {}: {e}", path.display())),
         },
-        None => match hako_serve::generate_token() {
+        None => match hako_runtime::token::generate() {
             Ok(t) => {
                 eprintln!("hako serve: token {t}");
                 t
@@ -56,7 +58,7 @@ pub fn run(args: ServeArgs) -> u8 {
             Err(e) => return fail(&format!("cannot generate a token: {e}")),
         },
     };
-    let writable = spec.writable();
+    let writable = opener.spec().writable();
     let audit = match args
         .audit
         .as_deref()
@@ -73,13 +75,9 @@ pub fn run(args: ServeArgs) -> u8 {
     eprintln!(
         "hako serve: listening on {} ({} backend)",
         args.listen,
-        kind.name()
+        opener.kind().name()
     );
-    let mut config = hako_serve::ServeConfig::new(
-        Box::new(move || hako_runtime::open(kind, &spec)),
-        token,
-        audit,
-    );
+    let mut config = hako_serve::ServeConfig::with_opener(opener, token, audit);
     // SIGINT and SIGTERM stop it: every sandbox is closed, then the audit
     // log gets its closing record.
     config.stop_on_signals = true;

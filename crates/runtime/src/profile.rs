@@ -1,7 +1,7 @@
 //! Profiles: the sandbox flags as TOML keys (`--profile FILE`), so that a
-//! harness writes its policy once. Every flag of [`SandboxArgs`] has a key
-//! of the same name (with `_` for `-`); a flag given on the command line
-//! wins over the key, and list flags (`env`, `pass_env`, `ro`, `rw`,
+//! harness writes its policy once. Every field of [`SandboxFlags`] but
+//! `profile` has a key of the same name (with `_` for `-`); a flag given on
+//! the command line wins over the key, and list flags (`env`, `pass_env`, `ro`, `rw`,
 //! `allow`, `resolve`) add to the profile's lists. An unknown key is an
 //! error that names it.
 //!
@@ -15,7 +15,7 @@
 //! env = { PIP_NO_INPUT = "1" }
 //! ```
 //!
-//! [`SandboxArgs`]: super::SandboxArgs
+//! [`SandboxFlags`]: crate::SandboxFlags
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,315 @@
+//! Every sandbox flag as a front end was given it, and turning those (with
+//! a profile, if one is named) into the one [`SandboxSpec`]: the only place
+//! a flag or a profile key is parsed.
+
+use std::path::PathBuf;
+
+use hako_core::env::EnvPolicy;
+use hako_core::units;
+use hako_core::{Limits, NetMode, NetworkPolicy};
+
+use crate::profile::{Profile, Scalar};
+use crate::{BackendArg, SandboxSpec};
+
+/// The sandbox flags as given (on a command line, or by a library user),
+/// before a profile is merged in and defaults are filled.
+///
+/// Each field is one flag of `hako run`, `shell`, `fs`, `mcp` and `serve`
+/// (and one key of a profile, `-` written `_`); `None` or empty is "not
+/// given". [`SandboxFlags::spec`] merges them with the profile: a flag
+/// given wins over the key, and list flags add to the profile's lists.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SandboxFlags {
+    /// `--profile FILE`: a TOML profile to read the other settings from.
+    pub profile: Option<PathBuf>,
+    /// `--backend`.
+    pub backend: Option<BackendArg>,
+    /// `--workspace` (default: the current directory).
+    pub workspace: Option<PathBuf>,
+    /// `--env K=V` (repeatable).
+    pub env: Vec<(String, String)>,
+    /// `--pass-env NAME` (repeatable).
+    pub pass_env: Vec<String>,
+    /// `--max-output SIZE`.
+    pub max_output: Option<usize>,
+    /// `--memory SIZE`.
+    pub memory: Option<u64>,
+    /// `--pids N`.
+    pub pids: Option<u64>,
+    /// `--cpus N`, in thousandths of a CPU.
+    pub cpus: Option<u64>,
+    /// `--max-file-size SIZE`.
+    pub max_file_size: Option<u64>,
+    /// `--max-open-files N`.
+    pub max_open_files: Option<u64>,
+    /// `--ro DIR` (repeatable).
+    pub ro: Vec<PathBuf>,
+    /// `--rw DIR` (repeatable).
+    pub rw: Vec<PathBuf>,
+    /// `--best-effort`.
+    pub best_effort: bool,
+    /// `--image`.
+    pub image: Option<String>,
+    /// `--runtime`.
+    pub runtime: Option<String>,
+    /// `--no-guest`.
+    pub no_guest: bool,
+    /// `--net MODE`.
+    pub net: Option<NetMode>,
+    /// `--allow HOST[:PORT]` (repeatable).
+    pub allow: Vec<String>,
+    /// `--resolve NAME=ADDR` (repeatable).
+    pub resolve: Vec<(String, std::net::IpAddr)>,
+}
+
+impl SandboxFlags {
+    /// The directories the flags alone make writable to a sandbox (the
+    /// workspace, or the current directory, and `--rw`): what an audit log
+    /// is kept out of when the whole spec could not be read.
+    pub fn writable_without_profile(&self) -> Vec<PathBuf> {
+        self.workspace
+            .clone()
+            .or_else(|| std::env::current_dir().ok())
+            .into_iter()
+            .chain(self.rw.iter().cloned())
+            .collect()
+    }
+
+    /// The backend and the backend-neutral settings these flags (and the
+    /// profile, if one is named) describe; an error names the profile key
+    /// or the file at fault.
+    pub fn spec(&self) -> Result<(BackendArg, SandboxSpec), String> {
+        let p = match &self.profile {
+            Some(path) => Profile::load(path)?,
+            None => Profile::default(),
+        };
+        let key = |name: &str, e: String| format!("profile key `{name}`: {e}");
+        let backend = match (self.backend, &p.backend) {
+            (Some(b), _) => b,
+            (None, Some(name)) => name
+                .parse::<BackendArg>()
+                .map_err(|e| key("backend", e.to_string()))?,
+            (None, None) => BackendArg::Auto,
+        };
+        let workspace = match self.workspace.clone().or(p.workspace) {
+            Some(dir) => dir,
+            None => std::env::current_dir()
+                .map_err(|e| format!("cannot read the current directory: {e}"))?,
+        };
+        let mut set = Vec::new();
+        for (k, v) in p.env {
+            if !hako_core::env::valid_name(&k) {
+                return Err(key("env", format!("invalid variable name {k:?}")));
+            }
+            set.push((k, v));
+        }
+        set.extend(self.env.iter().cloned());
+        let size = |name: &str, v: Option<Scalar>| -> Result<Option<u64>, String> {
+            v.map(|v| parse_size_u64(&v.text()).map_err(|e| key(name, e)))
+                .transpose()
+        };
+        let max_output = match self.max_output {
+            Some(n) => n,
+            None => match size("max_output", p.max_output)? {
+                Some(n) => usize::try_from(n).map_err(|e| key("max_output", e.to_string()))?,
+                None => hako_core::DEFAULT_MAX_OUTPUT,
+            },
+        };
+        let cpus = match (self.cpus, p.cpus) {
+            (Some(c), _) => Some(c),
+            (None, Some(c)) => Some(parse_cpus(&c.text()).map_err(|e| key("cpus", e))?),
+            (None, None) => None,
+        };
+        let mut resolve = Vec::new();
+        for (name, addr) in p.resolve {
+            resolve.push(parse_resolve(&format!("{name}={addr}")).map_err(|e| key("resolve", e))?);
+        }
+        resolve.extend(self.resolve.iter().cloned());
+        let mut allow = p.allow;
+        allow.extend(self.allow.iter().cloned());
+        let net = match (self.net, p.net) {
+            (Some(mode), _) => Some(mode),
+            (None, Some(mode)) => Some(mode.parse::<NetMode>().map_err(|e| key("net", e))?),
+            (None, None) => None,
+        };
+        let network = match net {
+            Some(mode) => Some(NetworkPolicy {
+                mode,
+                allow,
+                resolve,
+            }),
+            None if !allow.is_empty() || !resolve.is_empty() => Some(NetworkPolicy {
+                mode: NetMode::Allow,
+                allow,
+                resolve,
+            }),
+            None => None,
+        };
+        let mut pass = p.pass_env;
+        pass.extend(self.pass_env.iter().cloned());
+        let mut ro = p.ro;
+        ro.extend(self.ro.iter().cloned());
+        let mut rw = p.rw;
+        rw.extend(self.rw.iter().cloned());
+        let spec = SandboxSpec {
+            workspace,
+            env: EnvPolicy { pass, set },
+            limits: Limits {
+                memory: self.memory.or(size("memory", p.memory)?),
+                pids: self.pids.or(p.pids),
+                cpus_milli: cpus,
+                file_size: self
+                    .max_file_size
+                    .or(size("max_file_size", p.max_file_size)?),
+                open_files: self.max_open_files.or(p.max_open_files),
+            },
+            ro,
+            rw,
+            best_effort: self.best_effort || p.best_effort.unwrap_or(false),
+            max_output,
+            image: self.image.clone().or(p.image),
+            runtime: self.runtime.clone().or(p.runtime),
+            no_guest: self.no_guest || p.no_guest.unwrap_or(false),
+            network,
+        };
+        Ok((backend, spec))
+    }
+}
+
+/// `NAME=ADDR` (`--resolve`): the name lowercased, the address bare or in
+/// brackets.
+pub fn parse_resolve(s: &str) -> Result<(String, std::net::IpAddr), String> {
+    let (name, addr) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=ADDR, got {s:?}"))?;
+    let addr = addr
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .map_err(|_| format!("{addr:?} is not an IP address"))?;
+    if name.is_empty() {
+        return Err(format!("expected NAME=ADDR, got {s:?}"));
+    }
+    Ok((name.to_ascii_lowercase(), addr))
+}
+
+/// `K=V` (`--env`), with a valid variable name.
+pub fn parse_key_value(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected K=V, got {s:?}"))?;
+    if !hako_core::env::valid_name(k) {
+        return Err(format!("invalid variable name {k:?}"));
+    }
+    Ok((k.to_string(), v.to_string()))
+}
+
+/// A size (`512K`, `10M`) that fits in memory.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let n = units::parse_size(s).map_err(|e| e.to_string())?;
+    usize::try_from(n).map_err(|_| format!("size {s} is too large"))
+}
+
+/// A size (`256M`, `1G`) in bytes.
+pub fn parse_size_u64(s: &str) -> Result<u64, String> {
+    units::parse_size(s).map_err(|e| e.to_string())
+}
+
+/// CPUs as thousandths: `0.5` is 500.
+pub fn parse_cpus(s: &str) -> Result<u64, String> {
+    let cpus: f64 = s
+        .parse()
+        .map_err(|_| format!("invalid CPU count {s:?}; e.g. 0.5, 2"))?;
+    if !(cpus > 0.0 && cpus <= 4096.0) {
+        return Err(format!("CPU count {s} out of range"));
+    }
+    Ok((cpus * 1000.0).round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn with_profile(text: &str, flags: SandboxFlags) -> Result<(BackendArg, SandboxSpec), String> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.toml");
+        std::fs::write(&path, text).unwrap();
+        SandboxFlags {
+            profile: Some(path),
+            ..flags
+        }
+        .spec()
+    }
+
+    #[test]
+    fn flags_win_over_the_profile_and_lists_add_to_it() {
+        let flags = SandboxFlags {
+            workspace: Some("/ws".into()),
+            backend: Some(BackendArg::Host),
+            memory: Some(1 << 20),
+            env: vec![("B".into(), "2".into())],
+            allow: vec!["example.org".into()],
+            ..SandboxFlags::default()
+        };
+        let (backend, spec) = with_profile(
+            "backend = \"linux\"\nmemory = \"1G\"\npids = 64\ncpus = 0.5\nenv = { A = \"1\" }\nallow = [\"pypi.org\"]\n",
+            flags,
+        )
+        .unwrap();
+        assert_eq!(backend, BackendArg::Host);
+        assert_eq!(spec.workspace, PathBuf::from("/ws"));
+        assert_eq!(spec.limits.memory, Some(1 << 20));
+        assert_eq!(spec.limits.pids, Some(64));
+        assert_eq!(spec.limits.cpus_milli, Some(500));
+        assert_eq!(
+            spec.env.set,
+            [("A".into(), "1".into()), ("B".into(), "2".into())]
+        );
+        let network = spec.network.unwrap();
+        assert_eq!(network.mode, NetMode::Allow);
+        assert_eq!(network.allow, ["pypi.org", "example.org"]);
+    }
+
+    #[test]
+    fn a_bad_profile_value_names_its_key() {
+        let flags = || SandboxFlags {
+            workspace: Some("/ws".into()),
+            ..SandboxFlags::default()
+        };
+        for (text, named) in [
+            (
+                "backend = \"bogus\"\n",
+                "profile key `backend`: unknown backend",
+            ),
+            ("memory = \"lots\"\n", "profile key `memory`"),
+            ("cpus = 0\n", "profile key `cpus`"),
+            ("net = \"sometimes\"\n", "profile key `net`"),
+            ("env = { \"A=B\" = \"1\" }\n", "profile key `env`"),
+        ] {
+            let err = with_profile(text, flags()).unwrap_err();
+            assert!(err.starts_with(named), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn no_flags_and_no_profile_is_the_default_spec_in_the_current_directory() {
+        let (backend, spec) = SandboxFlags::default().spec().unwrap();
+        assert_eq!(backend, BackendArg::Auto);
+        assert_eq!(spec, SandboxSpec::new(std::env::current_dir().unwrap()));
+    }
+
+    #[test]
+    fn values_parse_as_their_flags_do() {
+        assert_eq!(parse_cpus("0.5"), Ok(500));
+        assert!(parse_cpus("0").is_err() && parse_cpus("lots").is_err());
+        assert_eq!(
+            parse_resolve("Pkg.Test=[::1]"),
+            Ok(("pkg.test".into(), "::1".parse().unwrap()))
+        );
+        assert!(parse_resolve("=1.2.3.4").is_err());
+        assert_eq!(parse_key_value("A=b=c"), Ok(("A".into(), "b=c".into())));
+        assert!(parse_key_value("=b").is_err());
+        assert_eq!(parse_size("1K"), Ok(1024));
+    }
+}

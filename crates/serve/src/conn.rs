@@ -1,0 +1,200 @@
+//! Accepting connections and handing them to hyper: the connection bound,
+//! the deadline for headers, and a first request hyper cannot parse
+//! answered by hand.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION};
+use hyper::StatusCode;
+use hyper_util::rt::{TokioIo, TokioTimer};
+
+use crate::auth::{authorized, unauthorized};
+use crate::reply::{too_large, Reply};
+use crate::routes::handle;
+use crate::state::State;
+use crate::ACCEPT_BACKOFF;
+
+/// Resolves on SIGINT or SIGTERM (or never, when not asked to).
+async fn stop_signal(enabled: bool) -> std::io::Result<()> {
+    if !enabled {
+        std::future::pending::<()>().await;
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    Ok(())
+}
+
+/// Accepts connections until the listener fails or a stop signal comes,
+/// each served on a task of its own while a connection slot is free.
+pub(crate) async fn accept_loop(
+    listener: std::net::TcpListener,
+    state: Arc<State>,
+) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    // Before the first connection, so a signal is never missed.
+    let stop = stop_signal(state.config.stop_on_signals);
+    tokio::pin!(stop);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!("hako serve: cannot accept a connection: {e}");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+            stopped = &mut stop => {
+                stopped?;
+                tracing::info!("hako serve: signalled, shutting down");
+                return Ok(());
+            }
+        };
+        let Some(slot) = state.connections.try_take() else {
+            tracing::warn!(
+                %peer,
+                "hako serve: {} connections are open; closed a new one",
+                state.connections.max
+            );
+            drop(stream);
+            continue;
+        };
+        let state = Arc::clone(&state);
+        tokio::spawn(async move {
+            let _slot = slot;
+            serve_connection(state, stream, peer).await;
+        });
+    }
+}
+
+async fn serve_connection(
+    state: Arc<State>,
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+) {
+    // hyper refuses a Content-Length past u64::MAX - 2 itself (431) before
+    // any handler sees it: such a request is answered here like any other
+    // too large one, the token checked first.
+    match refuse_unparseable_length(&state, &stream).await {
+        Peeked::Serve => {}
+        Peeked::Refuse(r) => {
+            let _ = answer_raw(stream, r).await;
+            return;
+        }
+        Peeked::Silent => {
+            tracing::debug!(%peer, "hako serve: closed a connection that sent nothing");
+            return;
+        }
+    }
+    let header_timeout = state.config.header_timeout;
+    let handler = hyper::service::service_fn(move |request| {
+        let state = Arc::clone(&state);
+        async move { Ok::<_, Infallible>(handle(state, request).await) }
+    });
+    let served = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        // A client may shut its side down once it has sent its request,
+        // and still read the answer.
+        .half_close(true)
+        .serve_connection(TokioIo::new(stream), handler)
+        .await;
+    if let Err(e) = served {
+        tracing::debug!(%peer, "hako serve: connection ended: {e}");
+    }
+}
+
+/// What the first bytes of a connection call for.
+enum Peeked {
+    /// Hand it to hyper.
+    Serve,
+    /// Answer this, then close.
+    Refuse(Reply),
+    /// Close it: nothing came within the header timeout.
+    Silent,
+}
+
+/// The answer to a connection whose first request declares a
+/// Content-Length hyper cannot take (past `u64::MAX - 2`): `401` without
+/// the token, else `413`. Looks at what has arrived without consuming it.
+async fn refuse_unparseable_length(state: &State, stream: &tokio::net::TcpStream) -> Peeked {
+    let mut buf = vec![0u8; 16 << 10];
+    let n = match tokio::time::timeout(state.config.header_timeout, stream.peek(&mut buf)).await {
+        Err(_) => return Peeked::Silent,
+        Ok(Err(_)) => return Peeked::Serve,
+        Ok(Ok(n)) => n,
+    };
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut request = httparse::Request::new(&mut headers);
+    if request.parse(&buf[..n]).is_err() {
+        return Peeked::Serve;
+    }
+    let huge = request.headers.iter().any(|h| {
+        h.name.eq_ignore_ascii_case("content-length")
+            && std::str::from_utf8(h.value)
+                .ok()
+                .map(str::trim)
+                .is_some_and(|v| {
+                    !v.is_empty()
+                        && v.bytes().all(|b| b.is_ascii_digit())
+                        && v.parse::<u64>().map_or(true, |n| n > u64::MAX - 2)
+                })
+    });
+    if !huge {
+        return Peeked::Serve;
+    }
+    let mut map = HeaderMap::new();
+    for h in request.headers.iter() {
+        if h.name.eq_ignore_ascii_case("authorization") {
+            if let Ok(v) = HeaderValue::from_bytes(h.value) {
+                map.append(AUTHORIZATION, v);
+            }
+        }
+    }
+    Peeked::Refuse(if authorized(state, &map) {
+        too_large()
+    } else {
+        unauthorized()
+    })
+}
+
+/// Writes `r` as a whole HTTP/1.1 answer on a connection hyper never saw,
+/// then drains (briefly) what the client sent, so that closing does not
+/// reset the connection under the answer.
+async fn answer_raw(mut stream: tokio::net::TcpStream, r: Reply) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = format!("{}\n", r.body);
+    let reason = StatusCode::from_u16(r.status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("");
+    let auth = if r.status == 401 {
+        "WWW-Authenticate: Bearer\r\n"
+    } else {
+        ""
+    };
+    let head = format!(
+        "HTTP/1.1 {} {reason}\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n",
+        r.status,
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    stream.flush().await?;
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 8192];
+    let mut left: usize = 1 << 20;
+    while left > 0 {
+        match tokio::time::timeout(Duration::from_secs(1), stream.read(&mut sink)).await {
+            Ok(Ok(n)) if n > 0 => left = left.saturating_sub(n),
+            _ => break,
+        }
+    }
+    Ok(())
+}

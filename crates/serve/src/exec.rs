@@ -1,0 +1,291 @@
+//! Running a command: its request, its deadline, and its output as one
+//! JSON object or streamed as JSON lines.
+
+use std::convert::Infallible;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hako_audit::{Exec, FrontEnd, Record};
+use hako_core::{Command, Error, Output, Program, Sandbox, SessionId, Stream};
+use http_body_util::BodyExt;
+use hyper::body::{Bytes, Frame};
+use hyper::Response;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::reply::{error, from_error, output_json, reply, response, with_body, Body, Reply};
+use crate::routes::blocking;
+use crate::state::{audit, audit_failure, Slot, State};
+use crate::{DEFAULT_EXEC_TIMEOUT, MAX_EXEC_TIMEOUT, STREAM_BUFFER};
+
+/// `POST /v1/sandboxes/{id}/exec`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExecBody {
+    argv: Option<Vec<String>>,
+    command: Option<String>,
+    cwd: Option<PathBuf>,
+    timeout_ms: Option<u64>,
+    stdin: Option<String>,
+    session: Option<u64>,
+    #[serde(default)]
+    stream: bool,
+}
+
+/// A command's deadline: the request's, at most [`MAX_EXEC_TIMEOUT`], or
+/// [`DEFAULT_EXEC_TIMEOUT`]. Never none: a command without one would hold
+/// its thread and slot for ever.
+fn exec_timeout(timeout_ms: Option<u64>) -> Result<Duration, Reply> {
+    let Some(ms) = timeout_ms else {
+        return Ok(DEFAULT_EXEC_TIMEOUT);
+    };
+    let timeout = Duration::from_millis(ms);
+    if timeout > MAX_EXEC_TIMEOUT {
+        return Err(error(
+            400,
+            "bad_request",
+            format!(
+                "timeout_ms is {ms}; the most allowed is {}",
+                MAX_EXEC_TIMEOUT.as_millis()
+            ),
+        ));
+    }
+    Ok(timeout)
+}
+
+/// A command ready to run.
+struct Prepared {
+    command: Command,
+    /// The sandbox's id.
+    sandbox: u64,
+    session: Option<u64>,
+}
+
+/// `POST /v1/sandboxes/{id}/exec` on sandbox `id`, its body read: the
+/// result as one JSON object, or streamed as JSON lines.
+pub(crate) async fn exec(
+    state: Arc<State>,
+    id: u64,
+    sb: Arc<dyn Sandbox>,
+    body: &[u8],
+    slot: Option<Slot>,
+) -> Response<Body> {
+    let req: ExecBody = match serde_json::from_slice(body) {
+        Ok(r) => r,
+        Err(e) => return response(error(400, "bad_request", format!("bad exec request: {e}"))),
+    };
+    let program = match (req.argv, req.command) {
+        (Some(argv), None) if !argv.is_empty() => Program::Argv(argv),
+        (None, Some(cmd)) => Program::Shell(cmd),
+        _ => {
+            return response(error(
+                400,
+                "bad_request",
+                "give exactly one of argv (non-empty) and command",
+            ))
+        }
+    };
+    let mut command = Command {
+        program,
+        ..Command::new(["true"])
+    };
+    command.timeout = match exec_timeout(req.timeout_ms) {
+        Ok(t) => Some(t),
+        Err(r) => return response(r),
+    };
+    if req.session.is_none() {
+        command.cwd = req.cwd;
+        command.stdin = req.stdin.map(String::into_bytes);
+    } else if req.cwd.is_some() || req.stdin.is_some() {
+        return response(error(
+            400,
+            "bad_request",
+            "a session command takes no cwd or stdin (cd inside the session)",
+        ));
+    }
+    let prepared = Prepared {
+        command,
+        sandbox: id,
+        session: req.session,
+    };
+    if !req.stream {
+        return response(
+            blocking(move || {
+                let _slot = slot;
+                let result = run_command(&state, sb.as_ref(), &prepared, None);
+                match result {
+                    Ok(out) => reply(200, output_json(&out)),
+                    Err(e) => from_error(&e),
+                }
+            })
+            .await,
+        );
+    }
+    // Streamed: JSON lines, written as the output comes (a chunked
+    // response fed through a channel). A client that reads slower than the
+    // command writes never slows the command and never makes the server
+    // buffer more than STREAM_BUFFER bytes: past it, chunks are dropped and
+    // a `dropped` line says how many bytes were.
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
+    let queued = Arc::new(AtomicUsize::new(0));
+    let stream_body = ChannelBody {
+        rx,
+        queued: Arc::clone(&queued),
+    };
+    let spawned = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        stream_command(&state, sb.as_ref(), &prepared, &tx, &queued);
+    });
+    drop(spawned);
+    with_body(200, "application/x-ndjson", stream_body.boxed())
+}
+
+/// Runs a command (in its session, if it names one), feeding `sink` the
+/// output as it comes when given one, and records the result.
+fn run_command(
+    state: &State,
+    sb: &dyn Sandbox,
+    prepared: &Prepared,
+    sink: Option<&mut hako_core::OutputSink<'_>>,
+) -> hako_core::Result<Output> {
+    let command = &prepared.command;
+    let result = match (prepared.session, sink) {
+        (Some(s), sink) => match sb.sessions() {
+            Some(sessions) => sessions.session_exec(SessionId(s), command, sink),
+            None => Err(Error::Unsupported {
+                backend: sb.capabilities().backend.clone(),
+                capability: "sessions",
+            }),
+        },
+        (None, Some(sink)) => match sb.exec_stream() {
+            Some(streamer) => streamer.exec_stream(command, sink),
+            None => sb.exec(command),
+        },
+        (None, None) => sb.exec(command),
+    };
+    match &result {
+        Ok(out) => {
+            let mut exec = Exec::new(FrontEnd::Serve, &sb.capabilities().backend, command)
+                .in_session(prepared.session)
+                .output(out);
+            exec.sandbox = Some(prepared.sandbox);
+            audit(state, Record::Exec(exec));
+        }
+        Err(e) => audit_failure(state, prepared.sandbox, sb, e, |f| {
+            f.argv = Some(command.program.argv());
+        }),
+    }
+    result
+}
+
+/// Runs a streamed command: its output, numbered JSON lines, goes to `tx`
+/// (at most [`STREAM_BUFFER`] bytes waiting; past it, a `dropped` line),
+/// then its exit or error.
+fn stream_command(
+    state: &State,
+    sb: &dyn Sandbox,
+    prepared: &Prepared,
+    tx: &tokio::sync::mpsc::UnboundedSender<Bytes>,
+    queued: &AtomicUsize,
+) {
+    let mut seq: u64 = 0;
+    let mut dropped: u64 = 0;
+    // Sends one line; `bounded` lines are dropped (false) when the client
+    // is that far behind; the last line always goes.
+    let send = |v: Value, bounded: bool| -> bool {
+        let mut bytes = v.to_string().into_bytes();
+        bytes.push(b'\n');
+        let n = bytes.len();
+        if bounded && queued.load(Ordering::SeqCst) + n > STREAM_BUFFER {
+            return false;
+        }
+        queued.fetch_add(n, Ordering::SeqCst);
+        if tx.send(Bytes::from(bytes)).is_err() {
+            // The client is gone; nothing more is read.
+            queued.fetch_sub(n, Ordering::SeqCst);
+        }
+        true
+    };
+    let result = {
+        let mut sink = |stream: Stream, chunk: &[u8]| {
+            if dropped > 0 && send(json!({"seq": seq + 1, "dropped": dropped}), true) {
+                seq += 1;
+                dropped = 0;
+            }
+            let name = match stream {
+                Stream::Stdout => "stdout",
+                Stream::Stderr => "stderr",
+            };
+            let line =
+                json!({"seq": seq + 1, "stream": name, "data": String::from_utf8_lossy(chunk)});
+            if dropped == 0 && send(line, true) {
+                seq += 1;
+            } else {
+                dropped += chunk.len() as u64;
+            }
+        };
+        run_command(state, sb, prepared, Some(&mut sink))
+    };
+    if dropped > 0 {
+        seq += 1;
+        send(json!({"seq": seq, "dropped": dropped}), false);
+    }
+    seq += 1;
+    match &result {
+        Ok(out) => send(json!({"seq": seq, "exit": output_json(out)}), false),
+        Err(e) => send(json!({"seq": seq, "error": e.to_string()}), false),
+    };
+}
+
+/// The body of a streamed response: the lines the command's sink sends,
+/// ending when the command's task drops its sender.
+struct ChannelBody {
+    rx: tokio::sync::mpsc::UnboundedReceiver<Bytes>,
+    /// Bytes sent and not yet taken from the channel.
+    queued: Arc<AtomicUsize>,
+}
+
+impl hyper::body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(bytes)) => {
+                self.queued.fetch_sub(bytes.len(), Ordering::SeqCst);
+                Poll::Ready(Some(Ok(Frame::data(bytes))))
+            }
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn every_command_gets_a_deadline_and_none_past_the_maximum() {
+        assert_eq!(exec_timeout(None).ok(), Some(DEFAULT_EXEC_TIMEOUT));
+        assert_eq!(exec_timeout(Some(0)).ok(), Some(Duration::ZERO));
+        let max = u64::try_from(MAX_EXEC_TIMEOUT.as_millis()).unwrap();
+        assert_eq!(exec_timeout(Some(max)).ok(), Some(MAX_EXEC_TIMEOUT));
+        assert_eq!(
+            exec_timeout(Some(max + 1)).err().map(|r| r.status),
+            Some(400)
+        );
+        assert_eq!(
+            exec_timeout(Some(u64::MAX)).err().map(|r| r.status),
+            Some(400)
+        );
+    }
+}

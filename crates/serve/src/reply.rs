@@ -1,0 +1,142 @@
+//! The JSON shapes the API answers with: errors (status and kind), a
+//! command's result, and the responses that carry them.
+
+use std::convert::Infallible;
+
+use hako_core::{Error, Output};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::header::HeaderValue;
+use hyper::{Response, StatusCode};
+use serde_json::{json, Value};
+
+use crate::MAX_BODY;
+
+/// An answer: status and JSON body.
+pub(crate) struct Reply {
+    pub(crate) status: u16,
+    pub(crate) body: Value,
+}
+
+/// An answer with `status` and `body`.
+pub(crate) fn reply(status: u16, body: Value) -> Reply {
+    Reply { status, body }
+}
+
+/// An error answer: `{"error": message, "kind": kind}`.
+pub(crate) fn error(status: u16, kind: &str, message: impl Into<String>) -> Reply {
+    reply(status, json!({"error": message.into(), "kind": kind}))
+}
+
+/// The status and kind a sandbox error answers with.
+pub(crate) fn from_error(e: &Error) -> Reply {
+    let (status, kind) = match e {
+        Error::Fence(f) => match f {
+            hako_core::FenceError::NotFound { .. } => (404, "not_found"),
+            hako_core::FenceError::FileTooLarge { .. } => (413, "too_large"),
+            hako_core::FenceError::Io { .. } => (500, "io"),
+            _ => (403, "refused"),
+        },
+        Error::CommandNotFound { .. } => (422, "command_not_found"),
+        Error::CannotExecute { .. } => (422, "cannot_execute"),
+        Error::InvalidCommand { .. } => (400, "invalid_command"),
+        Error::SessionNotOpen { .. } => (404, "no_such_session"),
+        Error::SessionBusy { .. } => (409, "session_busy"),
+        Error::Closed => (410, "closed"),
+        Error::Unsupported { .. } => (501, "unsupported"),
+        Error::IsolationTooWeak { .. }
+        | Error::NetworkUnavailable { .. }
+        | Error::BadNetworkPolicy { .. } => (403, "policy"),
+        _ => (502, "sandbox_failed"),
+    };
+    error(status, kind, e.to_string())
+}
+
+/// The answer to a body over [`MAX_BODY`].
+pub(crate) fn too_large() -> Reply {
+    error(
+        413,
+        "too_large",
+        format!("the body is over {MAX_BODY} bytes"),
+    )
+}
+
+/// The answer when every slot of a pool is taken.
+pub(crate) fn busy(what: &str) -> Reply {
+    error(
+        503,
+        "busy",
+        format!("the server is serving as many {what} as it allows; retry shortly"),
+    )
+}
+
+/// The answer to a body shorter than its Content-Length.
+pub(crate) fn cut_short(got: usize, declared: u64) -> Reply {
+    error(
+        400,
+        "body_cut_short",
+        format!(
+            "the body ended after {got} of the {declared} bytes its Content-Length declared; nothing was done"
+        ),
+    )
+}
+
+/// The answer for a sandbox id that is not open.
+pub(crate) fn no_sandbox(sid: &str) -> Reply {
+    error(404, "no_such_sandbox", format!("no sandbox {sid}"))
+}
+
+/// A command's result as the API answers it.
+pub(crate) fn output_json(out: &Output) -> Value {
+    json!({
+        "exit_code": out.status.code(),
+        "signal": out.status.signal(),
+        "stdout": String::from_utf8_lossy(&out.stdout),
+        "stderr": String::from_utf8_lossy(&out.stderr),
+        "stdout_truncated": out.stdout_truncated,
+        "stderr_truncated": out.stderr_truncated,
+        "stdout_bytes": out.stdout_total,
+        "stderr_bytes": out.stderr_total,
+        "duration_ms": u64::try_from(out.duration.as_millis()).unwrap_or(u64::MAX),
+        "timed_out": out.timed_out,
+    })
+}
+
+/// A response body: whole, or streamed.
+pub(crate) type Body = BoxBody<Bytes, Infallible>;
+
+/// A response of `status` with `body` of `content_type`.
+pub(crate) fn with_body(status: u16, content_type: &'static str, body: Body) -> Response<Body> {
+    let mut response = Response::new(body);
+    *response.status_mut() =
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        HeaderValue::from_static(content_type),
+    );
+    response
+}
+
+/// `r` as a JSON response (`401` with its `WWW-Authenticate`).
+pub(crate) fn response(r: Reply) -> Response<Body> {
+    let body = Full::new(Bytes::from(r.body.to_string())).boxed();
+    let mut response = with_body(r.status, "application/json", body);
+    if r.status == 401 {
+        response.headers_mut().insert(
+            hyper::header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer"),
+        );
+    }
+    response
+}
+
+/// An answer after which the connection is closed: its body was not (all)
+/// read, and is not read.
+pub(crate) fn closing(r: Reply) -> Response<Body> {
+    let mut response = response(r);
+    response
+        .headers_mut()
+        .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}

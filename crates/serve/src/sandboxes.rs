@@ -1,0 +1,147 @@
+//! The sandboxes a client opens (at most [`MAX_SANDBOXES`]), lists, looks
+//! at and closes, and the shell sessions in them.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use hako_audit::{FrontEnd, Record, SandboxOpened, Session, SessionOp};
+use hako_core::{Sandbox, SessionId, SessionOptions};
+use serde_json::{json, Value};
+
+use crate::reply::{error, from_error, no_sandbox, reply, Reply};
+use crate::state::{self, audit, table, with_sandbox, State};
+use crate::MAX_SANDBOXES;
+
+/// `POST /v1/sandboxes`: opens one with the server's factory.
+pub(crate) fn create(state: &State) -> Reply {
+    // The place is taken under the lock, before the (slow) factory runs:
+    // concurrent creates cannot pass the limit between check and insert.
+    {
+        let mut t = table(state);
+        if t.open.len() + t.opening >= MAX_SANDBOXES {
+            return error(
+                429,
+                "too_many_sandboxes",
+                format!("{MAX_SANDBOXES} sandboxes are open; close one first"),
+            );
+        }
+        t.opening += 1;
+    }
+    // Given back if the factory panics, too.
+    let mut place = Opening { state, taken: true };
+    let made = (state.config.make_sandbox)();
+    let mut t = table(state);
+    t.opening -= 1;
+    place.taken = false;
+    match made {
+        Ok(sb) => {
+            let id = state.next.fetch_add(1, Ordering::SeqCst);
+            let caps = sb.capabilities().clone();
+            let workdir = sb.workdir().map(|w| w.workdir().to_path_buf());
+            t.open.insert(id, Arc::from(sb));
+            drop(t);
+            let mut opened = SandboxOpened::new(FrontEnd::Serve, Some(id), &caps);
+            opened.workdir = workdir;
+            audit(state, Record::SandboxOpened(opened));
+            reply(201, json!({"id": id, "capabilities": caps}))
+        }
+        Err(e) => from_error(&e),
+    }
+}
+
+/// A place in the table taken by a sandbox being opened.
+struct Opening<'a> {
+    state: &'a State,
+    taken: bool,
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        if self.taken {
+            table(self.state).opening -= 1;
+        }
+    }
+}
+
+/// `GET /v1/sandboxes`: every open sandbox, by id.
+pub(crate) fn list(state: &State) -> Reply {
+    let mut all: Vec<(u64, Arc<dyn Sandbox>)> = table(state)
+        .open
+        .iter()
+        .map(|(id, sb)| (*id, Arc::clone(sb)))
+        .collect();
+    all.sort_by_key(|(id, _)| *id);
+    let list: Vec<Value> = all
+        .into_iter()
+        .map(|(id, sb)| json!({"id": id, "capabilities": sb.capabilities()}))
+        .collect();
+    reply(200, json!({"sandboxes": list}))
+}
+
+/// `GET /v1/sandboxes/{id}`.
+pub(crate) fn get(state: &State, sid: &str) -> Reply {
+    with_sandbox(state, id(sid), |id, sb| {
+        reply(200, json!({"id": id, "capabilities": sb.capabilities()}))
+    })
+}
+
+/// `DELETE /v1/sandboxes/{id}`: closes it (everything started in it is
+/// killed).
+pub(crate) fn close(state: &State, sid: &str) -> Reply {
+    let removed = id(sid).and_then(|n| table(state).open.remove(&n).map(|sb| (n, sb)));
+    match removed {
+        Some((n, sb)) => {
+            let closed = sb.close();
+            audit(state, state::closed(n));
+            match closed {
+                Ok(()) => reply(200, json!({"closed": true})),
+                Err(e) => from_error(&e),
+            }
+        }
+        None => no_sandbox(sid),
+    }
+}
+
+/// `POST /v1/sandboxes/{id}/sessions`.
+pub(crate) fn open_session(state: &State, sid: &str) -> Reply {
+    with_sandbox(state, id(sid), |n, sb| match sb.sessions() {
+        Some(s) => match s.open_session(&SessionOptions::default()) {
+            Ok(session) => {
+                audit(state, session_record(SessionOp::Open, n, session.0));
+                reply(200, json!({"session": session.0}))
+            }
+            Err(e) => from_error(&e),
+        },
+        None => error(501, "unsupported", "this sandbox has no sessions"),
+    })
+}
+
+/// `DELETE /v1/sandboxes/{id}/sessions/{session}`.
+pub(crate) fn close_session(state: &State, sid: &str, session: &str) -> Reply {
+    let Some(session) = id(session) else {
+        return error(400, "bad_request", "a session is a number");
+    };
+    with_sandbox(state, id(sid), |n, sb| match sb.sessions() {
+        Some(s) => match s.close_session(SessionId(session)) {
+            Ok(()) => {
+                audit(state, session_record(SessionOp::Close, n, session));
+                reply(200, json!({"closed": true}))
+            }
+            Err(e) => from_error(&e),
+        },
+        None => error(501, "unsupported", "this sandbox has no sessions"),
+    })
+}
+
+fn session_record(op: SessionOp, sandbox: u64, session: u64) -> Record {
+    Record::Session(Session {
+        op,
+        session,
+        sandbox: Some(sandbox),
+    })
+}
+
+/// A sandbox's or a session's id as the path gives it.
+fn id(s: &str) -> Option<u64> {
+    s.parse::<u64>().ok()
+}

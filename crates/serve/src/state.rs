@@ -1,0 +1,170 @@
+//! What every request shares: the configuration, the table of open
+//! sandboxes, the bounded pools of slots, and the audit log.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use hako_audit::{Failure, FrontEnd, Record, SandboxClosed};
+use hako_core::Sandbox;
+use hako_runtime::token::Digested;
+
+use crate::reply::{error, Reply};
+use crate::ServeConfig;
+
+pub(crate) struct State {
+    pub(crate) config: ServeConfig,
+    /// SHA-256 of the token: requests are compared digest to digest, so
+    /// the comparison takes the same time whatever the length of what a
+    /// client sends.
+    pub(crate) token: Digested,
+    pub(crate) sandboxes: Mutex<Table>,
+    pub(crate) next: AtomicU64,
+    pub(crate) requests: Arc<Slots>,
+    pub(crate) execs: Arc<Slots>,
+    pub(crate) transfers: Arc<Slots>,
+    pub(crate) connections: Arc<Slots>,
+}
+
+/// The open sandboxes, and how many are being opened (they count against
+/// [`MAX_SANDBOXES`](crate::MAX_SANDBOXES) already, so that concurrent creates cannot pass it).
+#[derive(Default)]
+pub(crate) struct Table {
+    pub(crate) open: HashMap<u64, Arc<dyn Sandbox>>,
+    pub(crate) opening: usize,
+}
+
+/// A counted resource: at most `max` taken at once, each given back when
+/// its [`Slot`] drops (also when a handler panics).
+pub(crate) struct Slots {
+    pub(crate) used: AtomicUsize,
+    pub(crate) max: usize,
+}
+
+/// One taken slot.
+pub(crate) struct Slot(Arc<Slots>);
+
+impl Slots {
+    pub(crate) const fn new(max: usize) -> Self {
+        Slots {
+            used: AtomicUsize::new(0),
+            max,
+        }
+    }
+
+    pub(crate) fn try_take(self: &Arc<Self>) -> Option<Slot> {
+        self.used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Slot(Arc::clone(self)))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.used.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The table of sandboxes, even if a thread panicked holding its lock
+/// (every change to it is a single map operation, never left half done).
+pub(crate) fn table(state: &State) -> MutexGuard<'_, Table> {
+    state
+        .sandboxes
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The open sandbox `id`, if there is one.
+pub(crate) fn lookup(state: &State, id: u64) -> Option<Arc<dyn Sandbox>> {
+    table(state).open.get(&id).cloned()
+}
+
+/// Runs `f` on the open sandbox `id`, or answers `404`.
+pub(crate) fn with_sandbox(
+    state: &State,
+    id: Option<u64>,
+    f: impl FnOnce(u64, &dyn Sandbox) -> Reply,
+) -> Reply {
+    match id.and_then(|n| lookup(state, n).map(|sb| (n, sb))) {
+        Some((n, sb)) => f(n, sb.as_ref()),
+        None => error(404, "no_such_sandbox", "no such sandbox"),
+    }
+}
+
+/// Closes every sandbox a server opened (at shutdown).
+pub(crate) fn close_all(state: &State) {
+    let all: Vec<_> = table(state).open.drain().collect();
+    for (id, sb) in all {
+        let _ = sb.close();
+        audit(state, closed(id));
+    }
+}
+
+/// The record of sandbox `id` closed.
+pub(crate) fn closed(id: u64) -> Record {
+    Record::SandboxClosed(SandboxClosed {
+        front_end: FrontEnd::Serve,
+        sandbox: Some(id),
+    })
+}
+
+/// Appends `record` to the audit log, if there is one. A record that
+/// cannot be written is logged: the effect has already happened.
+pub(crate) fn audit(state: &State, record: Record) {
+    if let Some(log) = &state.config.audit {
+        if let Err(e) = log.write(&record) {
+            tracing::warn!("hako serve: {e}");
+        }
+    }
+}
+
+/// Records a sandbox call that failed on sandbox `id` (a `refusal` when a
+/// policy refused it, an `error` otherwise), with what it was about.
+pub(crate) fn audit_failure(
+    state: &State,
+    id: u64,
+    sb: &dyn Sandbox,
+    err: &hako_core::Error,
+    about: impl FnOnce(&mut Failure),
+) {
+    let mut failure = Failure::new(FrontEnd::Serve, &err.to_string());
+    failure.backend = Some(sb.capabilities().backend.clone());
+    failure.sandbox = Some(id);
+    about(&mut failure);
+    audit(state, failure.record(hako_audit::is_refusal(err)));
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        close_all(self);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn slots_are_bounded_and_given_back_even_when_their_holder_panics() {
+        let slots = Arc::new(Slots::new(2));
+        let a = slots.try_take();
+        let b = slots.try_take();
+        assert!(a.is_some() && b.is_some());
+        assert!(slots.try_take().is_none());
+        drop(a);
+        assert!(slots.try_take().is_some());
+        drop(b);
+        let s = slots.clone();
+        let panicked = std::thread::spawn(move || {
+            let _slot = s.try_take();
+            panic!("a handler failed");
+        })
+        .join();
+        assert!(panicked.is_err());
+        assert_eq!(slots.used.load(Ordering::SeqCst), 0);
+    }
+}
