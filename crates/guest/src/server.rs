@@ -20,7 +20,9 @@
 //!
 //! - [`link`]: the connection to hako (a socket, or a pair of pipes);
 //! - [`exec`]: one command, its stdin and its output, and its report;
-//! - [`session`]: shell sessions and the commands run in them;
+//! - [`session`]: shell sessions and the commands run in them, and
+//!   [`shell`], the lines the guest and a session's shell exchange;
+//! - [`stream`]: output forwarded up to a cap, input written as it is read;
 //! - [`terminal`]: pseudo-terminals, and Ctrl-C where the kernel does not
 //!   signal it;
 //! - [`pool`]: the supervisors as pid 1 sees them: idle ones, spares forked
@@ -32,6 +34,8 @@ mod link;
 mod pool;
 mod reap;
 mod session;
+mod shell;
+mod stream;
 mod terminal;
 
 use std::collections::VecDeque;
