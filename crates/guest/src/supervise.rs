@@ -71,23 +71,24 @@ impl JobFds {
     }
 
     /// Sorts the descriptors that came with `job`.
-    fn take(job: &Job, fds: Vec<OwnedFd>) -> Result<JobFds, String> {
-        let expected = JobFds::due(job);
-        if fds.len() != expected {
-            return Err(format!(
-                "the supervisor was handed {} descriptors where {expected} were due",
-                fds.len()
-            ));
+    fn take(job: &Job, fds: Vec<OwnedFd>) -> Result<JobFds, GuestError> {
+        let bad = |what: &'static str| GuestError::BadHandoff { what, source: None };
+        let due = JobFds::due(job);
+        if fds.len() != due {
+            return Err(GuestError::HandoffDescriptors {
+                handed: fds.len(),
+                due,
+            });
         }
         let mut fds = fds.into_iter();
         let (Some(stdin), Some(stdout), Some(stderr)) = (fds.next(), fds.next(), fds.next()) else {
-            return Err("the job's stdio did not come with it".into());
+            return Err(bad("the job's stdio did not come with it"));
         };
         let cwd = match job.cwd {
             Cwd::Path(_) => None,
             Cwd::Fd => match fds.next() {
                 Some(fd) => Some(fd),
-                None => return Err("the working directory did not come with the job".into()),
+                None => return Err(bad("the working directory did not come with the job")),
             },
         };
         let fd3 = if job.fd3 { fds.next() } else { None };
@@ -260,7 +261,7 @@ fn supervise_one(
             fds,
             mode.confinement.as_ref().map(Confinement::rlimits),
         ),
-        Err(why) => refuse(why),
+        Err(why) => refuse(why.to_string()),
     }
 }
 
@@ -617,7 +618,7 @@ mod tests {
         for n in [0, 3, 5] {
             let err = JobFds::take(&session, nulls(n)).err().unwrap();
             assert!(
-                err.contains(&format!("handed {n} descriptors where 4")),
+                matches!(err, GuestError::HandoffDescriptors { handed, due: 4 } if handed == n),
                 "{err}"
             );
         }
