@@ -183,6 +183,15 @@ pub enum GuestError {
         #[source]
         source: Option<std::io::Error>,
     },
+    /// A supervisor was handed a job with more or fewer descriptors than
+    /// the job says come with it.
+    #[error("the supervisor was handed {handed} descriptors where {due} were due")]
+    HandoffDescriptors {
+        /// How many came.
+        handed: usize,
+        /// How many the job says come with it.
+        due: usize,
+    },
     /// `--host-view` was given an argument vector it cannot read.
     #[error("{0}")]
     Usage(String),
@@ -290,6 +299,11 @@ mod tests {
         assert_eq!(
             with.to_string(),
             "the supervisor was handed something that is not a job: truncated"
+        );
+        let count = GuestError::HandoffDescriptors { handed: 3, due: 4 };
+        assert_eq!(
+            count.to_string(),
+            "the supervisor was handed 3 descriptors where 4 were due"
         );
     }
 

@@ -1,11 +1,16 @@
-//! A supervisor's work: running commands, one at a time, each as the child
-//! subreaper of its tree, enforcing its deadline, and killing and reaping
-//! everything it left before reporting how it ended. Each command's process
+//! A supervisor: a fork of the guest that runs commands, one at a time,
+//! each as the child subreaper of its tree, enforcing its deadline, and
+//! killing and reaping everything it left before reporting how it ended.
+//!
+//! Pid 1 hands each command over as a [`Job`] (the guest's one shape of a
+//! request, a command's or a session's shell) with its descriptors, over
+//! the supervisor's socket ([`handoff`] builds that frame, [`take_handoff`]
+//! reads it); [`spare`] is the supervisor's loop. Each command's process
 //! starts with `clone(CLONE_VM | CLONE_VFORK)` (see [`vfork`]): no page
 //! table is copied for it.
 
 use std::cell::RefCell;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -17,46 +22,253 @@ use hako_sys::rustix::process::{self as rproc, Pid, Signal, WaitOptions};
 use hako_sys::signal::{signum as libc_sig, SignalFd};
 use hako_sys::vfork::{self, ChildStack, SpawnCwd, SpawnSpec, SpawnStep};
 
+use crate::confine::Confinement;
 use crate::error::failed;
-use crate::proto::{RunReply, SpawnFailure};
-use crate::GuestError;
+use crate::proto::{self, Cwd, Frame, RunReply, SpawnFailure};
+use crate::server::Mode;
+use crate::{GuestError, GuestExit};
 
-/// One command for a supervisor.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+/// One command for a supervisor: what pid 1 hands over, for a command or a
+/// session's shell. Its descriptors travel with it (see [`JobFds`]).
+///
+/// The working directory is the protocol's [`Cwd`], as hako sent it: for
+/// [`Cwd::Fd`] the directory's descriptor travels beside the job, as it
+/// travelled beside hako's request. (It becomes `vfork`'s borrowed
+/// [`SpawnCwd`] only at the spawn: `hako-sys` sits below the protocol.)
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Job {
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
+    pub cwd: Cwd,
     pub timeout_ms: Option<u64>,
     /// stdin is a terminal: make it the controlling one.
     pub tty: bool,
+    /// A descriptor 3 comes with the job (a session's status pipe).
+    pub fd3: bool,
+}
+
+/// The descriptors of a [`Job`], in the order they travel: stdin, stdout,
+/// stderr, the working directory's (for [`Cwd::Fd`]), descriptor 3 (when
+/// [`Job::fd3`]).
+pub(crate) struct JobFds {
+    /// The command's stdin, stdout and stderr.
+    pub stdio: [OwnedFd; 3],
+    /// The working directory, for [`Cwd::Fd`].
+    pub cwd: Option<OwnedFd>,
+    /// Given to the command as its descriptor 3.
+    pub fd3: Option<OwnedFd>,
+}
+
+impl JobFds {
+    /// How many descriptors come with `job`.
+    fn due(job: &Job) -> usize {
+        3 + usize::from(job.cwd == Cwd::Fd) + usize::from(job.fd3)
+    }
+
+    /// Whether these are the descriptors `job` says come with it.
+    pub(crate) fn fit(&self, job: &Job) -> bool {
+        self.cwd.is_some() == (job.cwd == Cwd::Fd) && self.fd3.is_some() == job.fd3
+    }
+
+    /// Sorts the descriptors that came with `job`.
+    fn take(job: &Job, fds: Vec<OwnedFd>) -> Result<JobFds, GuestError> {
+        let bad = |what: &'static str| GuestError::BadHandoff { what, source: None };
+        let due = JobFds::due(job);
+        if fds.len() != due {
+            return Err(GuestError::HandoffDescriptors {
+                handed: fds.len(),
+                due,
+            });
+        }
+        let mut fds = fds.into_iter();
+        let (Some(stdin), Some(stdout), Some(stderr)) = (fds.next(), fds.next(), fds.next()) else {
+            return Err(bad("the job's stdio did not come with it"));
+        };
+        let cwd = match job.cwd {
+            Cwd::Path(_) => None,
+            Cwd::Fd => match fds.next() {
+                Some(fd) => Some(fd),
+                None => return Err(bad("the working directory did not come with the job")),
+            },
+        };
+        let fd3 = if job.fd3 { fds.next() } else { None };
+        Ok(JobFds {
+            stdio: [stdin, stdout, stderr],
+            cwd,
+            fd3,
+        })
+    }
+
+    /// All of them, in the order they travel.
+    pub(crate) fn borrowed(&self) -> Vec<BorrowedFd<'_>> {
+        let [a, b, c] = &self.stdio;
+        let mut fds = vec![a.as_fd(), b.as_fd(), c.as_fd()];
+        fds.extend(self.cwd.as_ref().map(AsFd::as_fd));
+        fds.extend(self.fd3.as_ref().map(AsFd::as_fd));
+        fds
+    }
+
+    /// Where `job` starts, for `vfork`.
+    fn spawn_cwd<'a>(&'a self, job: &'a Job) -> Option<SpawnCwd<'a>> {
+        match (&job.cwd, &self.cwd) {
+            (Cwd::Path(path), _) => Some(SpawnCwd::Path(path)),
+            (Cwd::Fd, Some(fd)) => Some(SpawnCwd::Fd(fd.as_fd())),
+            (Cwd::Fd, None) => None,
+        }
+    }
+}
+
+/// What the guest sends a supervisor: the job itself, or (`None`) word
+/// that it is in the first descriptor that comes with this frame, a memfd
+/// holding its whole frame.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Handing<J> {
+    handoff: Option<J>,
+}
+
+/// Handoffs up to this size travel in the frame itself: a supervisor's
+/// socket takes that much unread (at most one frame is ever waiting there).
+const INLINE_HANDOFF: usize = 16 << 10;
+
+/// The frame that hands `job` to a supervisor, and the memfd to send first
+/// among its descriptors when the job is too large for the frame itself
+/// (so that handing it over never blocks the guest: a supervisor may have
+/// been stopped, and a socket takes only so much unread).
+pub(crate) fn handoff(job: &Job) -> Result<(Vec<u8>, Option<OwnedFd>), GuestError> {
+    let encode = |handing: &Handing<&Job>| {
+        proto::encode(&Frame::Message(handing))
+            .map_err(failed("encode a command for its supervisor"))
+    };
+    let inline = encode(&Handing { handoff: Some(job) })?;
+    if inline.len() <= INLINE_HANDOFF {
+        Ok((inline, None))
+    } else {
+        Ok((
+            encode(&Handing { handoff: None })?,
+            Some(job_memfd(&inline)?),
+        ))
+    }
+}
+
+/// A memfd holding `bytes`, read from its start.
+fn job_memfd(bytes: &[u8]) -> Result<OwnedFd, GuestError> {
+    use hako_sys::rustix::fs::{memfd_create, MemfdFlags};
+    use std::io::Write as _;
+    let fd = memfd_create("hako-job", MemfdFlags::CLOEXEC)
+        .map_err(failed("create a memfd for a large command"))?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(bytes)
+        .map_err(failed("write a large command to its memfd"))?;
+    Ok(OwnedFd::from(file))
+}
+
+/// The job in `payload` (or in the memfd that came first among `fds`),
+/// and its own descriptors.
+fn take_handoff(payload: &[u8], mut fds: Vec<OwnedFd>) -> Result<(Job, Vec<OwnedFd>), GuestError> {
+    use std::io::{Read as _, Seek as _};
+    const NOT_A_JOB: &str = "the supervisor was handed something that is not a job";
+    let bad = |what: &'static str| GuestError::BadHandoff { what, source: None };
+    let not_a_job = |e: std::io::Error| GuestError::BadHandoff {
+        what: NOT_A_JOB,
+        source: Some(e),
+    };
+    let handing = match proto::decode::<Handing<Job>>(payload).map_err(not_a_job)? {
+        Frame::Message(handing) => handing,
+        _ => return Err(bad(NOT_A_JOB)),
+    };
+    if let Some(job) = handing.handoff {
+        return Ok((job, fds));
+    }
+    if fds.is_empty() {
+        return Err(bad("a large job came without its memfd"));
+    }
+    let mut file = std::fs::File::from(fds.remove(0));
+    let mut frame = Vec::new();
+    file.seek(std::io::SeekFrom::Start(0))
+        .and_then(|_| {
+            file.take(u64::from(proto::MAX_FRAME) + 4)
+                .read_to_end(&mut frame)
+        })
+        .map_err(failed("read a large job from its memfd"))?;
+    let body = frame.get(4..).unwrap_or_default();
+    match proto::decode::<Handing<Job>>(body).map_err(not_a_job)? {
+        Frame::Message(Handing { handoff: Some(job) }) => Ok((job, fds)),
+        _ => Err(bad("the memfd of a large job held no job")),
+    }
+}
+
+/// A supervisor: confines itself (inside a sandbox), then waits on its
+/// socket (at 3) for a job, supervises it, reports how it ended and waits
+/// for the next. End of file where a job would come means it is no longer
+/// needed.
+pub(crate) fn spare(mode: &Mode) -> GuestExit {
+    let Ok(sock) = hako_sys::take_inherited_fd(3) else {
+        return GuestExit::SupervisorSocket;
+    };
+    let sock = UnixStream::from(sock);
+    // Inside a sandbox: what no command may have, the supervisor gives up
+    // first (it needs none of it), once; its commands inherit it. A
+    // supervisor that cannot refuses every job, saying why.
+    let mut unfit: Option<GuestError> = None;
+    if mode.confinement.is_some() {
+        let landlock = match mode.confinement.as_ref().and_then(Confinement::landlock_fd) {
+            Some(_) => match hako_sys::take_inherited_fd(4) {
+                Ok(fd) => Some(fd),
+                Err(_) => return GuestExit::SupervisorLandlock,
+            },
+            None => None,
+        };
+        unfit = Confinement::confine_supervisor(landlock.as_ref().map(AsFd::as_fd)).err();
+    }
+    let supervisor = match Supervisor::new(true) {
+        Ok(s) => Some(s),
+        Err(why) => {
+            unfit.get_or_insert(why);
+            None
+        }
+    };
+    loop {
+        let (payload, fds) = match proto::recv_with_fds(&sock) {
+            Ok(got) => got,
+            Err(_) => return GuestExit::Success,
+        };
+        let reply = match (&supervisor, &unfit) {
+            (Some(supervisor), None) => match take_handoff(&payload, fds) {
+                Ok((job, fds)) => supervise_one(supervisor, &job, fds, &sock, mode),
+                Err(why) => refuse(why.to_string()),
+            },
+            (_, Some(why)) => refuse(why.to_string()),
+            (None, None) => refuse("the supervisor could not start"),
+        };
+        if proto::write_frame(&sock, &reply).is_err() {
+            return GuestExit::ReportLost;
+        }
+    }
+}
+
+/// Runs one handed-off job with the descriptors `fds` that came with it.
+fn supervise_one(
+    supervisor: &Supervisor,
+    job: &Job,
+    fds: Vec<OwnedFd>,
+    sock: &UnixStream,
+    mode: &Mode,
+) -> RunReply {
+    match JobFds::take(job, fds) {
+        Ok(fds) => supervisor.run(
+            job,
+            sock,
+            fds,
+            mode.confinement.as_ref().map(Confinement::rlimits),
+        ),
+        Err(why) => refuse(why.to_string()),
+    }
 }
 
 pub(crate) fn refuse(message: impl Into<String>) -> RunReply {
     RunReply::Refused {
         message: message.into(),
     }
-}
-
-/// How [`Supervisor::run`] starts and watches the command.
-pub(crate) struct RunOptions {
-    /// The command's stdin, stdout and stderr.
-    pub stdio: [OwnedFd; 3],
-    /// Applied in the command's process just before exec.
-    pub rlimits: Option<std::sync::Arc<Vec<Rlimit>>>,
-    /// Working directory of the command.
-    pub cwd: CwdChoice,
-    /// Given to the command as its descriptor 3.
-    pub fd3: Option<OwnedFd>,
-    /// The command's stdin is a terminal to make its controlling one.
-    pub controlling_tty: bool,
-}
-
-/// Where the supervisor starts the command.
-pub(crate) enum CwdChoice {
-    /// This directory (a descriptor hako opened through the fence).
-    Fd(OwnedFd),
-    /// This path inside the sandbox.
-    Path(std::path::PathBuf),
 }
 
 /// A process that supervises commands, one at a time: the child subreaper
@@ -121,42 +333,42 @@ impl Supervisor {
         })
     }
 
-    /// Runs `request` as this process's child and returns the outcome once
+    /// Runs `job` as this process's child, with the descriptors `fds` (and
+    /// `rlimits` applied just before exec), and returns the outcome once
     /// every process of the command is gone. Anything on `ctl` (data or end
     /// of file) means "stop": the whole tree is killed.
-    pub(crate) fn run(&self, request: &Job, ctl: &UnixStream, options: RunOptions) -> RunReply {
-        if request.argv.is_empty() {
+    pub(crate) fn run(
+        &self,
+        job: &Job,
+        ctl: &UnixStream,
+        fds: JobFds,
+        rlimits: Option<std::sync::Arc<Vec<Rlimit>>>,
+    ) -> RunReply {
+        if job.argv.is_empty() {
             return refuse("empty argv");
         }
+        let Some(spawn_cwd) = fds.spawn_cwd(job) else {
+            return refuse("the working directory did not come with the job");
+        };
         // Exits of an earlier command's processes, all reaped already.
         let _ = self.signals.drain();
         let orphans_to_guest = self.orphans_to_guest;
-        let RunOptions {
-            stdio,
-            rlimits,
-            cwd,
-            fd3,
-            controlling_tty,
-        } = options;
-        let spawn_cwd = match &cwd {
-            CwdChoice::Fd(fd) => SpawnCwd::Fd(fd.as_fd()),
-            CwdChoice::Path(path) => SpawnCwd::Path(path),
-        };
         let start = Instant::now();
         let spawned = {
             let mut stack = self.stack.borrow_mut();
+            let [stdin, stdout, stderr] = &fds.stdio;
             vfork::spawn(
                 SpawnSpec {
-                    argv: &request.argv,
-                    env: &request.env,
-                    stdio: [stdio[0].as_fd(), stdio[1].as_fd(), stdio[2].as_fd()],
+                    argv: &job.argv,
+                    env: &job.env,
+                    stdio: [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()],
                     cwd: Some(spawn_cwd),
-                    fd3: fd3.as_ref().map(AsFd::as_fd),
+                    fd3: fds.fd3.as_ref().map(AsFd::as_fd),
                     new_session: true,
                     // If the supervisor is killed outright, its direct
                     // child goes with it.
                     parent_death_kill: true,
-                    controlling_tty,
+                    controlling_tty: job.tty,
                     rlimits: rlimits.as_deref().map_or(&[], Vec::as_slice),
                 },
                 &mut stack,
@@ -165,7 +377,7 @@ impl Supervisor {
         // The command holds the stdio now (hako sees end of file only when
         // every process of the command has closed it): let go of ours, and
         // of the working directory and descriptor 3.
-        drop((stdio, fd3, cwd));
+        drop(fds);
         let main = match spawned {
             Ok(pid) => Pid::from_raw(pid),
             Err(err) => {
@@ -184,9 +396,7 @@ impl Supervisor {
                 };
             }
         };
-        let deadline = request
-            .timeout_ms
-            .map(|ms| start + Duration::from_millis(ms));
+        let deadline = job.timeout_ms.map(|ms| start + Duration::from_millis(ms));
         let mut status: Option<ExitStatus> = None;
         let mut timed_out = false;
         loop {
@@ -304,5 +514,129 @@ pub(crate) fn kill_tree(main: Option<Pid>, status: &mut Option<ExitStatus>) {
             Ok(None) | Err(Errno::INTR) => {}
             Err(_) => break,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::dev_null;
+
+    fn job(cwd: Cwd, fd3: bool) -> Job {
+        Job {
+            argv: vec!["echo".into(), "hi".into()],
+            env: vec![("PATH".into(), "/bin".into())],
+            cwd,
+            timeout_ms: Some(5),
+            tty: false,
+            fd3,
+        }
+    }
+
+    fn nulls(n: usize) -> Vec<OwnedFd> {
+        (0..n).map(|_| dev_null().unwrap()).collect()
+    }
+
+    /// The payload of a frame (its length prefix off).
+    fn payload(frame: &[u8]) -> &[u8] {
+        &frame[4..]
+    }
+
+    #[test]
+    fn a_small_job_travels_in_the_frame_itself() {
+        let sent = job(Cwd::Path("/w".into()), false);
+        let (frame, memfd) = handoff(&sent).unwrap();
+        assert!(memfd.is_none());
+        let (got, fds) = take_handoff(payload(&frame), nulls(3)).unwrap();
+        assert_eq!(got, sent);
+        assert_eq!(fds.len(), 3, "the job's own descriptors are left");
+    }
+
+    #[test]
+    fn a_large_job_travels_in_a_memfd_sent_first() {
+        let mut sent = job(Cwd::Fd, true);
+        sent.env.push(("BIG".into(), "x".repeat(INLINE_HANDOFF)));
+        let (frame, memfd) = handoff(&sent).unwrap();
+        assert!(frame.len() < INLINE_HANDOFF, "only word of the memfd");
+        let mut fds = vec![memfd.expect("a memfd")];
+        fds.extend(nulls(5));
+        let (got, fds) = take_handoff(payload(&frame), fds).unwrap();
+        assert_eq!(got, sent);
+        assert_eq!(fds.len(), 5, "the memfd is taken off the descriptors");
+    }
+
+    #[test]
+    fn a_large_job_without_its_memfd_is_refused() {
+        let mut sent = job(Cwd::Path("/".into()), false);
+        sent.env.push(("BIG".into(), "x".repeat(INLINE_HANDOFF)));
+        let (frame, _memfd) = handoff(&sent).unwrap();
+        let err = take_handoff(payload(&frame), Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("without its memfd"), "{err}");
+    }
+
+    #[test]
+    fn a_memfd_that_holds_no_job_is_refused() {
+        // Word that the job is in the memfd, and a memfd holding only that.
+        let word: Handing<&Job> = Handing { handoff: None };
+        let frame = proto::encode(&Frame::Message(&word)).unwrap();
+        let memfd = job_memfd(&frame).unwrap();
+        let err = take_handoff(payload(&frame), vec![memfd]).unwrap_err();
+        assert!(err.to_string().contains("held no job"), "{err}");
+    }
+
+    #[test]
+    fn what_is_not_a_job_is_refused() {
+        for junk in [&b"{\"argv\":1}"[..], b"not json", b""] {
+            let err = take_handoff(junk, Vec::new()).unwrap_err();
+            assert!(matches!(err, GuestError::BadHandoff { .. }), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_jobs_descriptors_are_sorted_in_the_order_they_travel() {
+        let with_all = job(Cwd::Fd, true);
+        let fds = JobFds::take(&with_all, nulls(5)).unwrap();
+        assert!(fds.cwd.is_some() && fds.fd3.is_some());
+        assert!(fds.fit(&with_all));
+        assert_eq!(fds.borrowed().len(), 5);
+        assert!(matches!(fds.spawn_cwd(&with_all), Some(SpawnCwd::Fd(_))));
+
+        let bare = job(Cwd::Path("/w".into()), false);
+        let fds = JobFds::take(&bare, nulls(3)).unwrap();
+        assert!(fds.cwd.is_none() && fds.fd3.is_none());
+        assert!(fds.fit(&bare));
+        assert!(!fds.fit(&with_all));
+        match fds.spawn_cwd(&bare) {
+            Some(SpawnCwd::Path(p)) => assert_eq!(p, std::path::Path::new("/w")),
+            _ => panic!("not the path"),
+        }
+    }
+
+    #[test]
+    fn a_job_with_too_few_or_too_many_descriptors_is_refused() {
+        let session = job(Cwd::Path("/".into()), true);
+        for n in [0, 3, 5] {
+            let err = JobFds::take(&session, nulls(n)).err().unwrap();
+            assert!(
+                matches!(err, GuestError::HandoffDescriptors { handed, due: 4 } if handed == n),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_working_directory_by_descriptor_needs_its_descriptor() {
+        let by_fd = job(Cwd::Fd, false);
+        let fds = JobFds {
+            stdio: [
+                dev_null().unwrap(),
+                dev_null().unwrap(),
+                dev_null().unwrap(),
+            ],
+            cwd: None,
+            fd3: None,
+        };
+        assert!(!fds.fit(&by_fd));
+        assert!(fds.spawn_cwd(&by_fd).is_none());
     }
 }

@@ -33,7 +33,8 @@ use hako_sys::rustix::process::{self as rproc, Pid, Signal};
 use crate::confine::Confinement;
 use crate::error::failed;
 use crate::proto;
-use crate::server::{dev_null, spare, Mode};
+use crate::server::{dev_null, Mode};
+use crate::supervise::spare;
 use crate::{GuestError, GuestExit};
 
 /// How long the guest waits for the zygote to answer before it counts it
