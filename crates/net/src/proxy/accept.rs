@@ -59,7 +59,7 @@ pub(super) struct Ctx {
     pub(super) start: Instant,
     /// The limit that refused the connection (it is answered and closed).
     pub(super) refused: Option<Limit>,
-    /// When its bytes last moved (see [`ProxyConfig::idle_timeout`]).
+    /// When its bytes last moved (see [`ProxyConfig::idle_timeout`](super::ProxyConfig::idle_timeout)).
     pub(super) progress: Progress,
 }
 

@@ -20,7 +20,7 @@ pub struct ProxyConfig {
     pub allow: Allowlist,
     /// How names are resolved.
     pub resolver: Resolver,
-    /// The most events kept between two [`Proxy::take_events`]; the oldest
+    /// The most events kept between two [`Proxy::take_events`](super::Proxy::take_events); the oldest
     /// are dropped (and counted) beyond it. Default 4096.
     pub max_events: usize,
     /// The most live connections; more are refused at once with
