@@ -13,19 +13,39 @@ use super::lock;
 use super::shared::Shared;
 use crate::allow::printable;
 
+/// Milliseconds since the Unix epoch (an event's `at_ms`).
 pub(super) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// The events not yet taken, oldest first, and how many were dropped
+/// since the last take.
 #[derive(Default)]
 pub(super) struct Events {
     pub(super) queue: VecDeque<NetEvent>,
     pub(super) dropped: u64,
 }
 
+impl Events {
+    /// Keeps `ev`, dropping (and counting) the oldest beyond `max`; with
+    /// `max` 0, nothing is kept and `ev` is counted as dropped.
+    fn push(&mut self, ev: NetEvent, max: usize) {
+        if max == 0 {
+            self.dropped += 1;
+            return;
+        }
+        while self.queue.len() >= max {
+            self.queue.pop_front();
+            self.dropped += 1;
+        }
+        self.queue.push_back(ev);
+    }
+}
+
 impl Shared {
+    /// Traces a decision and keeps it for [`Proxy::take_events`](super::Proxy::take_events).
     pub(super) fn record(&self, ev: NetEvent) {
         tracing::info!(
             decision = ?ev.decision,
@@ -40,20 +60,11 @@ impl Shared {
             message = ev.message.as_deref().unwrap_or(""),
             "egress proxy decision"
         );
-        let mut events = lock(&self.events);
-        let max = self.config.max_events;
-        if max == 0 {
-            events.dropped += 1;
-            return;
-        }
-        while events.queue.len() >= max {
-            events.queue.pop_front();
-            events.dropped += 1;
-        }
-        events.queue.push_back(ev);
+        lock(&self.events).push(ev, self.config.max_events);
     }
 }
 
+/// Records a refused connection: nothing was connected to.
 pub(super) fn event_refused(
     ctx: &Ctx,
     protocol: NetProtocol,
@@ -77,6 +88,8 @@ pub(super) fn event_refused(
     });
 }
 
+/// How an allowed connection ended: the address it reached, the bytes
+/// each way, and why it failed (if it did).
 pub(super) struct Done {
     pub(super) address: Option<SocketAddr>,
     pub(super) up: u64,
@@ -138,6 +151,48 @@ impl Dest<'_> {
     }
 }
 
+/// Milliseconds since `start`.
 fn duration_ms(start: Instant) -> u64 {
     u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(port: u16) -> NetEvent {
+        NetEvent {
+            at_ms: 0,
+            decision: NetDecision::Refused,
+            protocol: NetProtocol::Unknown,
+            host: String::new(),
+            port,
+            rule: "r".into(),
+            address: None,
+            bytes_up: 0,
+            bytes_down: 0,
+            duration_ms: 0,
+            message: None,
+        }
+    }
+
+    #[test]
+    fn a_full_queue_drops_its_oldest_events_and_counts_them() {
+        let mut events = Events::default();
+        for port in 1..=5 {
+            events.push(event(port), 3);
+        }
+        let ports: Vec<u16> = events.queue.iter().map(|e| e.port).collect();
+        assert_eq!(ports, [3, 4, 5]);
+        assert_eq!(events.dropped, 2);
+    }
+
+    #[test]
+    fn a_queue_of_size_zero_keeps_nothing_and_counts_everything() {
+        let mut events = Events::default();
+        events.push(event(1), 0);
+        events.push(event(2), 0);
+        assert!(events.queue.is_empty());
+        assert_eq!(events.dropped, 2);
+    }
 }
