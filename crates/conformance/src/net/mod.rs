@@ -20,7 +20,6 @@
 //!     Ok(Box::new(LinuxSandbox::new(config)?))
 //! });
 //! ```
-
 //!
 //! The cases, by theme: `reach` (what is allowed is reached), `policy`
 //! (what the proxy refuses), `ports` (the host's loopback ports), `bypass`
@@ -34,6 +33,9 @@ use hako_core::{Error, NetworkPolicy, Sandbox};
 
 use crate::Outcome;
 
+/// Fails the check with a message unless `$cond` holds. Shadows the main
+/// kit's `ensure!`: the error here becomes a `String` or a [`Skip`], not an
+/// `Outcome`.
 macro_rules! ensure {
     ($cond:expr, $($fmt:tt)+) => {
         if !$cond {

@@ -33,6 +33,7 @@ const REFUSE_DEADLINE: Duration = Duration::from_secs(2);
 /// The client reader's buffer: holds a whole request head in most cases.
 const CLIENT_BUF: usize = 64 * 1024;
 
+/// Accepts until the proxy stops, admitting each connection.
 pub(super) fn accept_loop(listener: &UnixListener, shared: &Arc<Shared>) {
     loop {
         let accepted = listener.accept();
@@ -63,6 +64,10 @@ pub(super) struct Ctx {
     pub(super) progress: Progress,
 }
 
+/// Admits an accepted connection: a place in the budget and a thread of
+/// its own; or, over the limit, a short-lived thread that answers it with
+/// the limit's reason (at most `MAX_REFUSING` at once; beyond that it is
+/// recorded and closed unanswered).
 fn admit(shared: &Arc<Shared>, stream: UnixStream) {
     let at_ms = now_ms();
     let start = Instant::now();
@@ -166,6 +171,9 @@ fn serve_accepted(ctx: &Ctx, unix: UnixStream) {
     }
 }
 
+/// A client that speaks here, told apart by its first byte: SOCKS5,
+/// SOCKS4 (refused), or HTTP; what it sent past its request is drained
+/// before the close.
 fn serve(ctx: &Ctx, client: Sock, prefix: Vec<u8>) {
     let cfg = &ctx.shared.config;
     let budget = handshake_budget(ctx);

@@ -60,6 +60,7 @@ impl Read for ClientReader<'_> {
     }
 }
 
+/// The client, buffered: a request head is read in one or two reads.
 pub(super) type Client<'a> = BufReader<ClientReader<'a>>;
 
 /// Reads through the buffered client reader, writes to the client socket.
@@ -84,6 +85,7 @@ impl Write for Duplex<'_, '_, '_> {
     }
 }
 
+/// Whether a read or write failed because its time ran out.
 pub(super) fn is_timeout(e: &io::Error) -> bool {
     matches!(
         e.kind(),

@@ -86,6 +86,9 @@ pub(super) fn bad_request(ctx: &Ctx, client: &Sock, proto: NetProtocol, status: 
     respond(client, status, reason, rule, &body);
 }
 
+/// An HTTP client: reads its request head, then serves a `CONNECT` or
+/// forwards a plain request; a head that cannot be read is answered and
+/// recorded.
 pub(super) fn serve_http(ctx: &Ctx, client: &Sock, mut reader: Client<'_>) {
     let head = match http::read_head(&mut reader) {
         Ok(h) => h,

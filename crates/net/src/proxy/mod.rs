@@ -66,6 +66,8 @@ const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
 /// The most allowlist entries a refusal message lists.
 const SUMMARY_ENTRIES: usize = 20;
 
+/// Locks `m`, taking its value even from a thread that panicked holding
+/// it.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

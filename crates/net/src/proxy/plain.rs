@@ -71,6 +71,8 @@ fn copy_response(upstream: &TcpStream, client: &Sock, progress: &AtomicU64) -> u
     total
 }
 
+/// Forwards one absolute-form `http://` request and its response, and
+/// records it; a request the proxy refuses or cannot parse is answered.
 pub(super) fn serve_forward(ctx: &Ctx, client: &Sock, mut reader: Client<'_>, head: &http::Head) {
     let proto = NetProtocol::Http;
     let (authority, host, port, path) = match http::parse_target(&head.target) {

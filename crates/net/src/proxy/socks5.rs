@@ -14,6 +14,9 @@ use crate::decide::{decide, Verdict, RULE_NAME_NOT_RESOLVED};
 use crate::relay::Sock;
 use crate::socks::{self, ServerRequest};
 
+/// A SOCKS5 client: greeting, request, decision, reply, tunnel; every
+/// refusal is answered with the matching reply code where there is one,
+/// and recorded.
 pub(super) fn serve_socks5(ctx: &Ctx, client: &Sock, mut reader: Client<'_>) {
     let proto = NetProtocol::Socks5;
     let io_refusal = |e: io::Error, what: &str| {
