@@ -12,12 +12,21 @@
 //! resumes. Other threads of the parent keep running meanwhile, which is
 //! why the child runs no code of the caller's, takes no lock and allocates
 //! nothing.
+//!
+//! `prepare` builds what the child reads, `stack` its stack, `child` what
+//! it runs; [`spawn`] here clones and reads back how it ended.
 
-use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::BorrowedFd;
 use std::path::Path;
+
+mod child;
+mod prepare;
+mod stack;
+
+use child::child_main;
+use prepare::{child_args, ChildArgs};
+pub use stack::ChildStack;
 
 /// Where the child starts.
 #[derive(Debug, Clone, Copy)]
@@ -111,242 +120,16 @@ pub struct SpawnSpec<'a> {
     pub rlimits: &'a [crate::confine::Rlimit],
 }
 
-/// A stack for the child, made once and used by every spawn of a process:
-/// mapped with a guard page below it, so an overflow faults instead of
-/// writing over the parent's memory.
-pub struct ChildStack {
-    base: *mut libc::c_void,
-    len: usize,
-}
-
-// SAFETY: the mapping is owned by this value alone; nothing about it is
-// tied to the thread that made it.
-unsafe impl Send for ChildStack {}
-
-/// The stack's size, guard page included: the child's work is a few system
-/// calls and the caller's hook.
-const CHILD_STACK: usize = 256 << 10;
-const PAGE: usize = 4096;
-
-impl ChildStack {
-    /// Maps the stack.
-    pub fn new() -> io::Result<ChildStack> {
-        // SAFETY: an anonymous private mapping at an address of the
-        // kernel's choosing touches no existing memory.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                CHILD_STACK,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let stack = ChildStack {
-            base,
-            len: CHILD_STACK,
-        };
-        // SAFETY: the lowest page of the mapping just made is ours to
-        // protect.
-        if unsafe { libc::mprotect(base, PAGE, libc::PROT_NONE) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(stack)
-    }
-
-    /// The top of the stack (it grows down), 16-byte aligned.
-    fn top(&self) -> *mut libc::c_void {
-        let top = self.base as usize + self.len;
-        (top & !15) as *mut libc::c_void
-    }
-}
-
-impl Drop for ChildStack {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly the mapping made in `new`, which nothing
-        // uses any more (a spawn borrows the stack only while the child
-        // shares it, and the child is gone or has exec'd when spawn returns).
-        unsafe { libc::munmap(self.base, self.len) };
-    }
-}
-
-impl std::fmt::Debug for ChildStack {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChildStack")
-            .field("len", &self.len)
-            .finish()
-    }
-}
-
-/// Everything the child reads, prepared by the parent, and where the child
-/// writes why it failed.
-struct ChildArgs<'a> {
-    stdio: [RawFd; 3],
-    cwd_fd: Option<RawFd>,
-    cwd_path: Option<CString>,
-    fd3: Option<RawFd>,
-    new_session: bool,
-    parent_death_kill: bool,
-    controlling_tty: bool,
-    rlimits: &'a [crate::confine::Rlimit],
-    /// The paths to try, in order.
-    candidates: Vec<CString>,
-    argv: Vec<*const libc::c_char>,
-    envp: Vec<*const libc::c_char>,
-    /// `/bin/sh`, a slot for the script's path, then the arguments: for a
-    /// candidate that is not a binary (`ENOEXEC`), as `execvp` does.
-    sh_argv: Vec<*const libc::c_char>,
-    /// Written by the child: the failed step, and its errno (0: none).
-    failed_step: SpawnStep,
-    errno: i32,
-}
-
-/// `execvp`'s default search path when the environment has no `PATH`.
-const DEFAULT_PATH: &[u8] = b"/bin:/usr/bin";
-
-fn cstring(bytes: &[u8]) -> io::Result<CString> {
-    CString::new(bytes).map_err(|_| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "an argument, variable or path contains a NUL byte",
-        )
-    })
-}
-
-/// The paths `execvp` would try for `program` with `path` as `PATH`.
-fn candidates(program: &[u8], path: Option<&[u8]>) -> io::Result<Vec<CString>> {
-    if program.is_empty() {
-        return Err(io::Error::from_raw_os_error(libc::ENOENT));
-    }
-    if program.contains(&b'/') {
-        return Ok(vec![cstring(program)?]);
-    }
-    let path = path.unwrap_or(DEFAULT_PATH);
-    let mut out = Vec::new();
-    for dir in path.split(|&b| b == b':') {
-        // An empty entry is the working directory.
-        let full = if dir.is_empty() {
-            program.to_vec()
-        } else {
-            let mut full = dir.to_vec();
-            if !full.ends_with(b"/") {
-                full.push(b'/');
-            }
-            full.extend_from_slice(program);
-            full
-        };
-        out.push(cstring(&full)?);
-    }
-    Ok(out)
-}
-
 /// Starts `spec` with `clone(CLONE_VM | CLONE_VFORK)` on `stack` and
 /// returns the child's pid once it has exec'd; the caller reaps it.
 ///
 /// Descriptors given in `spec` must not be 0, 1 or 2 unless in their own
 /// place (and then they are inherited as they are).
 pub fn spawn(spec: SpawnSpec<'_>, stack: &mut ChildStack) -> Result<i32, SpawnError> {
+    let mut child = child_args(&spec)?;
     let prepare = |error| SpawnError {
         step: SpawnStep::Prepare,
         error,
-    };
-    let (program, _) = spec.argv.split_first().ok_or_else(|| {
-        prepare(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "the argument vector is empty",
-        ))
-    })?;
-    // Every string the child needs, made here: the child allocates nothing.
-    let args: Vec<CString> = spec
-        .argv
-        .iter()
-        .map(|a| cstring(a.as_bytes()))
-        .collect::<io::Result<_>>()
-        .map_err(prepare)?;
-    // One entry per name, the last value given winning (as
-    // `std::process::Command::env` does); a name with `=` in it would set
-    // another variable, and is refused.
-    let mut merged: Vec<(&str, &str)> = Vec::with_capacity(spec.env.len());
-    let mut at: std::collections::HashMap<&str, usize> =
-        std::collections::HashMap::with_capacity(spec.env.len());
-    for (k, v) in spec.env {
-        if k.is_empty() || k.contains('=') {
-            return Err(prepare(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{k:?} is not a valid environment variable name"),
-            )));
-        }
-        match at.get(k.as_str()) {
-            Some(&i) => merged[i].1 = v,
-            None => {
-                at.insert(k, merged.len());
-                merged.push((k, v));
-            }
-        }
-    }
-    let env: Vec<CString> = merged
-        .iter()
-        .map(|(k, v)| cstring(format!("{k}={v}").as_bytes()))
-        .collect::<io::Result<_>>()
-        .map_err(prepare)?;
-    let path = merged
-        .iter()
-        .find(|(k, _)| *k == "PATH")
-        .map(|(_, v)| v.as_bytes());
-    let candidates = candidates(program.as_bytes(), path).map_err(|error| SpawnError {
-        step: SpawnStep::Exec,
-        error,
-    })?;
-    let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
-    argv.push(std::ptr::null());
-    let mut envp: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
-    envp.push(std::ptr::null());
-    let mut sh_argv: Vec<*const libc::c_char> = vec![SH.as_ptr(), std::ptr::null()];
-    sh_argv.extend(args.iter().skip(1).map(|a| a.as_ptr()));
-    sh_argv.push(std::ptr::null());
-    let (cwd_fd, cwd_path) = match spec.cwd {
-        None => (None, None),
-        Some(SpawnCwd::Fd(fd)) => (Some(fd.as_raw_fd()), None),
-        Some(SpawnCwd::Path(p)) => (
-            None,
-            Some(cstring(p.as_os_str().as_bytes()).map_err(prepare)?),
-        ),
-    };
-    let stdio = spec.stdio.map(|fd| fd.as_raw_fd());
-    let fd3 = spec.fd3.map(|fd| fd.as_raw_fd());
-    // The child places stdio first, then descriptor 3: a source among the
-    // targets would be overwritten before it is used.
-    let clash = stdio
-        .iter()
-        .enumerate()
-        .any(|(i, &fd)| fd < 3 && fd != i as RawFd)
-        || fd3.is_some_and(|fd| fd < 3)
-        || cwd_fd.is_some_and(|fd| fd < 3);
-    if clash {
-        return Err(prepare(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "a descriptor to pass sits where another must go",
-        )));
-    }
-    let mut child = ChildArgs {
-        stdio,
-        cwd_fd,
-        cwd_path,
-        fd3,
-        new_session: spec.new_session,
-        parent_death_kill: spec.parent_death_kill,
-        controlling_tty: spec.controlling_tty,
-        rlimits: spec.rlimits,
-        candidates,
-        argv,
-        envp,
-        sh_argv,
-        failed_step: SpawnStep::Exec,
-        errno: 0,
     };
 
     // No handler of the parent's may run in the child (it would run on
@@ -402,185 +185,11 @@ pub fn spawn(spec: SpawnSpec<'_>, stack: &mut ChildStack) -> Result<i32, SpawnEr
     Ok(pid)
 }
 
-const SH: &CStr = c"/bin/sh";
-
-/// In the child: records the failed step and errno, then exits.
-fn fail(args: &mut ChildArgs<'_>, step: SpawnStep, errno: i32) -> ! {
-    args.failed_step = step;
-    args.errno = if errno == 0 { libc::EIO } else { errno };
-    // SAFETY: _exit ends the child at once, running nothing of the
-    // parent's (no atexit handler, no buffer flush on shared memory).
-    unsafe { libc::_exit(127) }
-}
-
-fn last_errno() -> i32 {
-    io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::EIO)
-}
-
-extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
-    // SAFETY: `arg` is the `ChildArgs` the parent passed to clone, alive
-    // and untouched by the suspended parent until this child execs or
-    // exits.
-    let args = unsafe { &mut *arg.cast::<ChildArgs<'_>>() };
-    child_setup_and_exec(args)
-}
-
-fn child_setup_and_exec(args: &mut ChildArgs<'_>) -> ! {
-    // SAFETY: every call below is a plain system call on integers, on
-    // memory prepared by the parent, or on locals; nothing allocates.
-    unsafe {
-        // Stdio, then descriptor 3 (sources were checked not to sit on a
-        // target). dup2 clears close-on-exec on the copy; a descriptor
-        // already in place keeps its flag, so clear it.
-        let stdio = args.stdio;
-        for (target, fd) in stdio.into_iter().enumerate() {
-            let target = target as RawFd;
-            let ok = if fd == target {
-                libc::fcntl(fd, libc::F_SETFD, 0) == 0
-            } else {
-                libc::dup2(fd, target) == target
-            };
-            if !ok {
-                fail(args, SpawnStep::Descriptors, last_errno());
-            }
-        }
-        // Signals: the parent's handlers go (they would run on its memory),
-        // SIGPIPE gets its default back (as `std::process::Command` does),
-        // then nothing stays blocked.
-        for sig in 1..=libc::SIGRTMAX() {
-            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-                continue;
-            }
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
-                continue;
-            }
-            let handled = old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN;
-            if handled || sig == libc::SIGPIPE {
-                let mut dfl: libc::sigaction = std::mem::zeroed();
-                dfl.sa_sigaction = libc::SIG_DFL;
-                if libc::sigaction(sig, &dfl, std::ptr::null_mut()) != 0 {
-                    fail(args, SpawnStep::Signals, last_errno());
-                }
-            }
-        }
-        let mut empty: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut empty);
-        if libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) != 0 {
-            fail(args, SpawnStep::Signals, last_errno());
-        }
-        if args.parent_death_kill && libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-            fail(args, SpawnStep::ParentDeath, last_errno());
-        }
-        if args.new_session && libc::setsid() == -1 {
-            fail(args, SpawnStep::Session, last_errno());
-        }
-        if args.controlling_tty {
-            if libc::ioctl(0, libc::TIOCSCTTY, 0) != 0 {
-                fail(args, SpawnStep::Terminal, last_errno());
-            }
-            // Linux makes the new session's group the terminal's foreground
-            // group with TIOCSCTTY; gVisor does not, and Ctrl-C would then
-            // signal no one. Say it explicitly.
-            if libc::tcsetpgrp(0, libc::getpgrp()) != 0 {
-                fail(args, SpawnStep::Terminal, last_errno());
-            }
-        }
-        if let Some(fd) = args.cwd_fd {
-            if libc::fchdir(fd) != 0 {
-                fail(args, SpawnStep::Cwd, last_errno());
-            }
-        }
-        if let Some(path) = args.cwd_path.as_ref().map(|p| p.as_ptr()) {
-            if libc::chdir(path) != 0 {
-                fail(args, SpawnStep::Cwd, last_errno());
-            }
-        }
-        if let Some(fd) = args.fd3 {
-            let ok = if fd == 3 {
-                libc::fcntl(3, libc::F_SETFD, 0) == 0
-            } else {
-                libc::dup2(fd, 3) == 3
-            };
-            if !ok {
-                fail(args, SpawnStep::Descriptors, last_errno());
-            }
-        }
-    }
-    let first = if args.fd3.is_some() { 4 } else { 3 };
-    if let Err(err) = crate::spawn::cloexec_fds_from(first) {
-        fail(
-            args,
-            SpawnStep::Descriptors,
-            err.raw_os_error().unwrap_or(libc::EIO),
-        );
-    }
-    // No allocation on failure either: the error's errno is passed on.
-    if let Err(err) = crate::confine::apply_rlimits(args.rlimits) {
-        let errno = match err {
-            crate::confine::ConfineError::Rlimit { source, .. } => {
-                source.raw_os_error().unwrap_or(libc::EINVAL)
-            }
-            _ => libc::EINVAL,
-        };
-        fail(args, SpawnStep::Limits, errno);
-    }
-    // As `execvp`: each candidate in turn; one that exists but is not a
-    // binary runs under /bin/sh; EACCES is remembered and the search goes
-    // on; any error but "not there" ends it.
-    let mut eacces = false;
-    let mut last = libc::ENOENT;
-    for i in 0..args.candidates.len() {
-        let path = args.candidates[i].as_ptr();
-        // SAFETY: NUL-terminated path and null-terminated vectors of
-        // NUL-terminated strings, all prepared by the parent and alive.
-        unsafe { libc::execve(path, args.argv.as_ptr(), args.envp.as_ptr()) };
-        let errno = last_errno();
-        match errno {
-            libc::ENOEXEC => {
-                args.sh_argv[1] = path;
-                // SAFETY: as above; the slot just filled points at a live
-                // candidate.
-                unsafe { libc::execve(SH.as_ptr(), args.sh_argv.as_ptr(), args.envp.as_ptr()) };
-                fail(args, SpawnStep::Exec, libc::ENOEXEC);
-            }
-            libc::EACCES => {
-                eacces = true;
-                last = errno;
-            }
-            libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {
-                last = errno;
-            }
-            _ => fail(args, SpawnStep::Exec, errno),
-        }
-    }
-    fail(
-        args,
-        SpawnStep::Exec,
-        if eacces { libc::EACCES } else { last },
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Read as _;
     use std::os::fd::{AsFd, OwnedFd};
-
-    #[test]
-    fn a_name_without_a_slash_is_searched_for_in_each_path_entry_in_order() {
-        let got = candidates(b"ls", Some(b"/a:/b/::/c")).unwrap_or_else(|e| panic!("{e}"));
-        let got: Vec<&[u8]> = got.iter().map(|c| c.as_bytes()).collect();
-        assert_eq!(got, [&b"/a/ls"[..], b"/b/ls", b"ls", b"/c/ls"]);
-        let default = candidates(b"ls", None).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(default.len(), 2);
-        let direct = candidates(b"./x", Some(b"/a")).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(direct[0].as_bytes(), b"./x");
-        assert!(candidates(b"", None).is_err());
-        assert!(candidates(b"a\0b", None).is_err());
-    }
 
     struct Run {
         argv: Vec<String>,
