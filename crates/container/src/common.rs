@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use hako_core::env::EnvPolicy;
 use hako_core::{Error, LimitMechanism, LimitReport, Limits, Result};
-use hako_guest::sandbox::{GuestStart, Launcher};
+use hako_driver::sandbox::{GuestStart, Launcher};
 
 use crate::runner::Runner;
 
@@ -82,7 +82,7 @@ pub fn locate_static_guest(backend: &str, explicit: Option<&Path>) -> Result<Pat
             ))),
         };
     }
-    match hako_guest::client::locate_guest() {
+    match hako_driver::client::locate_guest() {
         Ok(path) if is_static_elf(&path) == Some(true) => Ok(path.canonicalize().unwrap_or(path)),
         Ok(path) => Err(err(format!(
             "the only hako-guest found ({}) is dynamically linked; the guest runs inside the image: {hint}",
@@ -165,7 +165,7 @@ pub fn unique_name(prefix: &str) -> String {
 /// explicitly (the host's PATH names the host's directories, not the
 /// image's; every entry missing there is a failed lookup per command).
 pub fn base_env(policy: &EnvPolicy) -> Vec<(String, String)> {
-    hako_guest::sandbox::base_env_defaulting(
+    hako_driver::sandbox::base_env_defaulting(
         policy,
         &[
             ("HOME", "/tmp"),
@@ -178,7 +178,7 @@ pub fn base_env(policy: &EnvPolicy) -> Vec<(String, String)> {
 /// Reports for the limits a container enforces: memory, pids and CPUs by
 /// the runtime's cgroups, file size and open files by rlimits.
 pub fn limit_reports(limits: &Limits) -> Vec<LimitReport> {
-    hako_guest::sandbox::resource_limit_reports(limits, LimitMechanism::Runtime)
+    hako_driver::sandbox::resource_limit_reports(limits, LimitMechanism::Runtime)
 }
 
 /// `cpus_milli` as the decimal the runtimes take (`1500` is `1.5`).

@@ -22,9 +22,9 @@ use hako_core::{
     Capabilities, Error, Isolation, Limits, NetworkAccess, NetworkPolicy, Result,
     DEFAULT_MAX_OUTPUT,
 };
+use hako_driver::network::{NetworkSetup, NET_DIR};
+use hako_driver::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
 use hako_fence::FenceOptions;
-use hako_guest::network::{NetworkSetup, NET_DIR};
-use hako_guest::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
 use hako_proto::{Seal, GUEST_FD_DIRS};
 
 use crate::common::{
@@ -72,6 +72,8 @@ pub struct DockerConfig {
     pub tmp_size: u64,
     /// Close the sandbox after this long idle.
     pub idle_timeout: Option<Duration>,
+    /// How the caller has the driver read and close the sandbox.
+    pub driver: hako_driver::DriverOptions,
     /// Run even when a protection cannot be applied here (it is then left
     /// out of the capabilities): for now, a gVisor runtime that does not
     /// apply the seccomp profile.
@@ -101,6 +103,7 @@ impl DockerConfig {
             limits: Limits::default(),
             tmp_size: DEFAULT_TMP_SIZE,
             idle_timeout: None,
+            driver: hako_driver::DriverOptions::default(),
             best_effort: false,
             engine: None,
             network: NetworkPolicy::none(),
@@ -360,7 +363,7 @@ pub struct DockerSandbox {
     name: String,
 }
 
-hako_guest::delegate_sandbox!(DockerSandbox, inner);
+hako_driver::delegate_sandbox!(DockerSandbox, inner);
 
 /// What both modes decide before a container starts.
 struct Prepared {
@@ -607,6 +610,7 @@ impl DockerSandbox {
                 guest: None,
                 max_output: config.max_output,
                 idle_timeout: config.idle_timeout,
+                driver: config.driver.clone(),
                 launcher: Box::new(launcher),
                 proxy: network.proxy,
             })?,

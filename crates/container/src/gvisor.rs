@@ -26,9 +26,9 @@ use hako_core::env::EnvPolicy;
 use hako_core::{
     Capabilities, Error, Isolation, Limits, NetworkPolicy, Result, DEFAULT_MAX_OUTPUT,
 };
+use hako_driver::network::{NetworkSetup, NET_DIR};
+use hako_driver::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
 use hako_fence::FenceOptions;
-use hako_guest::network::{NetworkSetup, NET_DIR};
-use hako_guest::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
 use hako_proto::{Seal, GUEST_FD_DIRS};
 use hako_view::{HostFacts, HostPath};
 use serde_json::{json, Value};
@@ -77,6 +77,8 @@ pub struct GvisorConfig {
     pub tmp_size: u64,
     /// Close the sandbox after this long idle.
     pub idle_timeout: Option<Duration>,
+    /// How the caller has the driver read and close the sandbox.
+    pub driver: hako_driver::DriverOptions,
     /// The `runsc` binary; `None` is `$HAKO_RUNSC`, else `runsc`.
     pub runsc: Option<PathBuf>,
     /// Runs `runsc` (tests record instead).
@@ -100,6 +102,7 @@ impl GvisorConfig {
             network: NetworkPolicy::none(),
             tmp_size: crate::docker::DEFAULT_TMP_SIZE,
             idle_timeout: None,
+            driver: hako_driver::DriverOptions::default(),
             runsc: None,
             runner: Arc::new(CliRunner),
         }
@@ -399,7 +402,7 @@ pub struct GvisorSandbox {
     name: String,
 }
 
-hako_guest::delegate_sandbox!(GvisorSandbox, inner);
+hako_driver::delegate_sandbox!(GvisorSandbox, inner);
 
 impl GvisorSandbox {
     /// Writes the bundle, starts `runsc run` and waits for the guest.
@@ -536,6 +539,7 @@ impl GvisorSandbox {
                 guest: None,
                 max_output: config.max_output,
                 idle_timeout: config.idle_timeout,
+                driver: config.driver.clone(),
                 launcher: Box::new(launcher),
                 proxy: network.proxy,
             })?,

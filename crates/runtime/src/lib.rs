@@ -33,6 +33,7 @@ mod probe;
 mod spec;
 
 pub use backend::{resolve, BackendArg, BackendKind, ParseBackendError};
-pub use open::open;
+pub use hako_driver::{DriverOptions, ExitFollowsClose};
+pub use open::{open, open_with};
 pub use probe::{check, probe, protections, Protection, Unavailable};
 pub use spec::SandboxSpec;

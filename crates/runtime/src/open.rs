@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use hako_core::{Error, Limits, NetworkPolicy, Sandbox};
 
-use crate::{probe, BackendKind, SandboxSpec};
+use crate::{probe, BackendKind, DriverOptions, SandboxSpec};
 
 /// Opens a sandbox of `kind` as `spec` describes.
 ///
@@ -12,6 +12,16 @@ use crate::{probe, BackendKind, SandboxSpec};
 /// the backends that take them; limits or binds on `host`) is refused here,
 /// before anything starts, rather than ignored.
 pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, Error> {
+    open_with(kind, spec, &DriverOptions::default())
+}
+
+/// [`open`], with the driver reading and closing the sandbox as `driver`
+/// says (a one-command `hako run`: see [`DriverOptions::one_shot`]).
+pub fn open_with(
+    kind: BackendKind,
+    spec: &SandboxSpec,
+    driver: &DriverOptions,
+) -> Result<Box<dyn Sandbox>, Error> {
     refuse_unused(kind, spec)?;
     let network = spec.network.clone().unwrap_or_else(|| match kind {
         BackendKind::Host => NetworkPolicy::host(),
@@ -23,6 +33,7 @@ pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, E
             config.env = spec.env.clone();
             config.max_output = spec.max_output;
             config.network = network;
+            config.driver = driver.clone();
             Ok(Box::new(hako_host::HostSandbox::new(config)?))
         }
         BackendKind::Linux => {
@@ -34,6 +45,7 @@ pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, E
             config.rw = spec.rw.clone();
             config.best_effort = spec.best_effort;
             config.network = network;
+            config.driver = driver.clone();
             Ok(Box::new(hako_linux::LinuxSandbox::new(config)?))
         }
         BackendKind::Docker => {
@@ -49,6 +61,7 @@ pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, E
             config.ro = spec.ro.clone();
             config.rw = spec.rw.clone();
             config.network = network;
+            config.driver = driver.clone();
             if spec.no_guest {
                 return Ok(Box::new(hako_container::DockerExecSandbox::new(config)?));
             }
@@ -64,6 +77,7 @@ pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, E
             config.rw = spec.rw.clone();
             config.best_effort = spec.best_effort;
             config.network = network;
+            config.driver = driver.clone();
             Ok(Box::new(hako_container::GvisorSandbox::new(config)?))
         }
         BackendKind::Vm => Err(Error::Backend {

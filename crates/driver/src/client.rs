@@ -6,7 +6,7 @@
 //! guest sends and hands it to the command it belongs to, so any number of
 //! threads can run commands at once; each waits only for its own events.
 //! A process that mostly runs one command at a time (the CLI, see
-//! [`read_on_calling_thread`]) starts no such thread until it needs one:
+//! [`DriverOptions::read_on_caller`](crate::DriverOptions::read_on_caller)) starts no such thread until it needs one:
 //! the threads that wait read the frames themselves, taking turns.
 
 use std::collections::HashMap;
@@ -31,7 +31,7 @@ use hako_core::{
 };
 use hako_sys::spawn::{prepare, ChildSetup};
 
-use crate::GuestExit;
+use crate::InProcessGuest;
 
 fn backend_err(backend: &str, op: &'static str, message: impl Into<String>) -> Error {
     Error::Backend {
@@ -241,7 +241,7 @@ pub struct Connection {
     writer: Mutex<Wire>,
     shared: Arc<Shared>,
     reader: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// Who reads the guest's frames (see [`read_on_calling_thread`]).
+    /// Who reads the guest's frames (see [`DriverOptions::read_on_caller`](crate::DriverOptions::read_on_caller)).
     read_by: Mutex<ReadBy>,
     /// Signalled when a waiting thread is done reading a frame.
     turn_over: Condvar,
@@ -303,38 +303,6 @@ impl Wire {
 /// Threads reaping the guests of closed sandboxes.
 static REAPERS: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
 
-/// Set by [`exit_follows_close`].
-static EXIT_FOLLOWS_CLOSE: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
-
-/// Tells closing sandboxes that this process exits right after (a
-/// one-command `hako run`): see [`Connection::close_before_exit`]. A
-/// long-lived process must not call this: each sandbox it closed would
-/// leave its guest's process unreaped until it exits.
-pub fn exit_follows_close() {
-    EXIT_FOLLOWS_CLOSE.store(true, Ordering::Release);
-}
-
-/// Whether [`exit_follows_close`] was called.
-pub fn exit_follows() -> bool {
-    EXIT_FOLLOWS_CLOSE.load(Ordering::Acquire)
-}
-
-/// Set by [`read_on_calling_thread`].
-static READ_ON_CALLER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Tells sandboxes started from now on (whose guest is reached through a
-/// socket) that this process mostly runs one command at a time (the
-/// `hako` CLI): the guest's frames are then read by the threads that wait
-/// for them, taking turns a frame at a time, and a reader thread starts
-/// only once frames may come with nobody waiting (a long-lived process, a
-/// session) or while hako writes a command's input. That spares a thread's
-/// start while the sandbox is built, and a hand-off between two threads
-/// for every reply.
-pub fn read_on_calling_thread() {
-    READ_ON_CALLER.store(true, Ordering::Release);
-}
-
 /// Who reads what the guest sends.
 enum ReadBy {
     /// A reader thread, or nobody any more (the guest is gone).
@@ -353,7 +321,7 @@ enum ReaderEnd {
     /// A thread of its own reads it from the start.
     Thread(Box<dyn Read + Send>),
     /// Whichever thread waits reads it, until a thread of its own is
-    /// needed (see [`read_on_calling_thread`]).
+    /// needed (see [`DriverOptions::read_on_caller`](crate::DriverOptions::read_on_caller)).
     Caller(UnixStream),
 }
 
@@ -466,6 +434,7 @@ impl GuestProcess {
 /// stdio on `/dev/null` and no other descriptor.
 fn fork_guest(
     backend: &'static str,
+    guest: &InProcessGuest,
     proof: &hako_sys::ns::SingleThreaded,
     cwd: OwnedFd,
     ctl_guest: UnixStream,
@@ -478,21 +447,7 @@ fn fork_guest(
             format!("fork: {e}"),
         )),
         Ok(Forked::Child) => {
-            let code =
-                match hako_sys::spawn::become_forked_helper(Some(cwd.as_fd()), ctl_guest.as_fd()) {
-                    Ok(ctl) => {
-                        // Their descriptors were closed with every other one.
-                        std::mem::forget(cwd);
-                        std::mem::forget(ctl_guest);
-                        // Inside a sandbox pid 1 is this process: it must not
-                        // show hako's command line or environment there.
-                        match hako_sys::proc::disguise_as("hako-guest") {
-                            Ok(()) => crate::main(ctl),
-                            Err(_) => GuestExit::Disguise,
-                        }
-                    }
-                    Err(_) => GuestExit::SetUp,
-                };
+            let code = (guest.serve_forked)(cwd, ctl_guest);
             hako_sys::spawn::exit_now(code.into())
         }
         Ok(Forked::Parent(pid)) => hako_sys::rustix::process::Pid::from_raw(pid)
@@ -514,14 +469,18 @@ impl Connection {
     /// returns once it is ready to serve commands.
     ///
     /// With `guest` given (or `HAKO_GUEST` set) that binary is executed.
-    /// Otherwise a single-threaded caller (the `hako` CLI) forks and runs
-    /// the guest's code in the child, which saves starting a second program;
-    /// a multi-threaded one executes `hako-guest` found by [`locate_guest`].
+    /// Otherwise a single-threaded caller (the `hako` CLI) given the
+    /// guest's code (`in_process`) forks and runs it in the child, which
+    /// saves starting a second program; any other executes `hako-guest`
+    /// found by [`locate_guest`]. `read_on_caller`: see
+    /// [`DriverOptions::read_on_caller`](crate::DriverOptions::read_on_caller).
     pub fn start(
         backend: &'static str,
         guest: Option<&Path>,
         cwd: OwnedFd,
         linux: Option<LinuxSpec>,
+        in_process: Option<&InProcessGuest>,
+        read_on_caller: bool,
     ) -> Result<Connection> {
         let (ctl, ctl_guest) = UnixStream::pair().map_err(|source| Error::Io {
             op: "create control socket",
@@ -536,13 +495,13 @@ impl Connection {
         let proof = hako_sys::ns::single_threaded();
         // Whether the guest still needs the handshake to learn what to do.
         let mut hello = true;
-        let child = match (explicit, proof) {
-            (None, Ok(proof)) => match &linux {
-                None => fork_guest(backend, &proof, cwd, ctl_guest)?,
+        let child = match (explicit, proof, in_process) {
+            (None, Ok(proof), Some(in_process)) => match &linux {
+                None => fork_guest(backend, in_process, &proof, cwd, ctl_guest)?,
                 Some(spec) => {
                     // This process is the launcher: its child is pid 1.
                     drop(cwd);
-                    let pid = crate::linux::spawn_pid1(spec, &ctl_guest, &proof)
+                    let pid = (in_process.spawn_linux_pid1)(spec, &ctl_guest, &proof)
                         .map_err(|e| backend_err(backend, "start the sandbox", e.to_string()))?;
                     // Only pid 1 may hold the guest's end: its exit must
                     // show here as the connection closing.
@@ -555,7 +514,7 @@ impl Connection {
                         })?
                 }
             },
-            (explicit, _) => {
+            (explicit, _, _) => {
                 let path = match explicit {
                     Some(path) => path,
                     None => locate_guest()?,
@@ -589,7 +548,7 @@ impl Connection {
                 ));
             }
         };
-        let reader = if READ_ON_CALLER.load(Ordering::Acquire) {
+        let reader = if read_on_caller {
             ReaderEnd::Caller(reader)
         } else {
             ReaderEnd::Thread(Box::new(reader))
@@ -1410,7 +1369,7 @@ impl Connection {
     }
 
     /// Ends the sandbox as [`close`](Self::close) does, for a process that
-    /// exits next (see [`exit_follows_close`]) and has nothing to tear down
+    /// exits next (see [`ExitFollowsClose`](crate::ExitFollowsClose)) and has nothing to tear down
     /// after the guest: tells the guest to end the sandbox and returns at
     /// once, leaving the guest's goodbye unread and its process to be
     /// adopted when this process exits. Every command this connection ran

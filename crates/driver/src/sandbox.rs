@@ -20,12 +20,20 @@ use hako_fence::Fence;
 
 use crate::client as driver;
 use crate::proto::{LinuxSpec, NetSpec, Seal};
+use crate::{DriverOptions, InProcessGuest};
 
 /// How a backend's guest comes to life.
 pub enum GuestStart {
-    /// hako starts the guest itself, sharing its view of the system; with
-    /// a spec, the guest first builds that `linux` sandbox around itself.
-    Local(Option<LinuxSpec>),
+    /// hako starts the guest itself, sharing its view of the system.
+    Local {
+        /// With a spec, the guest first builds that `linux` sandbox
+        /// around itself.
+        linux: Option<LinuxSpec>,
+        /// The guest's code, where this program links it: a
+        /// single-threaded caller then starts the guest in a fork of
+        /// itself rather than executing `hako-guest`.
+        in_process: Option<InProcessGuest>,
+    },
     /// A process already started (a container runtime's client) whose
     /// stdin and stdout reach the guest; `describe` says what became of
     /// it once the link is lost (for the error every waiting call gets).
@@ -65,16 +73,16 @@ pub trait Launcher: Send + Sync + std::fmt::Debug {
     /// Whether [`close`](Self::close) tears down something that every
     /// process of the sandbox must have left first (a cgroup): then the
     /// guest's end is always waited for, even when hako exits next (see
-    /// [`crate::client::exit_follows_close`]).
+    /// [`ExitFollowsClose`](crate::ExitFollowsClose)).
     fn waits_for_guest(&self) -> bool {
         false
     }
 
     /// Whether what the runtime's client leaves behind is removed by a
     /// process of its own once the client exits (gVisor's bundle, by the
-    /// cleaner of `hako_guest::host_view`): then a process that exits next
+    /// gVisor backend's cleaner): then a process that exits next
     /// need not wait for the client (see
-    /// [`crate::client::exit_follows_close`]), and calls
+    /// [`ExitFollowsClose`](crate::ExitFollowsClose)), and calls
     /// [`abandon`](Self::abandon) instead of [`close`](Self::close).
     fn cleans_up_after_itself(&self) -> bool {
         false
@@ -212,6 +220,8 @@ pub struct GuestConfig {
     /// The egress proxy (network mode `allow`), stopped when the sandbox
     /// closes.
     pub proxy: Option<hako_net::Proxy>,
+    /// How the caller has the driver read and close the sandbox.
+    pub driver: DriverOptions,
 }
 
 /// What closing needs, shared with the idle-lease watchdog.
@@ -220,6 +230,7 @@ struct Life {
     guest: driver::Connection,
     launcher: Box<dyn Launcher>,
     proxy: Option<hako_net::Proxy>,
+    driver: DriverOptions,
     closed: AtomicBool,
     /// Calls in progress.
     busy: AtomicUsize,
@@ -233,7 +244,7 @@ impl Life {
         // With nothing to tear down after the guest (no cgroup, no proxy
         // whose records must be complete) and this process exiting next,
         // the guest's own end is not waited for.
-        let exit_follows = crate::client::exit_follows()
+        let exit_follows = self.driver.exit_follows_close.is_set()
             && self.proxy.is_none()
             && !self.launcher.waits_for_guest();
         let self_cleaning = self.launcher.cleans_up_after_itself();
@@ -313,9 +324,14 @@ impl GuestSandbox {
     pub fn new(config: GuestConfig) -> Result<Self> {
         let root = config.fence.open_dir(Path::new("."))?;
         let guest = config.launcher.start().and_then(|start| match start {
-            GuestStart::Local(spec) => {
-                driver::Connection::start(config.backend, config.guest.as_deref(), root, spec)
-            }
+            GuestStart::Local { linux, in_process } => driver::Connection::start(
+                config.backend,
+                config.guest.as_deref(),
+                root,
+                linux,
+                in_process.as_ref(),
+                config.driver.read_on_caller,
+            ),
             GuestStart::Piped {
                 child,
                 describe,
@@ -350,6 +366,7 @@ impl GuestSandbox {
             guest,
             launcher: config.launcher,
             proxy: config.proxy,
+            driver: config.driver,
             closed: AtomicBool::new(false),
             busy: AtomicUsize::new(0),
             last: Mutex::new(Instant::now()),
