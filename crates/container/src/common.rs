@@ -82,7 +82,7 @@ pub fn locate_static_guest(backend: &str, explicit: Option<&Path>) -> Result<Pat
             ))),
         };
     }
-    match hako_driver::client::locate_guest() {
+    match hako_driver::connection::locate_guest() {
         Ok(path) if is_static_elf(&path) == Some(true) => Ok(path.canonicalize().unwrap_or(path)),
         Ok(path) => Err(err(format!(
             "the only hako-guest found ({}) is dynamically linked; the guest runs inside the image: {hint}",

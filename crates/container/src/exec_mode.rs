@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use hako_core::{
     Capabilities, Command, DirListing, Error, ExitStatus, Optional, Output, Result, Sandbox,
 };
-use hako_driver::client::Capture;
+use hako_driver::connection::Capture;
 use hako_fence::Fence;
 
 use crate::engine::Engine;
@@ -146,7 +146,7 @@ impl Sandbox for DockerExecSandbox {
 
     fn exec(&self, command: &Command) -> Result<Output> {
         self.check_open()?;
-        let argv = hako_driver::client::validate(command)?;
+        let argv = hako_driver::connection::validate(command)?;
         let cwd_given = command.cwd.as_deref().unwrap_or(Path::new("."));
         // Opened through the fence: a cwd outside the workspace is refused
         // with the fence's reason.

@@ -24,7 +24,7 @@ fn a_docker_sandbox_makes_exactly_the_recorded_calls() {
         eprintln!("SKIPPED: no static {STATIC_STAND_IN}");
         return;
     }
-    let guest = hako_driver::client::locate_guest().unwrap();
+    let guest = hako_driver::connection::locate_guest().unwrap();
     let recorder = Arc::new(Recorder {
         spawn_with: Some(vec![guest.display().to_string(), "--stdio".into()]),
         ..Recorder::default()

@@ -2,16 +2,16 @@
 //! guest (by executing `hako-guest`, in a fork of this process, or through
 //! a container runtime's client), speaks the framed protocol of
 //! [`proto`] to it, and turns its replies into `hako_core` results
-//! ([`client::Connection`]); [`sandbox::GuestSandbox`] is the sandbox
+//! ([`connection::Connection`]); [`sandbox::GuestSandbox`] is the sandbox
 //! every backend shares once it has said how its guest starts (a
 //! [`sandbox::Launcher`]). It also keeps long-lived processes' output
-//! ([`processes`]) and starts the egress proxy ([`network`]).
+//! (`processes`) and starts the egress proxy ([`network`]).
 //!
 //! Nothing here runs inside a sandbox, and nothing here calls the guest's
 //! code: a program that links the guest and wants it started in a fork of
 //! itself hands its entry points over as a value ([`InProcessGuest`]).
 
-pub mod client;
+pub mod connection;
 pub mod network;
 mod options;
 mod processes;

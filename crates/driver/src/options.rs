@@ -41,7 +41,7 @@ impl DriverOptions {
 
 /// Tells closing sandboxes that this process exits right after (a
 /// one-command `hako run`): see
-/// [`Connection::close_before_exit`](crate::client::Connection::close_before_exit).
+/// [`Connection::close_before_exit`](crate::connection::Connection::close_before_exit).
 /// Shared between the caller, which [`set`](Self::set)s it, and the
 /// sandboxes opened with it. A long-lived process must not set it: each
 /// sandbox it closed would leave its guest's process unreaped until it

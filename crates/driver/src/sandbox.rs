@@ -18,7 +18,7 @@ use hako_core::{
 };
 use hako_fence::Fence;
 
-use crate::client as driver;
+use crate::connection as driver;
 use crate::proto::{LinuxSpec, NetSpec, Seal};
 use crate::{DriverOptions, InProcessGuest};
 
@@ -208,7 +208,7 @@ pub struct GuestConfig {
     /// The environment every command starts from.
     pub base_env: Vec<(String, String)>,
     /// The `hako-guest` binary; `None` chooses (see
-    /// [`Connection::start`](crate::client::Connection::start)).
+    /// [`Connection::start`](crate::connection::Connection::start)).
     pub guest: Option<PathBuf>,
     /// Default cap on each output stream.
     pub max_output: usize,

@@ -21,7 +21,7 @@ use hako_driver::sandbox::{
 use hako_driver::{DriverOptions, InProcessGuest};
 use hako_fence::FenceOptions;
 
-pub use hako_driver::client::locate_guest;
+pub use hako_driver::connection::locate_guest;
 
 /// The guest's code, linked into this backend: a single-threaded caller
 /// (the `hako` CLI) starts the guest in a fork of itself with it rather
@@ -47,7 +47,7 @@ pub struct HostConfig {
     /// Fence settings (resolver, read and listing limits).
     pub fence: FenceOptions,
     /// The `hako-guest` binary; `None` chooses (see
-    /// [`hako_driver::client::Connection::start`]).
+    /// [`hako_driver::connection::Connection::start`]).
     pub guest: Option<PathBuf>,
     /// Close the sandbox after this long with no call in progress and no
     /// long-lived process running.

@@ -34,7 +34,7 @@ use crate::cgroup::Cgroups;
 use crate::plan::{PlanInput, Rlimits};
 
 pub use hako_core::Limits;
-pub use hako_driver::client::locate_guest;
+pub use hako_driver::connection::locate_guest;
 
 /// The guest's code, linked into this backend: a single-threaded caller
 /// (the `hako` CLI) starts the guest in a fork of itself with it rather
@@ -61,7 +61,7 @@ pub struct LinuxConfig {
     /// Fence settings.
     pub fence: FenceOptions,
     /// The `hako-guest` binary; `None` chooses (see
-    /// [`hako_driver::client::Connection::start`]).
+    /// [`hako_driver::connection::Connection::start`]).
     pub guest: Option<PathBuf>,
     /// Extra read-only binds (same path inside).
     pub ro: Vec<PathBuf>,

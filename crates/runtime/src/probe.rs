@@ -29,7 +29,7 @@ impl std::error::Error for Unavailable {}
 pub fn probe(kind: BackendKind) -> Result<(), Unavailable> {
     match kind {
         // The CLI runs the guest's code in a fork of itself (see
-        // `hako_driver::client::Connection::start`): no helper binary needed.
+        // `hako_driver::connection::Connection::start`): no helper binary needed.
         BackendKind::Host => Ok(()),
         BackendKind::Linux => {
             hako_sys::ns::user_namespaces_allowed().map_err(|reason| Unavailable {
