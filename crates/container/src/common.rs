@@ -9,7 +9,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use hako_core::env::EnvPolicy;
-use hako_core::{Error, LimitMechanism, LimitReport, Limits, Result};
+use hako_core::{Error, LimitMechanism, LimitReport, Limits, NetworkAccess, Result};
+use hako_driver::network::NetworkSetup;
 use hako_driver::sandbox::{GuestStart, Launcher};
 
 use crate::runner::Runner;
@@ -248,29 +249,33 @@ impl StderrTail {
 /// A container whose entrypoint is the guest, reached through its
 /// runtime client's stdio (`docker run -i`, `runsc run`).
 #[derive(Debug)]
-pub(crate) struct ContainerLauncher {
-    pub(crate) backend: &'static str,
+pub struct ContainerLauncher {
+    /// The backend's name.
+    pub backend: &'static str,
     /// The runtime's name, for messages.
-    pub(crate) program: &'static str,
-    pub(crate) runner: Arc<dyn Runner>,
-    pub(crate) name: String,
+    pub program: &'static str,
+    /// Runs the runtime's CLI.
+    pub runner: Arc<dyn Runner>,
+    /// The container's name.
+    pub name: String,
     /// The client's argv.
-    pub(crate) argv: Vec<String>,
-    pub(crate) workspace: PathBuf,
+    pub argv: Vec<String>,
+    /// The workspace on the host.
+    pub workspace: PathBuf,
     /// Commands run at close, in order, to make sure the container is
     /// gone (their failures are only logged).
-    pub(crate) cleanup: Vec<Vec<String>>,
+    pub cleanup: Vec<Vec<String>>,
     /// Files the runtime reads while the container lives; dropped (and so
     /// removed) at close.
-    pub(crate) keep: Mutex<Vec<Box<dyn std::fmt::Debug + Send>>>,
+    pub keep: Mutex<Vec<Box<dyn std::fmt::Debug + Send>>>,
     /// The sandbox's end of the egress proxy, for the guest to set up.
-    pub(crate) network: Option<hako_proto::NetSpec>,
+    pub network: Option<hako_proto::NetSpec>,
     /// What the guest does to itself before it serves, where the runtime
     /// leaves it to the guest (gVisor's masks).
-    pub(crate) seal: Option<hako_proto::Seal>,
+    pub seal: Option<hako_proto::Seal>,
     /// Whether a process of its own removes what `keep` holds once the
-    /// client exits (gVisor's bundle: see `hako_guest::host_view`).
-    pub(crate) self_cleaning: bool,
+    /// client exits (gVisor's bundle: see `hako_gvisor::host_view`).
+    pub self_cleaning: bool,
 }
 
 fn spawn_error(backend: &str, argv: &[String], e: &std::io::Error) -> Error {
@@ -364,6 +369,32 @@ impl Launcher for ContainerLauncher {
             for held in keep.drain(..) {
                 std::mem::forget(held);
             }
+        }
+    }
+}
+
+/// Size of the private `/tmp` when none is given.
+pub const DEFAULT_TMP_SIZE: u64 = 512 << 20;
+
+/// The network a container gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunNetwork {
+    /// `--network none`: loopback only.
+    None,
+    /// `--network none`, and the egress proxy's socket directory (this host
+    /// path) bound read-only at `hako_driver::network::NET_DIR`.
+    Proxy(PathBuf),
+    /// `--network host`.
+    Host,
+}
+
+impl RunNetwork {
+    /// What a sandbox's network setup asks of its container.
+    pub fn of(network: &NetworkSetup) -> RunNetwork {
+        match (network.access, network.socket_dir()) {
+            (NetworkAccess::Host, _) => RunNetwork::Host,
+            (_, Some(dir)) => RunNetwork::Proxy(dir),
+            (_, None) => RunNetwork::None,
         }
     }
 }

@@ -18,7 +18,6 @@ mod confine;
 mod error;
 mod exit;
 mod forward;
-pub mod host_view;
 pub mod in_process;
 mod linux;
 /// The wire protocol, shared with hako's side (the `hako-proto` crate).

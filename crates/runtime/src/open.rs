@@ -49,7 +49,7 @@ pub fn open_with(
             Ok(Box::new(hako_linux::LinuxSandbox::new(config)?))
         }
         BackendKind::Docker => {
-            let mut config = hako_container::DockerConfig::new(&spec.workspace);
+            let mut config = hako_docker::DockerConfig::new(&spec.workspace);
             if let Some(image) = &spec.image {
                 config.image = image.clone();
             }
@@ -63,12 +63,12 @@ pub fn open_with(
             config.network = network;
             config.driver = driver.clone();
             if spec.no_guest {
-                return Ok(Box::new(hako_container::DockerExecSandbox::new(config)?));
+                return Ok(Box::new(hako_docker::DockerExecSandbox::new(config)?));
             }
-            Ok(Box::new(hako_container::DockerSandbox::new(config)?))
+            Ok(Box::new(hako_docker::DockerSandbox::new(config)?))
         }
         BackendKind::Gvisor => {
-            let mut config = hako_container::GvisorConfig::new(&spec.workspace);
+            let mut config = hako_gvisor::GvisorConfig::new(&spec.workspace);
             config.rootfs = spec.image.as_ref().map(PathBuf::from);
             config.env = spec.env.clone();
             config.max_output = spec.max_output;
@@ -78,7 +78,7 @@ pub fn open_with(
             config.best_effort = spec.best_effort;
             config.network = network;
             config.driver = driver.clone();
-            Ok(Box::new(hako_container::GvisorSandbox::new(config)?))
+            Ok(Box::new(hako_gvisor::GvisorSandbox::new(config)?))
         }
         BackendKind::Vm => Err(Error::Backend {
             backend: "vm".into(),

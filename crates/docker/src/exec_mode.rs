@@ -21,8 +21,8 @@ use hako_core::{
 use hako_driver::connection::Capture;
 use hako_fence::Fence;
 
-use crate::engine::Engine;
-use crate::runner::Runner;
+use hako_container::engine::Engine;
+use hako_container::runner::Runner;
 
 /// How long a `docker exec` that has not started within the deadline's
 /// restart may take to go away before it is killed.
@@ -60,7 +60,7 @@ pub(crate) const EXEC_MODE_OPTIONAL: Optional = Optional {
 
 fn backend_err(op: &'static str, message: impl Into<String>) -> Error {
     Error::Backend {
-        backend: crate::docker::NAME.into(),
+        backend: crate::NAME.into(),
         op,
         message: message.into(),
     }
@@ -300,7 +300,7 @@ impl Drop for DockerExecSandbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::EngineKind;
+    use hako_container::engine::EngineKind;
 
     #[test]
     fn docker_exec_argv_passes_variables_by_name_only() {
