@@ -46,7 +46,7 @@ where
     Arc::new(f)
 }
 
-/// The proxy's port inside (see `hako_driver::network::PROXY_PORT`): read
+/// The proxy's port inside (see `hako_guest::network::PROXY_PORT`): read
 /// back from `HTTP_PROXY`, never assumed.
 fn proxy_port(sb: &dyn Sandbox) -> Result<u16, String> {
     let out = run(sb, &["sh", "-c", "echo $HTTP_PROXY"])?;
