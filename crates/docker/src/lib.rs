@@ -12,7 +12,7 @@
 //! host kernel, and a kernel bug is an escape; the daemon (dockerd) runs
 //! as root, so access to its socket is root on the host.
 
-mod exec_mode;
+pub mod exec_mode;
 pub mod gc;
 pub mod plan;
 mod sandbox;

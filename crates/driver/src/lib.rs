@@ -15,6 +15,7 @@ pub mod connection;
 pub mod network;
 mod options;
 mod processes;
+mod recipe;
 /// The wire protocol, shared with the guest (the `hako-proto` crate).
 pub use hako_proto as proto;
 pub mod sandbox;

@@ -9,17 +9,19 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use hako_core::env::EnvPolicy;
 use hako_core::{
-    AppendFile, Capabilities, Command, DirListing, Error, ExecStream, LimitKind, LimitMechanism,
-    LimitReport, MakeDirAll, Metadata, NetworkEvents, Optional, Output, OutputSink, OutputSlice,
-    ProcessId, ProcessState, Processes, Program, ReadLimit, ReadOutcome, Result, Sandbox,
-    SessionId, SessionOptions, Sessions, SpawnOptions, StatPath, Stream, TermSize, Workdir,
+    AppendFile, Capabilities, Command, DirListing, Error, ExecStream, MakeDirAll, Metadata,
+    NetworkEvents, Output, OutputSink, OutputSlice, ProcessId, ProcessState, Processes, Program,
+    ReadLimit, ReadOutcome, Result, Sandbox, SessionId, SessionOptions, Sessions, SpawnOptions,
+    StatPath, Stream, TermSize, Workdir,
 };
 use hako_fence::Fence;
 
 use crate::connection as driver;
 use crate::proto::{LinuxSpec, NetSpec, Seal};
+pub use crate::recipe::{
+    base_env, base_env_defaulting, common_limits, open_workspace, resource_limit_reports, OPTIONAL,
+};
 use crate::{DriverOptions, InProcessGuest};
 
 /// How a backend's guest comes to life.
@@ -92,108 +94,6 @@ pub trait Launcher: Send + Sync + std::fmt::Debug {
     /// for (see [`cleans_up_after_itself`](Self::cleans_up_after_itself)):
     /// leaves what the cleaner removes where it is.
     fn abandon(&self) {}
-}
-
-/// The limits every guest-run sandbox enforces the same way: the command's
-/// deadline (the supervisor), the output cap, and the fence's read and
-/// listing bounds (hako).
-pub fn common_limits(max_output: usize, fence: &Fence) -> Vec<LimitReport> {
-    vec![
-        LimitReport {
-            kind: LimitKind::Timeout,
-            value: None,
-            mechanism: LimitMechanism::Supervisor,
-        },
-        LimitReport {
-            kind: LimitKind::OutputBytes,
-            value: Some(max_output as u64),
-            mechanism: LimitMechanism::Hako,
-        },
-        LimitReport {
-            kind: LimitKind::ReadBytes,
-            value: Some(fence.max_read()),
-            mechanism: LimitMechanism::Hako,
-        },
-        LimitReport {
-            kind: LimitKind::DirEntries,
-            value: Some(fence.max_entries() as u64),
-            mechanism: LimitMechanism::Hako,
-        },
-    ]
-}
-
-/// The base environment `policy` gives commands, from this process's
-/// environment (variables that are not UTF-8 never pass).
-pub fn base_env(policy: &EnvPolicy) -> Vec<(String, String)> {
-    policy.build(
-        std::env::vars_os()
-            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
-    )
-}
-
-/// [`base_env`] with `defaults` set where the policy does not set them
-/// (a sandbox's HOME and TMPDIR at its private /tmp, a container's PATH).
-pub fn base_env_defaulting(policy: &EnvPolicy, defaults: &[(&str, &str)]) -> Vec<(String, String)> {
-    let mut policy = policy.clone();
-    for (k, v) in defaults {
-        if !policy.set.iter().any(|(name, _)| name == k) {
-            policy.set.push(((*k).into(), (*v).into()));
-        }
-    }
-    base_env(&policy)
-}
-
-/// Reports for the resource limits asked for: memory, pids and CPUs
-/// enforced by `by_cgroup` (a cgroup, the container runtime's, or
-/// rlimits), file size and open files by rlimits. A limit not enforced
-/// must be left out of `limits` by the caller.
-pub fn resource_limit_reports(
-    limits: &hako_core::Limits,
-    by_cgroup: LimitMechanism,
-) -> Vec<LimitReport> {
-    [
-        (LimitKind::Memory, limits.memory, by_cgroup),
-        (LimitKind::Pids, limits.pids, by_cgroup),
-        (LimitKind::Cpus, limits.cpus_milli, by_cgroup),
-        (
-            LimitKind::FileSize,
-            limits.file_size,
-            LimitMechanism::Rlimit,
-        ),
-        (
-            LimitKind::OpenFiles,
-            limits.open_files,
-            LimitMechanism::Rlimit,
-        ),
-    ]
-    .into_iter()
-    .filter_map(|(kind, value, mechanism)| {
-        value.map(|v| LimitReport {
-            kind,
-            value: Some(v),
-            mechanism,
-        })
-    })
-    .collect()
-}
-
-/// The optional capabilities every [`GuestSandbox`] offers (for
-/// [`Capabilities::optional`]).
-pub const OPTIONAL: Optional = Optional {
-    read_limit: true,
-    append: true,
-    make_dir_all: true,
-    workdir: true,
-    stat: true,
-    exec_stream: true,
-    sessions: true,
-    processes: true,
-};
-
-/// Opens the workspace fence: the first step of every backend's
-/// constructor.
-pub fn open_workspace(workspace: &Path, fence: &hako_fence::FenceOptions) -> Result<Fence> {
-    Ok(Fence::open(workspace, fence.clone())?)
 }
 
 /// Everything a backend decides when it opens a [`GuestSandbox`].

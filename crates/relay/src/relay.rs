@@ -102,7 +102,7 @@ fn shut_both<A: RelaySocket, B: RelaySocket>(a: &A, b: &B) {
 }
 
 /// The most one relay direction reads per call once its stream has shown
-/// itself to be bulk (see [`Buffer`]). Measured on two cores with `hako
+/// itself to be bulk (see `Buffer`). Measured on two cores with `hako
 /// bench` (100 MiB from a host service to `cat` in a `linux` sandbox
 /// through a forwarded port, against the same over direct loopback):
 /// splice(2) through a 1 MiB pipe, which this relay used before, 0.57 to
