@@ -108,8 +108,7 @@ pub fn run(options: &Options) -> Result<Report, WorkspaceError> {
                 }
                 // docker on gVisor too, where the daemon has it.
                 if kind == BackendKind::Docker
-                    && hako_container::docker::ready(&reference::default_image(), Some("runsc"))
-                        .is_ok()
+                    && hako_docker::ready(&reference::default_image(), Some("runsc")).is_ok()
                 {
                     runs::bench_backend(
                         kind,

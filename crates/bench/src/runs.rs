@@ -84,7 +84,7 @@ pub(crate) fn bench_backend(
             )
         }
         BackendKind::Gvisor => {
-            let runsc = hako_container::gvisor::runsc_path(None);
+            let runsc = hako_gvisor::runsc_path(None);
             let root = workspace.join(".runsc-bench");
             let runsc_do = || {
                 status_ok(

@@ -9,8 +9,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use hako_core::env::EnvPolicy;
-use hako_core::{Error, LimitMechanism, LimitReport, Limits, Result};
-use hako_guest::sandbox::{GuestStart, Launcher};
+use hako_core::{Error, LimitMechanism, LimitReport, Limits, NetworkAccess, Result};
+use hako_driver::network::NetworkSetup;
+use hako_driver::sandbox::{GuestStart, Launcher};
 
 use crate::runner::Runner;
 
@@ -82,7 +83,7 @@ pub fn locate_static_guest(backend: &str, explicit: Option<&Path>) -> Result<Pat
             ))),
         };
     }
-    match hako_guest::client::locate_guest() {
+    match hako_driver::connection::locate_guest() {
         Ok(path) if is_static_elf(&path) == Some(true) => Ok(path.canonicalize().unwrap_or(path)),
         Ok(path) => Err(err(format!(
             "the only hako-guest found ({}) is dynamically linked; the guest runs inside the image: {hint}",
@@ -165,7 +166,7 @@ pub fn unique_name(prefix: &str) -> String {
 /// explicitly (the host's PATH names the host's directories, not the
 /// image's; every entry missing there is a failed lookup per command).
 pub fn base_env(policy: &EnvPolicy) -> Vec<(String, String)> {
-    hako_guest::sandbox::base_env_defaulting(
+    hako_driver::sandbox::base_env_defaulting(
         policy,
         &[
             ("HOME", "/tmp"),
@@ -178,7 +179,7 @@ pub fn base_env(policy: &EnvPolicy) -> Vec<(String, String)> {
 /// Reports for the limits a container enforces: memory, pids and CPUs by
 /// the runtime's cgroups, file size and open files by rlimits.
 pub fn limit_reports(limits: &Limits) -> Vec<LimitReport> {
-    hako_guest::sandbox::resource_limit_reports(limits, LimitMechanism::Runtime)
+    hako_driver::sandbox::resource_limit_reports(limits, LimitMechanism::Runtime)
 }
 
 /// `cpus_milli` as the decimal the runtimes take (`1500` is `1.5`).
@@ -248,29 +249,33 @@ impl StderrTail {
 /// A container whose entrypoint is the guest, reached through its
 /// runtime client's stdio (`docker run -i`, `runsc run`).
 #[derive(Debug)]
-pub(crate) struct ContainerLauncher {
-    pub(crate) backend: &'static str,
+pub struct ContainerLauncher {
+    /// The backend's name.
+    pub backend: &'static str,
     /// The runtime's name, for messages.
-    pub(crate) program: &'static str,
-    pub(crate) runner: Arc<dyn Runner>,
-    pub(crate) name: String,
+    pub program: &'static str,
+    /// Runs the runtime's CLI.
+    pub runner: Arc<dyn Runner>,
+    /// The container's name.
+    pub name: String,
     /// The client's argv.
-    pub(crate) argv: Vec<String>,
-    pub(crate) workspace: PathBuf,
+    pub argv: Vec<String>,
+    /// The workspace on the host.
+    pub workspace: PathBuf,
     /// Commands run at close, in order, to make sure the container is
     /// gone (their failures are only logged).
-    pub(crate) cleanup: Vec<Vec<String>>,
+    pub cleanup: Vec<Vec<String>>,
     /// Files the runtime reads while the container lives; dropped (and so
     /// removed) at close.
-    pub(crate) keep: Mutex<Vec<Box<dyn std::fmt::Debug + Send>>>,
+    pub keep: Mutex<Vec<Box<dyn std::fmt::Debug + Send>>>,
     /// The sandbox's end of the egress proxy, for the guest to set up.
-    pub(crate) network: Option<hako_proto::NetSpec>,
+    pub network: Option<hako_proto::NetSpec>,
     /// What the guest does to itself before it serves, where the runtime
     /// leaves it to the guest (gVisor's masks).
-    pub(crate) seal: Option<hako_proto::Seal>,
+    pub seal: Option<hako_proto::Seal>,
     /// Whether a process of its own removes what `keep` holds once the
-    /// client exits (gVisor's bundle: see `hako_guest::host_view`).
-    pub(crate) self_cleaning: bool,
+    /// client exits (gVisor's bundle: see `hako_gvisor::host_view`).
+    pub self_cleaning: bool,
 }
 
 fn spawn_error(backend: &str, argv: &[String], e: &std::io::Error) -> Error {
@@ -364,6 +369,32 @@ impl Launcher for ContainerLauncher {
             for held in keep.drain(..) {
                 std::mem::forget(held);
             }
+        }
+    }
+}
+
+/// Size of the private `/tmp` when none is given.
+pub const DEFAULT_TMP_SIZE: u64 = 512 << 20;
+
+/// The network a container gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunNetwork {
+    /// `--network none`: loopback only.
+    None,
+    /// `--network none`, and the egress proxy's socket directory (this host
+    /// path) bound read-only at `hako_driver::network::NET_DIR`.
+    Proxy(PathBuf),
+    /// `--network host`.
+    Host,
+}
+
+impl RunNetwork {
+    /// What a sandbox's network setup asks of its container.
+    pub fn of(network: &NetworkSetup) -> RunNetwork {
+        match (network.access, network.socket_dir()) {
+            (NetworkAccess::Host, _) => RunNetwork::Host,
+            (_, Some(dir)) => RunNetwork::Proxy(dir),
+            (_, None) => RunNetwork::None,
         }
     }
 }

@@ -118,7 +118,7 @@ impl Engine {
 }
 
 /// Whether `program` is an executable file in a `PATH` directory.
-pub(crate) fn on_path(program: &str) -> bool {
+pub fn on_path(program: &str) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::env::var_os("PATH").is_some_and(|paths| {
         std::env::split_paths(&paths).any(|dir| {

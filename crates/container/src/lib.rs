@@ -1,28 +1,20 @@
-//! hako's container backends, each a launcher for the same in-sandbox
-//! guest as `host` and `linux`:
-//!
-//! - [`docker`]: one locked-down container per sandbox through the Docker
-//!   or Podman CLI (any OCI runtime the daemon knows, `runsc` included);
-//! - [`gvisor`]: gVisor's `runsc` driven directly with an OCI bundle hako
-//!   writes, no daemon.
-//!
-//! Both mount the statically linked `hako-guest` read-only as the
-//! container's entrypoint and speak the guest's protocol over the runtime
-//! client's stdin and stdout, so a command is one round trip, not a
-//! `docker exec`.
+//! What hako's container backends (`hako-docker` and `hako-gvisor`) share,
+//! with no backend in it: finding the static guest they run as the
+//! container's entrypoint, the launcher that speaks to it over the runtime
+//! client's stdio ([`ContainerLauncher`]), owner labels, the container's
+//! network and limits, running the runtimes' CLIs ([`runner`]), which
+//! engine `docker` is ([`engine`]), hako's private directory ([`private`])
+//! and building the image both run on ([`image`]).
 
 mod common;
-pub mod docker;
 pub mod engine;
-pub mod exec_mode;
-pub mod gc;
-pub mod gvisor;
 pub mod image;
 pub mod private;
 pub mod runner;
 
-pub use common::{is_static_elf, locate_static_guest, Owner, GUEST_INSIDE, STATIC_GUEST_VAR};
-pub use docker::{DockerConfig, DockerSandbox};
+pub use common::{
+    base_env, cpus_decimal, is_static_elf, limit_reports, locate_static_guest, seccomp_profile,
+    unique_name, ContainerLauncher, Owner, RunNetwork, StderrTail, DEFAULT_TMP_SIZE, GUEST_INSIDE,
+    LABEL_PID, LABEL_START, STATIC_GUEST_VAR,
+};
 pub use engine::{Engine, EngineKind};
-pub use exec_mode::DockerExecSandbox;
-pub use gvisor::{GvisorConfig, GvisorSandbox};

@@ -149,7 +149,7 @@ fn accept_loop(bound: Bound, socket: PathBuf) {
 /// sockets live in another kernel, gVisor's): learnt at the first try.
 static HANDOVER: AtomicBool = AtomicBool::new(true);
 
-/// Hands one connection to the proxy (see [`hako_net::handoff`]), or, where
+/// Hands one connection to the proxy (see [`hako_relay::handover`]), or, where
 /// that cannot be done, relays it to the proxy (after asking it for the
 /// forwarded port, if this is one). A refusal closes the client's
 /// connection.
@@ -158,7 +158,7 @@ fn relay_one(client: TcpStream, socket: &Path, forward: Option<u16>) {
         let Ok(proxy) = UnixStream::connect(socket) else {
             return;
         };
-        match hako_net::hand_over(&proxy, client.as_fd(), forward) {
+        match hako_relay::hand_over(&proxy, client.as_fd(), forward) {
             // The proxy serves it now; this copy closes.
             Ok(true) | Err(_) => return,
             Ok(false) => HANDOVER.store(false, Ordering::Relaxed),
@@ -168,10 +168,10 @@ fn relay_one(client: TcpStream, socket: &Path, forward: Option<u16>) {
         return;
     };
     if let Some(port) = forward {
-        if !matches!(hako_net::announce_forward(&proxy, port), Ok(true)) {
+        if !matches!(hako_relay::announce_forward(&proxy, port), Ok(true)) {
             return;
         }
     }
     let _ = client.set_nodelay(true);
-    hako_net::relay(client, proxy);
+    hako_relay::relay(client, proxy);
 }

@@ -14,18 +14,14 @@
 //! in a `Refused` or `Failed` frame); how each of the guest's processes
 //! exits is a [`GuestExit`].
 
-pub mod client;
 mod confine;
 mod error;
 mod exit;
 mod forward;
-pub mod host_view;
+pub mod in_process;
 mod linux;
-pub mod network;
-mod processes;
 /// The wire protocol, shared with hako's side (the `hako-proto` crate).
 pub use hako_proto as proto;
-pub mod sandbox;
 mod seal;
 mod server;
 mod supervise;

@@ -15,12 +15,21 @@ use std::path::{Path, PathBuf};
 
 use hako_core::env::EnvPolicy;
 use hako_core::{Capabilities, Isolation, NetworkAccess, Result, DEFAULT_MAX_OUTPUT};
-use hako_fence::FenceOptions;
-use hako_guest::sandbox::{
+use hako_driver::sandbox::{
     common_limits, open_workspace, GuestConfig, GuestSandbox, GuestStart, Launcher, OPTIONAL,
 };
+use hako_driver::{DriverOptions, InProcessGuest};
+use hako_fence::FenceOptions;
 
-pub use hako_guest::client::locate_guest;
+pub use hako_driver::connection::locate_guest;
+
+/// The guest's code, linked into this backend: a single-threaded caller
+/// (the `hako` CLI) starts the guest in a fork of itself with it rather
+/// than by executing `hako-guest`.
+const IN_PROCESS: InProcessGuest = InProcessGuest {
+    serve_forked: hako_guest::in_process::serve_forked,
+    spawn_linux_pid1: hako_guest::in_process::spawn_linux_pid1,
+};
 
 /// The backend's name.
 pub const NAME: &str = "host";
@@ -38,11 +47,13 @@ pub struct HostConfig {
     /// Fence settings (resolver, read and listing limits).
     pub fence: FenceOptions,
     /// The `hako-guest` binary; `None` chooses (see
-    /// [`hako_guest::client::Connection::start`]).
+    /// [`hako_driver::connection::Connection::start`]).
     pub guest: Option<PathBuf>,
     /// Close the sandbox after this long with no call in progress and no
     /// long-lived process running.
     pub idle_timeout: Option<std::time::Duration>,
+    /// How the caller has the driver read and close the sandbox.
+    pub driver: DriverOptions,
     /// The network: only `host` can be had here (anything else is
     /// refused when the sandbox opens).
     pub network: hako_core::NetworkPolicy,
@@ -58,6 +69,7 @@ impl HostConfig {
             fence: FenceOptions::default(),
             guest: None,
             idle_timeout: None,
+            driver: DriverOptions::default(),
             network: hako_core::NetworkPolicy::host(),
         }
     }
@@ -69,7 +81,10 @@ struct InPlace;
 
 impl Launcher for InPlace {
     fn start(&self) -> Result<GuestStart> {
-        Ok(GuestStart::Local(None))
+        Ok(GuestStart::Local {
+            linux: None,
+            in_process: Some(IN_PROCESS),
+        })
     }
 
     fn cwd_inside(&self, _rel: &Path) -> Option<PathBuf> {
@@ -84,7 +99,7 @@ pub struct HostSandbox {
     inner: GuestSandbox,
 }
 
-hako_guest::delegate_sandbox!(HostSandbox, inner);
+hako_driver::delegate_sandbox!(HostSandbox, inner);
 
 impl HostSandbox {
     /// Opens the workspace and starts the sandbox's guest.
@@ -97,7 +112,7 @@ impl HostSandbox {
             });
         }
         let fence = open_workspace(&config.workspace, &config.fence)?;
-        let base_env = hako_guest::sandbox::base_env(&config.env);
+        let base_env = hako_driver::sandbox::base_env(&config.env);
         let caps = Capabilities {
             backend: NAME.to_string(),
             isolation: Isolation::None,
@@ -119,6 +134,7 @@ impl HostSandbox {
                 guest: config.guest.clone(),
                 max_output: config.max_output,
                 idle_timeout: config.idle_timeout,
+                driver: config.driver.clone(),
                 launcher: Box::new(InPlace),
                 proxy: None,
             })?,

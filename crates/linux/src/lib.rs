@@ -8,7 +8,7 @@
 //! runs under a supervisor with rlimits, Landlock, `no_new_privs` and no
 //! capabilities. The network namespace has only loopback; in network mode
 //! `allow` the guest's forwarder passes connections to an egress proxy
-//! outside (see [`hako_guest::network`]), and in mode `host` the sandbox
+//! outside (see [`hako_driver::network`]), and in mode `host` the sandbox
 //! stays in the host's network namespace. See README.md beside this file
 //! for the order in which each protection is applied.
 
@@ -22,18 +22,27 @@ use hako_core::env::EnvPolicy;
 use hako_core::{
     Capabilities, Error, Isolation, LimitMechanism, NetworkAccess, Result, DEFAULT_MAX_OUTPUT,
 };
-use hako_fence::FenceOptions;
-use hako_guest::network::{NetworkSetup, NET_DIR};
-use hako_guest::sandbox::{
+use hako_driver::network::{NetworkSetup, NET_DIR};
+use hako_driver::sandbox::{
     common_limits, open_workspace, GuestConfig, GuestSandbox, GuestStart, Launcher, OPTIONAL,
 };
+use hako_driver::{DriverOptions, InProcessGuest};
+use hako_fence::FenceOptions;
 use hako_proto::{LinuxSpec, MountOp};
 
 use crate::cgroup::Cgroups;
 use crate::plan::{PlanInput, Rlimits};
 
 pub use hako_core::Limits;
-pub use hako_guest::client::locate_guest;
+pub use hako_driver::connection::locate_guest;
+
+/// The guest's code, linked into this backend: a single-threaded caller
+/// (the `hako` CLI) starts the guest in a fork of itself with it rather
+/// than by executing `hako-guest`.
+const IN_PROCESS: InProcessGuest = InProcessGuest {
+    serve_forked: hako_guest::in_process::serve_forked,
+    spawn_linux_pid1: hako_guest::in_process::spawn_linux_pid1,
+};
 
 /// The backend's name.
 pub const NAME: &str = "linux";
@@ -52,7 +61,7 @@ pub struct LinuxConfig {
     /// Fence settings.
     pub fence: FenceOptions,
     /// The `hako-guest` binary; `None` chooses (see
-    /// [`hako_guest::client::Connection::start`]).
+    /// [`hako_driver::connection::Connection::start`]).
     pub guest: Option<PathBuf>,
     /// Extra read-only binds (same path inside).
     pub ro: Vec<PathBuf>,
@@ -66,6 +75,8 @@ pub struct LinuxConfig {
     /// Close the sandbox after this long with no call in progress and no
     /// long-lived process running.
     pub idle_timeout: Option<std::time::Duration>,
+    /// How the caller has the driver read and close the sandbox.
+    pub driver: DriverOptions,
     /// The network: `none` (the default), `allow` through the egress
     /// proxy, or `host`.
     pub network: hako_core::NetworkPolicy,
@@ -86,6 +97,7 @@ impl LinuxConfig {
             limits: Limits::default(),
             best_effort: false,
             idle_timeout: None,
+            driver: DriverOptions::default(),
             network: hako_core::NetworkPolicy::none(),
         }
     }
@@ -102,7 +114,10 @@ struct Namespaces {
 
 impl Launcher for Namespaces {
     fn start(&self) -> Result<GuestStart> {
-        Ok(GuestStart::Local(Some(self.spec.clone())))
+        Ok(GuestStart::Local {
+            linux: Some(self.spec.clone()),
+            in_process: Some(IN_PROCESS),
+        })
     }
 
     fn cwd_inside(&self, rel: &Path) -> Option<PathBuf> {
@@ -137,7 +152,7 @@ pub struct LinuxSandbox {
     inner: GuestSandbox,
 }
 
-hako_guest::delegate_sandbox!(LinuxSandbox, inner);
+hako_driver::delegate_sandbox!(LinuxSandbox, inner);
 
 impl LinuxSandbox {
     /// Opens the workspace, plans the sandbox and builds it: the namespaces
@@ -202,7 +217,7 @@ impl LinuxSandbox {
         };
         // No host home directory inside: HOME and TMPDIR point at the
         // sandbox's private /tmp unless set explicitly.
-        let mut base_env = hako_guest::sandbox::base_env_defaulting(
+        let mut base_env = hako_driver::sandbox::base_env_defaulting(
             &config.env,
             &[("HOME", "/tmp"), ("TMPDIR", "/tmp")],
         );
@@ -214,7 +229,7 @@ impl LinuxSandbox {
             cpus_milli: limits.cpus_milli.filter(|_| cg_mechanism.is_some()),
             ..limits
         };
-        reports.extend(hako_guest::sandbox::resource_limit_reports(
+        reports.extend(hako_driver::sandbox::resource_limit_reports(
             &enforced,
             cg_mechanism.unwrap_or(LimitMechanism::Rlimit),
         ));
@@ -268,6 +283,7 @@ impl LinuxSandbox {
                 guest: config.guest.clone(),
                 max_output: config.max_output,
                 idle_timeout: config.idle_timeout,
+                driver: config.driver.clone(),
                 launcher: Box::new(namespaces),
                 proxy: network.proxy,
             })?,

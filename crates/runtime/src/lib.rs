@@ -31,7 +31,7 @@
 //! The choice is a closed enum and the spec plain data, so what is pure
 //! here (parsing names, refusing settings a backend cannot honour) is
 //! tested without privileges. This crate sits above the backends
-//! (`hako-host`, `hako-linux`, `hako-container`), which know nothing of it.
+//! (`hako-host`, `hako-linux`, `hako-docker`, `hako-gvisor`), which know nothing of it.
 
 mod backend;
 mod flags;
@@ -45,6 +45,7 @@ pub use backend::{resolve, BackendArg, BackendKind, ParseBackendError};
 pub use flags::{
     parse_cpus, parse_key_value, parse_resolve, parse_size, parse_size_u64, SandboxFlags,
 };
-pub use open::{open, Opener};
+pub use hako_driver::{DriverOptions, ExitFollowsClose};
+pub use open::{open, open_with, Opener};
 pub use probe::{check, probe, protections, Protection, Unavailable};
 pub use spec::SandboxSpec;

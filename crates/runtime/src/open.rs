@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use hako_core::{Error, Isolation, Limits, NetworkPolicy, Sandbox};
 
-use crate::{probe, resolve, BackendArg, BackendKind, SandboxSpec};
+use crate::{probe, resolve, BackendArg, BackendKind, DriverOptions, SandboxSpec};
 
 /// A backend chosen for a spec and gated by the isolation required: what a
 /// front end opens its sandboxes from (the one `hako mcp` opens on the
@@ -61,6 +61,16 @@ impl Opener {
 /// the backends that take them; limits or binds on `host`) is refused here,
 /// before anything starts, rather than ignored.
 pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, Error> {
+    open_with(kind, spec, &DriverOptions::default())
+}
+
+/// [`open`], with the driver reading and closing the sandbox as `driver`
+/// says (a one-command `hako run`: see [`DriverOptions::one_shot`]).
+pub fn open_with(
+    kind: BackendKind,
+    spec: &SandboxSpec,
+    driver: &DriverOptions,
+) -> Result<Box<dyn Sandbox>, Error> {
     refuse_unused(kind, spec)?;
     let network = spec.network.clone().unwrap_or_else(|| match kind {
         BackendKind::Host => NetworkPolicy::host(),
@@ -72,6 +82,7 @@ pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, E
             config.env = spec.env.clone();
             config.max_output = spec.max_output;
             config.network = network;
+            config.driver = driver.clone();
             Ok(Box::new(hako_host::HostSandbox::new(config)?))
         }
         BackendKind::Linux => {
@@ -83,10 +94,11 @@ pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, E
             config.rw = spec.rw.clone();
             config.best_effort = spec.best_effort;
             config.network = network;
+            config.driver = driver.clone();
             Ok(Box::new(hako_linux::LinuxSandbox::new(config)?))
         }
         BackendKind::Docker => {
-            let mut config = hako_container::DockerConfig::new(&spec.workspace);
+            let mut config = hako_docker::DockerConfig::new(&spec.workspace);
             if let Some(image) = &spec.image {
                 config.image = image.clone();
             }
@@ -98,13 +110,14 @@ pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, E
             config.ro = spec.ro.clone();
             config.rw = spec.rw.clone();
             config.network = network;
+            config.driver = driver.clone();
             if spec.no_guest {
-                return Ok(Box::new(hako_container::DockerExecSandbox::new(config)?));
+                return Ok(Box::new(hako_docker::DockerExecSandbox::new(config)?));
             }
-            Ok(Box::new(hako_container::DockerSandbox::new(config)?))
+            Ok(Box::new(hako_docker::DockerSandbox::new(config)?))
         }
         BackendKind::Gvisor => {
-            let mut config = hako_container::GvisorConfig::new(&spec.workspace);
+            let mut config = hako_gvisor::GvisorConfig::new(&spec.workspace);
             config.rootfs = spec.image.as_ref().map(PathBuf::from);
             config.env = spec.env.clone();
             config.max_output = spec.max_output;
@@ -113,7 +126,8 @@ pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, E
             config.rw = spec.rw.clone();
             config.best_effort = spec.best_effort;
             config.network = network;
-            Ok(Box::new(hako_container::GvisorSandbox::new(config)?))
+            config.driver = driver.clone();
+            Ok(Box::new(hako_gvisor::GvisorSandbox::new(config)?))
         }
         BackendKind::Vm => Err(Error::Backend {
             backend: "vm".into(),

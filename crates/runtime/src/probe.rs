@@ -29,7 +29,7 @@ impl std::error::Error for Unavailable {}
 pub fn probe(kind: BackendKind) -> Result<(), Unavailable> {
     match kind {
         // The CLI runs the guest's code in a fork of itself (see
-        // `hako_guest::client::Connection::start`): no helper binary needed.
+        // `hako_driver::connection::Connection::start`): no helper binary needed.
         BackendKind::Host => Ok(()),
         BackendKind::Linux => {
             hako_sys::ns::user_namespaces_allowed().map_err(|reason| Unavailable {
@@ -37,7 +37,7 @@ pub fn probe(kind: BackendKind) -> Result<(), Unavailable> {
                 hint: "enable unprivileged user namespaces, or use --backend docker".into(),
             })
         }
-        BackendKind::Docker => hako_container::docker::ready(
+        BackendKind::Docker => hako_docker::ready(
             &format!("{}:latest", hako_container::image::DEFAULT_NAME),
             None,
         )
@@ -45,7 +45,7 @@ pub fn probe(kind: BackendKind) -> Result<(), Unavailable> {
             reason,
             hint: "install docker.io (and start dockerd) or podman, run `hako image build`, and set HAKO_GUEST_STATIC to a static hako-guest (scripts/build-static-guest)".into(),
         }),
-        BackendKind::Gvisor => hako_container::gvisor::ready().map_err(|reason| Unavailable {
+        BackendKind::Gvisor => hako_gvisor::ready().map_err(|reason| Unavailable {
             reason,
             hint: "install runsc (Debian: apt-get install runsc) and set HAKO_GUEST_STATIC to a static hako-guest (scripts/build-static-guest)".into(),
         }),

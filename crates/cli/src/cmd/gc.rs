@@ -3,7 +3,7 @@
 //! directories). Each sandbox opening does the same once per process.
 //! gVisor bundles are looked for in hako's private directory only, and an
 //! entry there that is not this user's plain directory is reported as
-//! skipped, never acted on (see `hako_container::gc`).
+//! skipped, never acted on (see `hako_docker::gc` and `hako_gvisor::gc`).
 
 use clap::Args;
 use hako_container::runner::CliRunner;
@@ -18,7 +18,7 @@ pub struct GcArgs {}
 pub fn run(_args: GcArgs) -> u8 {
     let mut code = 0;
     match hako_container::engine::shared(&CliRunner) {
-        Ok(engine) => match hako_container::gc::collect(&engine, &CliRunner) {
+        Ok(engine) => match hako_docker::gc::collect(&engine, &CliRunner) {
             Ok(removed) => {
                 for name in removed {
                     println!("removed container {name}");
@@ -34,8 +34,8 @@ pub fn run(_args: GcArgs) -> u8 {
     for dir in hako_net::remove_stale_dirs(None) {
         println!("removed egress proxy directory {}", dir.display());
     }
-    let runsc = hako_container::gvisor::runsc_path(None);
-    match hako_container::gc::collect_bundles(&CliRunner, &runsc) {
+    let runsc = hako_gvisor::runsc_path(None);
+    match hako_gvisor::gc::collect_bundles(&CliRunner, &runsc) {
         Ok(report) => {
             for bundle in report.removed {
                 println!("removed gvisor bundle {}", bundle.display());

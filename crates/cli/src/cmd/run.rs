@@ -140,9 +140,10 @@ pub fn run(args: RunArgs) -> u8 {
         return refuse(Some(kind.name()), &err, exit::SANDBOX_FAILED, true);
     }
     // One command, from this thread: no thread of its own need read the
-    // guest.
-    hako_guest::client::read_on_calling_thread();
-    let sandbox = match hako_runtime::open(kind, &spec) {
+    // guest; and hako exits once it is done (set below).
+    let exit_follows = hako_runtime::ExitFollowsClose::default();
+    let driver = hako_runtime::DriverOptions::one_shot(&exit_follows);
+    let sandbox = match hako_runtime::open_with(kind, &spec, &driver) {
         Ok(sb) => sb,
         Err(e) => return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED, is_refusal(&e)),
     };
@@ -168,7 +169,7 @@ pub fn run(args: RunArgs) -> u8 {
     // gone), the guest's own end need not be waited for. After a failed
     // exec, the sandbox is closed and waited for as usual.
     if result.is_ok() {
-        hako_guest::client::exit_follows_close();
+        exit_follows.set();
     }
     // Closing ends every connection from inside, so each is recorded.
     let _ = sandbox.close();

@@ -10,7 +10,7 @@ use hako_core::{Command, Error, NetEvent, NetworkPolicy, Output, Sandbox};
 use super::servers::TestNetwork;
 use super::{NetFactory, Skip};
 
-/// The proxy's port inside (see `hako_guest::network::PROXY_PORT`): read
+/// The proxy's port inside (see `hako_driver::network::PROXY_PORT`): read
 /// back from `HTTP_PROXY`, never assumed.
 pub(super) fn proxy_port(sb: &dyn Sandbox) -> Result<u16, String> {
     let out = run(sb, &["sh", "-c", "echo $HTTP_PROXY"])?;

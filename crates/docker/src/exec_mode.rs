@@ -18,11 +18,11 @@ use std::time::{Duration, Instant};
 use hako_core::{
     Capabilities, Command, DirListing, Error, ExitStatus, Optional, Output, Result, Sandbox,
 };
+use hako_driver::connection::Capture;
 use hako_fence::Fence;
-use hako_guest::client::Capture;
 
-use crate::engine::Engine;
-use crate::runner::Runner;
+use hako_container::engine::Engine;
+use hako_container::runner::Runner;
 
 /// How long a `docker exec` that has not started within the deadline's
 /// restart may take to go away before it is killed.
@@ -60,7 +60,7 @@ pub(crate) const EXEC_MODE_OPTIONAL: Optional = Optional {
 
 fn backend_err(op: &'static str, message: impl Into<String>) -> Error {
     Error::Backend {
-        backend: crate::docker::NAME.into(),
+        backend: crate::NAME.into(),
         op,
         message: message.into(),
     }
@@ -146,7 +146,7 @@ impl Sandbox for DockerExecSandbox {
 
     fn exec(&self, command: &Command) -> Result<Output> {
         self.check_open()?;
-        let argv = hako_guest::client::validate(command)?;
+        let argv = hako_driver::connection::validate(command)?;
         let cwd_given = command.cwd.as_deref().unwrap_or(Path::new("."));
         // Opened through the fence: a cwd outside the workspace is refused
         // with the fence's reason.
@@ -300,7 +300,7 @@ impl Drop for DockerExecSandbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::EngineKind;
+    use hako_container::engine::EngineKind;
 
     #[test]
     fn docker_exec_argv_passes_variables_by_name_only() {

@@ -9,9 +9,9 @@ use std::path::Path;
 use std::process::Command as Process;
 use std::time::Duration;
 
-use hako_container::docker::DEFAULT_IMAGE;
-use hako_container::{DockerConfig, DockerExecSandbox};
 use hako_core::{Command, Error, ExitStatus, Sandbox};
+use hako_docker::DEFAULT_IMAGE;
+use hako_docker::{DockerConfig, DockerExecSandbox};
 
 mod support;
 use support::containers_named;

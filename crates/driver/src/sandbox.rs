@@ -9,23 +9,33 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use hako_core::env::EnvPolicy;
 use hako_core::{
-    AppendFile, Capabilities, Command, DirListing, Error, ExecStream, LimitKind, LimitMechanism,
-    LimitReport, MakeDirAll, Metadata, NetworkEvents, Optional, Output, OutputSink, OutputSlice,
-    ProcessId, ProcessState, Processes, Program, ReadLimit, ReadOutcome, Result, Sandbox,
-    SessionId, SessionOptions, Sessions, SpawnOptions, StatPath, Stream, TermSize, Workdir,
+    AppendFile, Capabilities, Command, DirListing, Error, ExecStream, MakeDirAll, Metadata,
+    NetworkEvents, Output, OutputSink, OutputSlice, ProcessId, ProcessState, Processes, Program,
+    ReadLimit, ReadOutcome, Result, Sandbox, SessionId, SessionOptions, Sessions, SpawnOptions,
+    StatPath, Stream, TermSize, Workdir,
 };
 use hako_fence::Fence;
 
-use crate::client as driver;
+use crate::connection as driver;
 use crate::proto::{LinuxSpec, NetSpec, Seal};
+pub use crate::recipe::{
+    base_env, base_env_defaulting, common_limits, open_workspace, resource_limit_reports, OPTIONAL,
+};
+use crate::{DriverOptions, InProcessGuest};
 
 /// How a backend's guest comes to life.
 pub enum GuestStart {
-    /// hako starts the guest itself, sharing its view of the system; with
-    /// a spec, the guest first builds that `linux` sandbox around itself.
-    Local(Option<LinuxSpec>),
+    /// hako starts the guest itself, sharing its view of the system.
+    Local {
+        /// With a spec, the guest first builds that `linux` sandbox
+        /// around itself.
+        linux: Option<LinuxSpec>,
+        /// The guest's code, where this program links it: a
+        /// single-threaded caller then starts the guest in a fork of
+        /// itself rather than executing `hako-guest`.
+        in_process: Option<InProcessGuest>,
+    },
     /// A process already started (a container runtime's client) whose
     /// stdin and stdout reach the guest; `describe` says what became of
     /// it once the link is lost (for the error every waiting call gets).
@@ -65,16 +75,16 @@ pub trait Launcher: Send + Sync + std::fmt::Debug {
     /// Whether [`close`](Self::close) tears down something that every
     /// process of the sandbox must have left first (a cgroup): then the
     /// guest's end is always waited for, even when hako exits next (see
-    /// [`crate::client::exit_follows_close`]).
+    /// [`ExitFollowsClose`](crate::ExitFollowsClose)).
     fn waits_for_guest(&self) -> bool {
         false
     }
 
     /// Whether what the runtime's client leaves behind is removed by a
     /// process of its own once the client exits (gVisor's bundle, by the
-    /// cleaner of `hako_guest::host_view`): then a process that exits next
+    /// gVisor backend's cleaner): then a process that exits next
     /// need not wait for the client (see
-    /// [`crate::client::exit_follows_close`]), and calls
+    /// [`ExitFollowsClose`](crate::ExitFollowsClose)), and calls
     /// [`abandon`](Self::abandon) instead of [`close`](Self::close).
     fn cleans_up_after_itself(&self) -> bool {
         false
@@ -84,108 +94,6 @@ pub trait Launcher: Send + Sync + std::fmt::Debug {
     /// for (see [`cleans_up_after_itself`](Self::cleans_up_after_itself)):
     /// leaves what the cleaner removes where it is.
     fn abandon(&self) {}
-}
-
-/// The limits every guest-run sandbox enforces the same way: the command's
-/// deadline (the supervisor), the output cap, and the fence's read and
-/// listing bounds (hako).
-pub fn common_limits(max_output: usize, fence: &Fence) -> Vec<LimitReport> {
-    vec![
-        LimitReport {
-            kind: LimitKind::Timeout,
-            value: None,
-            mechanism: LimitMechanism::Supervisor,
-        },
-        LimitReport {
-            kind: LimitKind::OutputBytes,
-            value: Some(max_output as u64),
-            mechanism: LimitMechanism::Hako,
-        },
-        LimitReport {
-            kind: LimitKind::ReadBytes,
-            value: Some(fence.max_read()),
-            mechanism: LimitMechanism::Hako,
-        },
-        LimitReport {
-            kind: LimitKind::DirEntries,
-            value: Some(fence.max_entries() as u64),
-            mechanism: LimitMechanism::Hako,
-        },
-    ]
-}
-
-/// The base environment `policy` gives commands, from this process's
-/// environment (variables that are not UTF-8 never pass).
-pub fn base_env(policy: &EnvPolicy) -> Vec<(String, String)> {
-    policy.build(
-        std::env::vars_os()
-            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
-    )
-}
-
-/// [`base_env`] with `defaults` set where the policy does not set them
-/// (a sandbox's HOME and TMPDIR at its private /tmp, a container's PATH).
-pub fn base_env_defaulting(policy: &EnvPolicy, defaults: &[(&str, &str)]) -> Vec<(String, String)> {
-    let mut policy = policy.clone();
-    for (k, v) in defaults {
-        if !policy.set.iter().any(|(name, _)| name == k) {
-            policy.set.push(((*k).into(), (*v).into()));
-        }
-    }
-    base_env(&policy)
-}
-
-/// Reports for the resource limits asked for: memory, pids and CPUs
-/// enforced by `by_cgroup` (a cgroup, the container runtime's, or
-/// rlimits), file size and open files by rlimits. A limit not enforced
-/// must be left out of `limits` by the caller.
-pub fn resource_limit_reports(
-    limits: &hako_core::Limits,
-    by_cgroup: LimitMechanism,
-) -> Vec<LimitReport> {
-    [
-        (LimitKind::Memory, limits.memory, by_cgroup),
-        (LimitKind::Pids, limits.pids, by_cgroup),
-        (LimitKind::Cpus, limits.cpus_milli, by_cgroup),
-        (
-            LimitKind::FileSize,
-            limits.file_size,
-            LimitMechanism::Rlimit,
-        ),
-        (
-            LimitKind::OpenFiles,
-            limits.open_files,
-            LimitMechanism::Rlimit,
-        ),
-    ]
-    .into_iter()
-    .filter_map(|(kind, value, mechanism)| {
-        value.map(|v| LimitReport {
-            kind,
-            value: Some(v),
-            mechanism,
-        })
-    })
-    .collect()
-}
-
-/// The optional capabilities every [`GuestSandbox`] offers (for
-/// [`Capabilities::optional`]).
-pub const OPTIONAL: Optional = Optional {
-    read_limit: true,
-    append: true,
-    make_dir_all: true,
-    workdir: true,
-    stat: true,
-    exec_stream: true,
-    sessions: true,
-    processes: true,
-};
-
-/// Opens the workspace fence: the first step of every backend's
-/// constructor.
-pub fn open_workspace(workspace: &Path, fence: &hako_fence::FenceOptions) -> Result<Fence> {
-    Ok(Fence::open(workspace, fence.clone())?)
 }
 
 /// Everything a backend decides when it opens a [`GuestSandbox`].
@@ -200,7 +108,7 @@ pub struct GuestConfig {
     /// The environment every command starts from.
     pub base_env: Vec<(String, String)>,
     /// The `hako-guest` binary; `None` chooses (see
-    /// [`Connection::start`](crate::client::Connection::start)).
+    /// [`Connection::start`](crate::connection::Connection::start)).
     pub guest: Option<PathBuf>,
     /// Default cap on each output stream.
     pub max_output: usize,
@@ -212,6 +120,8 @@ pub struct GuestConfig {
     /// The egress proxy (network mode `allow`), stopped when the sandbox
     /// closes.
     pub proxy: Option<hako_net::Proxy>,
+    /// How the caller has the driver read and close the sandbox.
+    pub driver: DriverOptions,
 }
 
 /// What closing needs, shared with the idle-lease watchdog.
@@ -220,6 +130,7 @@ struct Life {
     guest: driver::Connection,
     launcher: Box<dyn Launcher>,
     proxy: Option<hako_net::Proxy>,
+    driver: DriverOptions,
     closed: AtomicBool,
     /// Calls in progress.
     busy: AtomicUsize,
@@ -233,7 +144,7 @@ impl Life {
         // With nothing to tear down after the guest (no cgroup, no proxy
         // whose records must be complete) and this process exiting next,
         // the guest's own end is not waited for.
-        let exit_follows = crate::client::exit_follows()
+        let exit_follows = self.driver.exit_follows_close.is_set()
             && self.proxy.is_none()
             && !self.launcher.waits_for_guest();
         let self_cleaning = self.launcher.cleans_up_after_itself();
@@ -313,9 +224,14 @@ impl GuestSandbox {
     pub fn new(config: GuestConfig) -> Result<Self> {
         let root = config.fence.open_dir(Path::new("."))?;
         let guest = config.launcher.start().and_then(|start| match start {
-            GuestStart::Local(spec) => {
-                driver::Connection::start(config.backend, config.guest.as_deref(), root, spec)
-            }
+            GuestStart::Local { linux, in_process } => driver::Connection::start(
+                config.backend,
+                config.guest.as_deref(),
+                root,
+                linux,
+                in_process.as_ref(),
+                config.driver.read_on_caller,
+            ),
             GuestStart::Piped {
                 child,
                 describe,
@@ -350,6 +266,7 @@ impl GuestSandbox {
             guest,
             launcher: config.launcher,
             proxy: config.proxy,
+            driver: config.driver,
             closed: AtomicBool::new(false),
             busy: AtomicUsize::new(0),
             last: Mutex::new(Instant::now()),

@@ -1,24 +1,27 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-//! Escape attempts from inside the container backends, each named after the
-//! attack, run on `docker` (runc), `docker --runtime runsc` and `gvisor`
-//! (on the image directory): writes outside the workspace, host processes,
-//! the host's loopback, secrets in the environment, leaked descriptors, the
-//! seccomp probe, capabilities, limits and orphans. Everything is checked
-//! from inside (gVisor's processes do not show in the host's /proc) and,
-//! where it applies, on the host. Needs what `tests/docker.rs` and
-//! `tests/gvisor.rs` need, and the static `hako-probe` beside the static
-//! guest; skips without them unless `HAKO_MUST_WORK=1`.
+// The escape kit the container backends share, included by each one's
+// `tests/escapes.rs` (`include!`), which supplies `open(kind, ws, limits)`
+// and instantiates `escapes_on!` for its kinds.
+//
+// Escape attempts from inside the container backends, each named after
+// the attack, run on `docker` (runc), `docker --runtime runsc` and
+// `gvisor` (on the image directory): writes outside the workspace, host
+// processes, the host's loopback, secrets in the environment, leaked
+// descriptors, the seccomp probe, capabilities, limits and orphans.
+// Everything is checked from inside (gVisor's processes do not show in
+// the host's /proc) and, where it applies, on the host. Needs what each
+// backend's `tests/docker.rs` or `tests/gvisor.rs` needs, and the static
+// `hako-probe` beside the static guest; skips without them unless
+// `HAKO_MUST_WORK=1`.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hako_container::docker::{self, DEFAULT_IMAGE};
-use hako_container::{DockerConfig, DockerSandbox, GvisorConfig, GvisorSandbox};
 use hako_core::{Command, ExitStatus, Limits, Output, Sandbox};
 
 /// Which container backend a test runs on.
 #[derive(Clone, Copy)]
+#[allow(dead_code)] // each backend's tests construct their own kinds only
 enum Kind {
     Runc,
     Runsc,
@@ -31,32 +34,6 @@ fn skip(reason: &str) -> Option<Box<dyn Sandbox>> {
     None
 }
 
-fn open(kind: Kind, ws: &Path, limits: Limits) -> Option<Box<dyn Sandbox>> {
-    match kind {
-        Kind::Runc | Kind::Runsc => {
-            let runtime = matches!(kind, Kind::Runsc).then_some("runsc");
-            if let Err(reason) = docker::ready(DEFAULT_IMAGE, runtime) {
-                return skip(&reason);
-            }
-            let mut config = DockerConfig::new(ws);
-            config.runtime = runtime.map(str::to_string);
-            config.limits = limits;
-            Some(Box::new(DockerSandbox::new(config).unwrap()))
-        }
-        Kind::Gvisor => {
-            if let Err(reason) = hako_container::gvisor::ready() {
-                return skip(&reason);
-            }
-            let Some(rootfs) = std::env::var_os("HAKO_IMAGE_DIR") else {
-                return skip("HAKO_IMAGE_DIR is not set");
-            };
-            let mut config = GvisorConfig::new(ws);
-            config.rootfs = Some(PathBuf::from(rootfs));
-            config.limits = limits;
-            Some(Box::new(GvisorSandbox::new(config).unwrap()))
-        }
-    }
-}
 
 fn workspace() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
@@ -563,7 +540,3 @@ macro_rules! escapes_on {
         }
     };
 }
-
-escapes_on!(docker_runc, Kind::Runc);
-escapes_on!(docker_runsc, Kind::Runsc);
-escapes_on!(gvisor, Kind::Gvisor);

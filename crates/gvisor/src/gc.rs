@@ -1,8 +1,8 @@
-//! Removing what dead hako processes left behind: containers labelled with
-//! an owner that no longer runs, and gVisor bundles whose owners are gone.
+//! Removing what dead hako processes left behind: gVisor bundles whose
+//! owners are gone.
 //!
 //! Bundles are looked for in hako's private directory only (see
-//! [`crate::private`]), never in the shared temporary directory, and each
+//! `hako_container::private`), never in the shared temporary directory, and each
 //! is checked before anything is done with it: the bundle and its `runsc`
 //! state must be real directories (not symlinks) owned by this user with no
 //! permission for group or others, and its `owner` file a regular file of
@@ -12,86 +12,11 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use hako_core::{Error, Result};
+use hako_container::private::{self, PrivateDirError, Unfit};
+use hako_container::runner::Runner;
+use hako_container::Owner;
 
-use crate::common::{Owner, LABEL_PID, LABEL_START};
-use crate::engine::Engine;
-use crate::private::{self, PrivateDirError, Unfit};
-use crate::runner::Runner;
-
-fn failed(op: &'static str, message: String) -> Error {
-    Error::Backend {
-        backend: "docker".into(),
-        op,
-        message,
-    }
-}
-
-/// The containers (running or not) whose owning hako process is gone.
-pub fn stale_containers(engine: &Engine, runner: &dyn Runner) -> Result<Vec<String>> {
-    let io = |e: std::io::Error| failed("list containers", e.to_string());
-    let ps = engine.command([
-        "ps",
-        "--all",
-        "--filter",
-        &format!("label={LABEL_PID}"),
-        "--format",
-        "{{.Names}}",
-    ]);
-    let out = runner.output(&ps).map_err(io)?;
-    if !out.success {
-        return Err(failed("list containers", out.message()));
-    }
-    let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .map(str::to_string)
-        .collect();
-    if names.is_empty() {
-        return Ok(names);
-    }
-    let mut inspect = engine.command([
-        "inspect".to_string(),
-        "--format".into(),
-        format!(
-            "{{{{.Name}}}} {{{{index .Config.Labels \"{LABEL_PID}\"}}}} {{{{index .Config.Labels \"{LABEL_START}\"}}}}"
-        ),
-    ]);
-    inspect.extend(names.iter().cloned());
-    let out = runner.output(&inspect).map_err(io)?;
-    // A container removed between the two calls makes inspect fail for
-    // it alone; the others are still printed.
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(parse_owner_line)
-        .filter(|(_, owner)| !owner.alive())
-        .map(|(name, _)| name)
-        .collect())
-}
-
-/// `NAME PID START` as inspect prints it (Docker puts a `/` before names).
-fn parse_owner_line(line: &str) -> Option<(String, Owner)> {
-    let mut words = line.split_whitespace();
-    let name = words.next()?.trim_start_matches('/').to_string();
-    let pid = words.next()?.parse().ok()?;
-    let start = words.next().and_then(|s| s.parse().ok()).unwrap_or(0);
-    Some((name, Owner { pid, start }))
-}
-
-/// Removes every stale container; returns their names.
-pub fn collect(engine: &Engine, runner: &dyn Runner) -> Result<Vec<String>> {
-    let stale = stale_containers(engine, runner)?;
-    if !stale.is_empty() {
-        let mut rm = engine.command(["rm", "--force"]);
-        rm.extend(stale.iter().cloned());
-        let out = runner
-            .output(&rm)
-            .map_err(|e| failed("remove stale containers", e.to_string()))?;
-        if !out.success {
-            return Err(failed("remove stale containers", out.message()));
-        }
-    }
-    Ok(stale)
-}
+use crate::host_view;
 
 /// Prefix of every gVisor bundle directory (followed by the owner's pid).
 pub const BUNDLE_PREFIX: &str = "hako-gvisor-";
@@ -205,9 +130,9 @@ fn read_owners(bundle: &Path, euid: u32) -> std::result::Result<Option<Vec<Owner
 
 /// The owners a bundle's `owner` file names, a `pid start` pair per line:
 /// the hako process that wrote it, then any cleaner (see
-/// `hako_guest::host_view`). `None` for a file that is not one.
+/// `crate::host_view`). `None` for a file that is not one.
 fn owners(text: &str) -> Option<Vec<Owner>> {
-    let owners = hako_guest::host_view::parse_owners(text)?;
+    let owners = host_view::parse_owners(text)?;
     Some(
         owners
             .into_iter()
@@ -361,8 +286,7 @@ pub fn collect_bundles(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::EngineKind;
-    use crate::runner::{Recorder, RunOutput};
+    use hako_container::runner::{Recorder, RunOutput};
     use std::os::unix::fs::DirBuilderExt;
 
     /// Pid 2^22 + 1 is above the kernel's largest pid: it never runs.
@@ -385,11 +309,8 @@ mod tests {
     fn bundle_in(dir: &Path, name: &str) -> PathBuf {
         let bundle = dir.join(name);
         mkdir_private(&bundle);
-        std::fs::write(
-            bundle.join("owner"),
-            hako_guest::host_view::owner_line(GONE, 77),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(bundle.join("owner"), host_view::owner_line(GONE, 77))
+            .unwrap_or_else(|e| panic!("{e}"));
         mkdir_private(&bundle.join("state"));
         std::fs::write(bundle.join("state/container"), b"x").unwrap_or_else(|e| panic!("{e}"));
         bundle
@@ -418,11 +339,8 @@ mod tests {
         // owner file yet), are left alone.
         let me = Owner::current();
         let live = bundle_in(dir.path(), &format!("{BUNDLE_PREFIX}{}-b", me.pid));
-        std::fs::write(
-            live.join("owner"),
-            hako_guest::host_view::owner_line(me.pid, me.start),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(live.join("owner"), host_view::owner_line(me.pid, me.start))
+            .unwrap_or_else(|e| panic!("{e}"));
         let young = dir.path().join(format!("{BUNDLE_PREFIX}{GONE}-c"));
         mkdir_private(&young);
         let runner = runsc_with_a_container();
@@ -564,7 +482,7 @@ mod tests {
         };
         let text = |o: &[&Owner]| {
             o.iter()
-                .map(|o| hako_guest::host_view::owner_line(o.pid, o.start))
+                .map(|o| host_view::owner_line(o.pid, o.start))
                 .collect::<String>()
         };
         assert_eq!(owners(&text(&[&me])), Some(vec![me.clone()]));
@@ -580,60 +498,5 @@ mod tests {
         for bad in ["", "12", "12 x", "12 3 4", "\n\n"] {
             assert_eq!(owners(bad), None, "{bad:?}");
         }
-    }
-
-    #[test]
-    fn only_containers_of_dead_owners_are_removed() {
-        let me = Owner::current();
-        let recorder = Recorder {
-            script: vec![
-                (
-                    vec!["ps".into()],
-                    RunOutput {
-                        success: true,
-                        stdout: b"hako-a\nhako-b\nhako-c\n".to_vec(),
-                        stderr: Vec::new(),
-                    },
-                ),
-                (
-                    vec!["inspect".into()],
-                    RunOutput {
-                        success: true,
-                        stdout: format!(
-                            "/hako-a {} {}\n/hako-b {} {}\n/hako-c {} 5\n",
-                            me.pid,
-                            me.start,
-                            me.pid,
-                            me.start + 1,
-                            u32::MAX - 1
-                        )
-                        .into_bytes(),
-                        stderr: Vec::new(),
-                    },
-                ),
-            ],
-            ..Recorder::default()
-        };
-        let engine = Engine {
-            argv: vec!["docker".into()],
-            kind: EngineKind::Docker,
-        };
-        let removed = collect(&engine, &recorder).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(removed, ["hako-b", "hako-c"]);
-        let calls = recorder.calls();
-        assert_eq!(calls.len(), 3);
-        assert_eq!(
-            calls[0],
-            [
-                "docker",
-                "ps",
-                "--all",
-                "--filter",
-                "label=hako.owner.pid",
-                "--format",
-                "{{.Names}}"
-            ]
-        );
-        assert_eq!(calls[2], ["docker", "rm", "--force", "hako-b", "hako-c"]);
     }
 }

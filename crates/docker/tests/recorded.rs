@@ -7,10 +7,11 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use hako_container::docker::{self, RunPlan, DEFAULT_IMAGE};
 use hako_container::runner::Recorder;
-use hako_container::{DockerConfig, DockerSandbox, Engine, EngineKind, Owner};
+use hako_container::{Engine, EngineKind, Owner};
 use hako_core::{Command, Sandbox};
+use hako_docker::{self as docker, RunPlan, DEFAULT_IMAGE};
+use hako_docker::{DockerConfig, DockerSandbox};
 
 /// Any statically linked executable passes for the guest in the argv (it
 /// is only bound, never run, here).
@@ -24,7 +25,7 @@ fn a_docker_sandbox_makes_exactly_the_recorded_calls() {
         eprintln!("SKIPPED: no static {STATIC_STAND_IN}");
         return;
     }
-    let guest = hako_guest::client::locate_guest().unwrap();
+    let guest = hako_driver::connection::locate_guest().unwrap();
     let recorder = Arc::new(Recorder {
         spawn_with: Some(vec![guest.display().to_string(), "--stdio".into()]),
         ..Recorder::default()
@@ -72,7 +73,7 @@ fn a_docker_sandbox_makes_exactly_the_recorded_calls() {
         image: DEFAULT_IMAGE.into(),
         runtime: None,
         limits: Default::default(),
-        tmp_size: docker::DEFAULT_TMP_SIZE,
+        tmp_size: hako_container::DEFAULT_TMP_SIZE,
         user: (
             hako_sys::rustix::process::geteuid().as_raw(),
             hako_sys::rustix::process::getegid().as_raw(),
@@ -80,7 +81,7 @@ fn a_docker_sandbox_makes_exactly_the_recorded_calls() {
         sealed: false,
         ro: Vec::new(),
         rw: Vec::new(),
-        network: docker::RunNetwork::None,
+        network: hako_container::RunNetwork::None,
     };
     assert_eq!(run, &docker::run_argv(&engine, &plan));
     // The client (here, the guest itself) exited cleanly: nothing to
@@ -116,7 +117,7 @@ fn allow_mode_is_refused_where_nothing_inside_could_reach_the_proxy() {
     config.engine = Some(engine("docker-exec-mode"));
     config.runner = recorder.clone();
     config.network = hako_core::NetworkPolicy::allow(["pkg.test"]);
-    match hako_container::DockerExecSandbox::new(config) {
+    match hako_docker::DockerExecSandbox::new(config) {
         Err(hako_core::Error::NetworkUnavailable {
             mode: "allow",
             reason,

@@ -1,126 +1,19 @@
-//! The `gvisor` backend: gVisor's `runsc` driven directly, no daemon.
-//!
-//! hako writes an OCI bundle (its `config.json` generated from the same
-//! policy as the other backends: `noNewPrivileges`, limits, the workspace
-//! as the only writable host directory) and runs `runsc run` with the
-//! static guest as the container's process, reached over the client's
-//! stdio. The root is a read-only view of the host's system directories or
-//! an image directory. The guest starts with `CAP_SYS_ADMIN` and
-//! `CAP_SETPCAP` inside gVisor and nothing else; before it reads a
-//! command it masks the `/etc` secrets, drops every capability and
-//! installs the seccomp policy on itself (`hako_proto::Seal`),
-//! and refuses to serve if any of it fails.
-//!
-//! What it enforces: every system call of the sandbox is served by gVisor's
-//! own kernel (the Sentry), itself confined by seccomp on the host
-//! (Isolation Kernel); network none (or, with `allow`, only the egress
-//! proxy's socket, the one host socket gVisor is let open). What it does not: a bug in the Sentry
-//! or the host kernel calls it makes is still an escape, and file access
-//! goes through a gofer that runs on the host.
+//! What a gvisor sandbox's bundle is, as data: the OCI `config.json`
+//! (mounts, limits, capabilities, the seal's masks), the root view's mount
+//! points, and the `runsc` argv (through `--host-view` where the view binds
+//! host directories). Pure but for building the view's mount points, and
+//! unit-tested without `runsc`.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Once};
-use std::time::Duration;
 
-use hako_core::env::EnvPolicy;
-use hako_core::{
-    Capabilities, Error, Isolation, Limits, NetworkPolicy, Result, DEFAULT_MAX_OUTPUT,
-};
-use hako_fence::FenceOptions;
-use hako_guest::network::{NetworkSetup, NET_DIR};
-use hako_guest::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
+use hako_container::{RunNetwork, GUEST_INSIDE};
+use hako_core::Limits;
+use hako_driver::network::NET_DIR;
 use hako_proto::{Seal, GUEST_FD_DIRS};
 use hako_view::{HostFacts, HostPath};
 use serde_json::{json, Value};
 
-use crate::common::{
-    self, base_env, limit_reports, locate_static_guest, ContainerLauncher, Owner, GUEST_INSIDE,
-};
-use crate::docker::RunNetwork;
-use crate::gc::BUNDLE_PREFIX;
-use crate::runner::{CliRunner, Runner};
-
-/// The backend's name.
-pub const NAME: &str = "gvisor";
-
-/// The variable naming the `runsc` binary.
-pub const RUNSC_VAR: &str = "HAKO_RUNSC";
-
-/// How a gvisor sandbox is set up.
-#[derive(Debug, Clone)]
-pub struct GvisorConfig {
-    /// The workspace on the host; bound read-write at the same path.
-    pub workspace: PathBuf,
-    /// A root file system directory (an image); `None` is a read-only view
-    /// of the host's system directories.
-    pub rootfs: Option<PathBuf>,
-    /// Which host variables pass, and what is set.
-    pub env: EnvPolicy,
-    /// Cap on each of stdout and stderr kept per command.
-    pub max_output: usize,
-    /// Fence settings.
-    pub fence: FenceOptions,
-    /// The statically linked `hako-guest`; `None` chooses.
-    pub guest: Option<PathBuf>,
-    /// Extra read-only binds (same path inside).
-    pub ro: Vec<PathBuf>,
-    /// Extra read-write binds (same path inside).
-    pub rw: Vec<PathBuf>,
-    /// Resource limits.
-    pub limits: Limits,
-    /// Run even when a limit cannot be enforced (without it).
-    pub best_effort: bool,
-    /// The network: `none` (the default), `allow` through the egress
-    /// proxy, or `host`.
-    pub network: NetworkPolicy,
-    /// Size of the private `/tmp`, bytes.
-    pub tmp_size: u64,
-    /// Close the sandbox after this long idle.
-    pub idle_timeout: Option<Duration>,
-    /// The `runsc` binary; `None` is `$HAKO_RUNSC`, else `runsc`.
-    pub runsc: Option<PathBuf>,
-    /// Runs `runsc` (tests record instead).
-    pub runner: Arc<dyn Runner>,
-}
-
-impl GvisorConfig {
-    /// Defaults for a workspace.
-    pub fn new(workspace: impl Into<PathBuf>) -> Self {
-        GvisorConfig {
-            workspace: workspace.into(),
-            rootfs: None,
-            env: EnvPolicy::default(),
-            max_output: DEFAULT_MAX_OUTPUT,
-            fence: FenceOptions::default(),
-            guest: None,
-            ro: Vec::new(),
-            rw: Vec::new(),
-            limits: Limits::default(),
-            best_effort: false,
-            network: NetworkPolicy::none(),
-            tmp_size: crate::docker::DEFAULT_TMP_SIZE,
-            idle_timeout: None,
-            runsc: None,
-            runner: Arc::new(CliRunner),
-        }
-    }
-}
-
-fn backend_err(op: &'static str, message: impl Into<String>) -> Error {
-    Error::Backend {
-        backend: NAME.into(),
-        op,
-        message: message.into(),
-    }
-}
-
-/// The `runsc` to run.
-pub fn runsc_path(configured: Option<&Path>) -> PathBuf {
-    configured
-        .map(Path::to_path_buf)
-        .or_else(|| std::env::var_os(RUNSC_VAR).map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("runsc"))
-}
+use crate::host_view;
 
 /// Everything the bundle says about one sandbox.
 #[derive(Debug, Clone)]
@@ -307,13 +200,13 @@ impl BundlePlan {
 }
 
 /// The argv prefix that starts `runsc` through the guest's `--host-view`
-/// mode (see `hako_guest::host_view`): it mounts the plan's
+/// mode (see `crate::host_view`): it mounts the plan's
 /// [`host_binds`](BundlePlan::host_binds) in a mount namespace of its own,
 /// and leaves a cleaner that removes `bundle` once `runsc` has exited.
 pub fn view_argv(plan: &BundlePlan, bundle: &Path) -> Vec<String> {
     let mut argv = vec![
         plan.guest.display().to_string(),
-        hako_guest::host_view::FLAG.into(),
+        host_view::FLAG.into(),
         plan.root.display().to_string(),
     ];
     for (source, inside) in plan.host_binds() {
@@ -381,7 +274,7 @@ pub fn run_argv(
 
 /// Creates `path` (and parents) inside the root view, for a mount point.
 fn mount_point(root: &Path, path: &Path, file: bool) -> std::io::Result<()> {
-    let inside = hako_guest::host_view::in_view(root, path);
+    let inside = host_view::in_view(root, path);
     if file {
         if let Some(parent) = inside.parent() {
             std::fs::create_dir_all(parent)?;
@@ -392,173 +285,16 @@ fn mount_point(root: &Path, path: &Path, file: bool) -> std::io::Result<()> {
     }
 }
 
-/// A sandbox whose commands run on gVisor's kernel.
-#[derive(Debug)]
-pub struct GvisorSandbox {
-    inner: GuestSandbox,
-    name: String,
-}
-
-hako_guest::delegate_sandbox!(GvisorSandbox, inner);
-
-impl GvisorSandbox {
-    /// Writes the bundle, starts `runsc run` and waits for the guest.
-    pub fn new(config: GvisorConfig) -> Result<Self> {
-        let fence = open_workspace(&config.workspace, &config.fence)?;
-        let network = NetworkSetup::new(&config.network)?;
-        let runner = Arc::clone(&config.runner);
-        collect_once();
-        let guest = locate_static_guest(NAME, config.guest.as_deref())?;
-        let rootless = !hako_sys::rustix::process::geteuid().is_root();
-        let mut limits = config.limits;
-        if rootless
-            && (limits.memory.is_some() || limits.pids.is_some() || limits.cpus_milli.is_some())
-        {
-            if !config.best_effort {
-                return Err(backend_err(
-                    "apply limits",
-                    "--memory, --pids and --cpus need runsc's cgroups, which only root gets; run as root or pass --best-effort",
-                ));
-            }
-            (limits.memory, limits.pids, limits.cpus_milli) = (None, None, None);
-        }
-        let io = |op: &'static str| move |e: std::io::Error| backend_err(op, e.to_string());
-        let owner = Owner::current();
-        // In hako's private directory, where no other user can plant or
-        // swap anything; `runsc` reaches it as root, and rootless as the
-        // user its user namespace maps to root.
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("{BUNDLE_PREFIX}{}-", owner.pid))
-            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .tempdir_in(crate::private::private_dir()?)
-            .map_err(io("create the bundle"))?;
-        std::fs::write(
-            dir.path().join("owner"),
-            hako_guest::host_view::owner_line(owner.pid, owner.start),
-        )
-        .map_err(io("create the bundle"))?;
-        let workspace = fence.workdir().to_path_buf();
-        let facts = hako_view::host_facts();
-        let (root, host_view) = match &config.rootfs {
-            Some(rootfs) => (rootfs.clone(), false),
-            None => (dir.path().join("rootfs"), true),
-        };
-        let plan = BundlePlan {
-            workspace: workspace.clone(),
-            guest,
-            root: root.clone(),
-            host_view,
-            // Rootless: root of runsc's user namespace is the invoking user.
-            user: if rootless {
-                (0, 0)
-            } else {
-                (facts.uid, facts.gid)
-            },
-            limits,
-            tmp_size: config.tmp_size,
-            ro: config.ro.clone(),
-            rw: config.rw.clone(),
-            masked_files: facts
-                .masked_etc_files()
-                // Without root, a file the user cannot read needs no mask
-                // (the sandbox, as that user, cannot read it either), and
-                // runsc's gofer cannot open it to mount over it.
-                .filter(|p| p.is_file() && (!rootless || std::fs::File::open(p).is_ok()))
-                .collect(),
-            masked_dirs: hako_view::MASKED_ETC_DIRS
-                .iter()
-                .map(PathBuf::from)
-                .filter(|p| p.is_dir() && (!rootless || std::fs::read_dir(p).is_ok()))
-                .collect(),
-            system_dirs: facts.bound_dirs().map(Path::to_path_buf).collect(),
-            network: RunNetwork::of(&network),
-        };
-        if host_view {
-            build_view(&plan, &facts).map_err(io("build the root view"))?;
-        }
-        let config_path = dir.path().join("config.json");
-        let text = serde_json::to_vec_pretty(&config_json(&plan))
-            .map_err(|e| backend_err("write the bundle", e.to_string()))?;
-        std::fs::write(&config_path, text).map_err(io("write the bundle"))?;
-        let state = dir.path().join("state");
-        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
-            .create(&state)
-            .map_err(io("create the bundle"))?;
-        let name = common::unique_name("hako");
-        let runsc = runsc_path(config.runsc.as_deref());
-        let cgroups =
-            limits.memory.is_some() || limits.pids.is_some() || limits.cpus_milli.is_some();
-        let argv = run_argv(&runsc, &state, dir.path(), &name, rootless, cgroups, &plan);
-        let mut cleanup_argv = vec![
-            runsc.display().to_string(),
-            "--root".into(),
-            state.display().to_string(),
-        ];
-        if rootless {
-            cleanup_argv.push("--rootless".into());
-        }
-        cleanup_argv.extend(["delete".into(), "--force".into(), name.clone()]);
-        let mut reports = common_limits(config.max_output, &fence);
-        reports.extend(limit_reports(&limits));
-        let caps = Capabilities {
-            backend: NAME.into(),
-            isolation: Isolation::Kernel,
-            network: network.access,
-            fence: fence.resolver(),
-            limits: reports,
-            env_sanitised: true,
-            fds_closed: true,
-            landlock_abi: None,
-            seccomp: true,
-            optional: OPTIONAL,
-        };
-        let launcher = ContainerLauncher {
-            backend: NAME,
-            program: "runsc",
-            runner,
-            name: name.clone(),
-            argv,
-            workspace,
-            cleanup: vec![cleanup_argv],
-            keep: Mutex::new(vec![Box::new(dir)]),
-            network: network.spec.clone(),
-            seal: Some(plan.seal()),
-            self_cleaning: true,
-        };
-        let mut env = base_env(&config.env);
-        network.apply_env(&mut env);
-        Ok(GvisorSandbox {
-            inner: GuestSandbox::new(GuestConfig {
-                backend: NAME,
-                fence,
-                caps,
-                base_env: env,
-                guest: None,
-                max_output: config.max_output,
-                idle_timeout: config.idle_timeout,
-                launcher: Box::new(launcher),
-                proxy: network.proxy,
-            })?,
-            name,
-        })
-    }
-
-    /// The container's id (as `runsc list` shows it).
-    pub fn container(&self) -> &str {
-        &self.name
-    }
-}
-
 /// The root of a host view: mount points for every bind and the host's
 /// usr-merge symlinks.
-fn build_view(plan: &BundlePlan, facts: &HostFacts) -> std::io::Result<()> {
+pub(crate) fn build_view(plan: &BundlePlan, facts: &HostFacts) -> std::io::Result<()> {
     let root = &plan.root;
     std::fs::create_dir_all(root)?;
     for (path, kind) in &facts.system {
         match kind {
             HostPath::Dir => mount_point(root, path, false)?,
             HostPath::Symlink(target) => {
-                let inside = hako_guest::host_view::in_view(root, path);
+                let inside = host_view::in_view(root, path);
                 std::os::unix::fs::symlink(target, inside)?;
             }
             HostPath::Absent => {}
@@ -574,43 +310,6 @@ fn build_view(plan: &BundlePlan, facts: &HostFacts) -> std::io::Result<()> {
         mount_point(root, Path::new(NET_DIR), false)?;
     }
     mount_point(root, Path::new(GUEST_INSIDE), true)
-}
-
-/// Removes, once per process, the bundles (and any container state in
-/// them) of hako processes that are gone (see [`crate::gc`]).
-fn collect_once() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let report = match crate::gc::collect_bundles(&CliRunner, &runsc_path(None)) {
-            Ok(report) => report,
-            Err(e) => return tracing::warn!("gvisor: not collecting stale bundles: {e}"),
-        };
-        for entry in &report.skipped {
-            tracing::warn!("gvisor: skipped {entry}");
-        }
-        for e in &report.failed {
-            tracing::warn!("gvisor: stale bundle: {e}");
-        }
-    });
-}
-
-/// Whether `runsc` runs here (for `hako doctor` and tests that skip
-/// without it); the reason when not.
-pub fn ready() -> std::result::Result<(), String> {
-    let runsc = runsc_path(None);
-    match CliRunner.output(&[runsc.display().to_string(), "--version".into()]) {
-        Ok(out) if out.success => {}
-        Ok(out) => return Err(format!("{} --version failed: {}", runsc.display(), out.message())),
-        Err(e) => {
-            return Err(format!(
-                "{} cannot run ({e}); install gVisor's runsc (Debian: apt-get install runsc) or set {RUNSC_VAR}",
-                runsc.display()
-            ))
-        }
-    }
-    locate_static_guest(NAME, None)
-        .map(|_| ())
-        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

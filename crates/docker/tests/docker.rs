@@ -7,9 +7,9 @@
 
 use std::path::Path;
 
-use hako_container::docker::{self, DEFAULT_IMAGE};
-use hako_container::{DockerConfig, DockerSandbox};
 use hako_core::Error;
+use hako_docker::{self as docker, DEFAULT_IMAGE};
+use hako_docker::{DockerConfig, DockerSandbox};
 
 fn open(ws: &Path, runtime: Option<&str>) -> Result<DockerSandbox, Error> {
     if let Err(reason) = docker::ready(DEFAULT_IMAGE, runtime) {

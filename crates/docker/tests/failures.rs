@@ -1,5 +1,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-//! The container backends when things go wrong, against the real runtimes:
+//! The docker backend when things go wrong, against the real runtimes:
 //! every failure is a clear error that names what failed, nothing hangs,
 //! and nothing is left behind. Skips (unless `HAKO_MUST_WORK=1`) without
 //! dockerd, the image or a static guest.
@@ -7,10 +7,9 @@
 use std::process::Command as Process;
 use std::time::{Duration, Instant};
 
-use hako_container::docker::{self, DEFAULT_IMAGE};
 use hako_container::engine::{Engine, EngineKind};
-use hako_container::{DockerConfig, DockerSandbox, GvisorConfig, GvisorSandbox};
 use hako_core::{Command, Sandbox};
+use hako_docker::{self as docker, DockerConfig, DockerSandbox, DEFAULT_IMAGE};
 
 mod support;
 use support::containers_named;
@@ -172,7 +171,7 @@ fn containers_of_a_dead_owner_are_collected_and_a_live_owners_are_not() {
         argv: vec!["docker".into()],
         kind: EngineKind::Docker,
     };
-    let removed = hako_container::gc::collect(&engine, &hako_container::runner::CliRunner).unwrap();
+    let removed = hako_docker::gc::collect(&engine, &hako_container::runner::CliRunner).unwrap();
     let live_left = containers_named(&live);
     let _ = Process::new("docker")
         .args(["rm", "--force", &live])
@@ -181,49 +180,4 @@ fn containers_of_a_dead_owner_are_collected_and_a_live_owners_are_not() {
     assert!(!removed.contains(&live), "{removed:?}");
     assert!(containers_named(&stale).is_empty());
     assert_eq!(live_left, [live]);
-}
-
-#[test]
-fn a_gvisor_sandbox_leaves_no_bundle_or_container_when_closed() {
-    if let Err(reason) = hako_container::gvisor::ready() {
-        assert!(!hako_conformance::must_work(), "{reason}");
-        eprintln!("SKIPPED: {reason}");
-        return;
-    }
-    let (_d, ws) = workspace();
-    let bundles = || {
-        std::fs::read_dir(hako_container::private::private_dir().unwrap())
-            .unwrap()
-            .flatten()
-            .filter(|e| {
-                e.file_name()
-                    .to_string_lossy()
-                    .starts_with(&format!("hako-gvisor-{}-", std::process::id()))
-            })
-            .count()
-    };
-    let before = bundles();
-    let sandbox = GvisorSandbox::new(GvisorConfig::new(&ws)).unwrap();
-    assert_eq!(bundles(), before + 1);
-    // What `hako gc` would act on once its owners are gone: the user's own
-    // directories, with no access for group or others.
-    let private = hako_container::private::private_dir().unwrap();
-    let bundle = std::fs::read_dir(&private)
-        .unwrap()
-        .flatten()
-        .find(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with(&format!("hako-gvisor-{}-", std::process::id()))
-        })
-        .unwrap()
-        .path();
-    for dir in [bundle.clone(), bundle.join("state")] {
-        let unfit = hako_container::private::check_dir(&dir).unwrap();
-        assert_eq!(unfit, None, "{}", dir.display());
-    }
-    let out = sandbox.exec(&Command::new(["true"])).unwrap();
-    assert!(out.status.success());
-    sandbox.close().unwrap();
-    assert_eq!(bundles(), before, "the bundle is removed at close");
 }

@@ -8,9 +8,9 @@
 
 use std::path::{Path, PathBuf};
 
-use hako_container::gvisor::ready;
-use hako_container::{GvisorConfig, GvisorSandbox};
 use hako_core::{Command, Error, Sandbox};
+use hako_gvisor::ready;
+use hako_gvisor::{GvisorConfig, GvisorSandbox};
 
 fn skip(reason: &str) -> Error {
     eprintln!("gvisor backend unavailable: {reason}");

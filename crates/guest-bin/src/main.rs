@@ -1,7 +1,7 @@
 //! The guest binary: serves hako on the control socket at fd 3, or, with
 //! `--stdio`, on its own stdin and stdout (a container's entrypoint). With
 //! `--host-view` it runs on the host instead, to start `runsc` on a root
-//! view with host directories bound in (see `hako_guest::host_view`).
+//! view with host directories bound in (see `hako_gvisor::host_view`).
 
 // Started for every container sandbox: its entry point skips Rust's
 // runtime start-up, as `hako`'s does (see `hako_sys::start`).
@@ -24,7 +24,7 @@ fn guest() -> GuestExit {
     let args: Vec<_> = std::env::args_os().skip(1).collect();
     match args.first().and_then(|a| a.to_str()) {
         Some("--stdio") => return hako_guest::main_stdio(),
-        Some(hako_guest::host_view::FLAG) => return hako_guest::host_view::main(&args[1..]),
+        Some(hako_gvisor::host_view::FLAG) => return hako_gvisor::host_view::main(&args[1..]),
         _ => {}
     }
     let ctl = match hako_sys::take_inherited_fd(3) {

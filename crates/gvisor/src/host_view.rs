@@ -15,7 +15,7 @@
 //! namespace) waits for this process, `runsc` by then, to exit and then
 //! removes the bundle: a `hako run` that exits once its command is
 //! reported leaves the sandbox's teardown to it and need not wait (see
-//! `hako_guest::client::exit_follows_close`). The cleaner adds itself to
+//! `hako_driver::ExitFollowsClose`). The cleaner adds itself to
 //! the bundle's `owner` file, so that no other hako process collects the
 //! bundle as stale while it works; if it is killed, the bundle is
 //! collected as usual once every owner is gone.
@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 
 use hako_sys::mount::{self, Reach};
 
-use crate::{GuestError, GuestExit};
+use hako_guest::{GuestError, GuestExit};
 
 /// The argument that selects this mode.
 pub const FLAG: &str = "--host-view";

@@ -1,0 +1,142 @@
+//! Removing what dead hako processes left behind: containers labelled with
+//! an owner that no longer runs (see `hako_container::Owner`).
+
+use hako_container::runner::Runner;
+use hako_container::{Engine, Owner, LABEL_PID, LABEL_START};
+use hako_core::{Error, Result};
+
+fn failed(op: &'static str, message: String) -> Error {
+    Error::Backend {
+        backend: "docker".into(),
+        op,
+        message,
+    }
+}
+
+/// The containers (running or not) whose owning hako process is gone.
+pub fn stale_containers(engine: &Engine, runner: &dyn Runner) -> Result<Vec<String>> {
+    let io = |e: std::io::Error| failed("list containers", e.to_string());
+    let ps = engine.command([
+        "ps",
+        "--all",
+        "--filter",
+        &format!("label={LABEL_PID}"),
+        "--format",
+        "{{.Names}}",
+    ]);
+    let out = runner.output(&ps).map_err(io)?;
+    if !out.success {
+        return Err(failed("list containers", out.message()));
+    }
+    let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    if names.is_empty() {
+        return Ok(names);
+    }
+    let mut inspect = engine.command([
+        "inspect".to_string(),
+        "--format".into(),
+        format!(
+            "{{{{.Name}}}} {{{{index .Config.Labels \"{LABEL_PID}\"}}}} {{{{index .Config.Labels \"{LABEL_START}\"}}}}"
+        ),
+    ]);
+    inspect.extend(names.iter().cloned());
+    let out = runner.output(&inspect).map_err(io)?;
+    // A container removed between the two calls makes inspect fail for
+    // it alone; the others are still printed.
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(parse_owner_line)
+        .filter(|(_, owner)| !owner.alive())
+        .map(|(name, _)| name)
+        .collect())
+}
+
+/// `NAME PID START` as inspect prints it (Docker puts a `/` before names).
+fn parse_owner_line(line: &str) -> Option<(String, Owner)> {
+    let mut words = line.split_whitespace();
+    let name = words.next()?.trim_start_matches('/').to_string();
+    let pid = words.next()?.parse().ok()?;
+    let start = words.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+    Some((name, Owner { pid, start }))
+}
+
+/// Removes every stale container; returns their names.
+pub fn collect(engine: &Engine, runner: &dyn Runner) -> Result<Vec<String>> {
+    let stale = stale_containers(engine, runner)?;
+    if !stale.is_empty() {
+        let mut rm = engine.command(["rm", "--force"]);
+        rm.extend(stale.iter().cloned());
+        let out = runner
+            .output(&rm)
+            .map_err(|e| failed("remove stale containers", e.to_string()))?;
+        if !out.success {
+            return Err(failed("remove stale containers", out.message()));
+        }
+    }
+    Ok(stale)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hako_container::runner::{Recorder, RunOutput};
+    use hako_container::EngineKind;
+
+    #[test]
+    fn only_containers_of_dead_owners_are_removed() {
+        let me = Owner::current();
+        let recorder = Recorder {
+            script: vec![
+                (
+                    vec!["ps".into()],
+                    RunOutput {
+                        success: true,
+                        stdout: b"hako-a\nhako-b\nhako-c\n".to_vec(),
+                        stderr: Vec::new(),
+                    },
+                ),
+                (
+                    vec!["inspect".into()],
+                    RunOutput {
+                        success: true,
+                        stdout: format!(
+                            "/hako-a {} {}\n/hako-b {} {}\n/hako-c {} 5\n",
+                            me.pid,
+                            me.start,
+                            me.pid,
+                            me.start + 1,
+                            u32::MAX - 1
+                        )
+                        .into_bytes(),
+                        stderr: Vec::new(),
+                    },
+                ),
+            ],
+            ..Recorder::default()
+        };
+        let engine = Engine {
+            argv: vec!["docker".into()],
+            kind: EngineKind::Docker,
+        };
+        let removed = collect(&engine, &recorder).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(removed, ["hako-b", "hako-c"]);
+        let calls = recorder.calls();
+        assert_eq!(calls.len(), 3);
+        assert_eq!(
+            calls[0],
+            [
+                "docker",
+                "ps",
+                "--all",
+                "--filter",
+                "label=hako.owner.pid",
+                "--format",
+                "{{.Names}}"
+            ]
+        );
+        assert_eq!(calls[2], ["docker", "rm", "--force", "hako-b", "hako-c"]);
+    }
+}

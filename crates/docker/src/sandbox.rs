@@ -1,0 +1,471 @@
+//! A docker sandbox: its configuration, preparing the container (the
+//! image's and runtime's checks, the static guest, the seccomp profile,
+//! the network) and opening it, in guest mode or exec mode.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Once};
+use std::time::Duration;
+
+use hako_container::runner::{CliRunner, Runner};
+use hako_container::{
+    base_env, limit_reports, locate_static_guest, ContainerLauncher, Engine, EngineKind, Owner,
+    RunNetwork, DEFAULT_TMP_SIZE,
+};
+use hako_core::env::EnvPolicy;
+use hako_core::{
+    Capabilities, Error, Isolation, Limits, NetworkPolicy, Result, DEFAULT_MAX_OUTPUT,
+};
+use hako_driver::network::NetworkSetup;
+use hako_driver::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
+use hako_fence::FenceOptions;
+
+use crate::exec_mode::{DockerExecSandbox, EXEC_MODE_OPTIONAL};
+use crate::plan::{
+    check_run_plan, is_gvisor_runtime, keeper_argv, run_argv, write_seccomp_profile, RunPlan,
+};
+use crate::{DEFAULT_IMAGE, NAME};
+
+/// How a docker sandbox is set up.
+#[derive(Debug, Clone)]
+pub struct DockerConfig {
+    /// The workspace on the host; bound read-write at the same path.
+    pub workspace: PathBuf,
+    /// The image.
+    pub image: String,
+    /// The OCI runtime (`runsc` for gVisor); `None` is the daemon's default.
+    pub runtime: Option<String>,
+    /// Which host variables pass, and what is set.
+    pub env: EnvPolicy,
+    /// Cap on each of stdout and stderr kept per command.
+    pub max_output: usize,
+    /// Fence settings.
+    pub fence: FenceOptions,
+    /// The statically linked `hako-guest`; `None` chooses (see
+    /// [`locate_static_guest`]).
+    pub guest: Option<PathBuf>,
+    /// Extra read-only binds (same path inside).
+    pub ro: Vec<PathBuf>,
+    /// Extra read-write binds (same path inside).
+    pub rw: Vec<PathBuf>,
+    /// Resource limits.
+    pub limits: Limits,
+    /// Size of the private `/tmp`, bytes.
+    pub tmp_size: u64,
+    /// Close the sandbox after this long idle.
+    pub idle_timeout: Option<Duration>,
+    /// How the caller has the driver read and close the sandbox.
+    pub driver: hako_driver::DriverOptions,
+    /// Run even when a protection cannot be applied here (it is then left
+    /// out of the capabilities): for now, a gVisor runtime that does not
+    /// apply the seccomp profile.
+    pub best_effort: bool,
+    /// The runtime CLI; `None` chooses (see [`Engine::choose`]).
+    pub engine: Option<Engine>,
+    /// The network: `none` (the default), `allow` through the egress
+    /// proxy, or `host`.
+    pub network: NetworkPolicy,
+    /// Runs the CLI (tests record instead).
+    pub runner: Arc<dyn Runner>,
+}
+
+impl DockerConfig {
+    /// Defaults for a workspace.
+    pub fn new(workspace: impl Into<PathBuf>) -> Self {
+        DockerConfig {
+            workspace: workspace.into(),
+            image: DEFAULT_IMAGE.into(),
+            runtime: None,
+            env: EnvPolicy::default(),
+            max_output: DEFAULT_MAX_OUTPUT,
+            fence: FenceOptions::default(),
+            guest: None,
+            ro: Vec::new(),
+            rw: Vec::new(),
+            limits: Limits::default(),
+            tmp_size: DEFAULT_TMP_SIZE,
+            idle_timeout: None,
+            driver: hako_driver::DriverOptions::default(),
+            best_effort: false,
+            engine: None,
+            network: NetworkPolicy::none(),
+            runner: Arc::new(CliRunner),
+        }
+    }
+}
+
+/// A sandbox whose commands run in a container of its own.
+#[derive(Debug)]
+pub struct DockerSandbox {
+    inner: GuestSandbox,
+    name: String,
+}
+
+hako_driver::delegate_sandbox!(DockerSandbox, inner);
+
+/// What both modes decide before a container starts.
+struct Prepared {
+    fence: hako_fence::Fence,
+    runner: Arc<dyn Runner>,
+    engine: Arc<Engine>,
+    plan: RunPlan,
+    profile: tempfile::NamedTempFile,
+    caps: Capabilities,
+    network: NetworkSetup,
+}
+
+impl Prepared {
+    /// `guest`: the static guest is needed (guest mode).
+    fn new(config: &DockerConfig, guest: bool, optional: hako_core::Optional) -> Result<Self> {
+        let fence = open_workspace(&config.workspace, &config.fence)?;
+        let network = NetworkSetup::new(&config.network)?;
+        if network.spec.is_some() && !guest {
+            return Err(network.unavailable(
+                NAME,
+                "without the guest (--no-guest) nothing inside relays to the egress proxy",
+            ));
+        }
+        let runner = Arc::clone(&config.runner);
+        let engine = match &config.engine {
+            Some(engine) => Arc::new(engine.clone()),
+            None => hako_container::engine::shared(runner.as_ref())?,
+        };
+        collect_once(&engine, &runner);
+        let with_guest = guest;
+        let guest = if with_guest {
+            locate_static_guest(NAME, config.guest.as_deref())?
+        } else {
+            PathBuf::new()
+        };
+        let runtime = config
+            .runtime
+            .clone()
+            .or_else(|| podman_runtime_default(&engine));
+        let gvisor = is_gvisor_runtime(runtime.as_deref());
+        let user = (
+            hako_sys::rustix::process::geteuid().as_raw(),
+            hako_sys::rustix::process::getegid().as_raw(),
+        );
+        let sealed = with_guest && RunPlan::seals(user, runtime.as_deref());
+        // A sealing guest mounts its masks, then installs the whole
+        // policy itself; the runtime's profile lets it mount until then.
+        let profile = write_seccomp_profile(gvisor, sealed)?;
+        let plan = RunPlan {
+            name: hako_container::unique_name("hako"),
+            owner: Owner::current(),
+            workspace: fence.workdir().to_path_buf(),
+            guest,
+            seccomp_profile: profile.path().to_path_buf(),
+            image: config.image.clone(),
+            runtime,
+            limits: config.limits,
+            tmp_size: config.tmp_size,
+            user,
+            sealed,
+            ro: config.ro.clone(),
+            rw: config.rw.clone(),
+            network: RunNetwork::of(&network),
+        };
+        check_run_plan(&plan)?;
+        if gvisor {
+            check_gvisor_network(&engine, runner.as_ref(), &plan, &network)?;
+        }
+        if with_guest && gvisor && !plan.sealed && !config.best_effort {
+            // Not dumpable is no protection under gVisor, and a container
+            // of another uid than root gets no capability to guard with.
+            return Err(Error::Backend {
+                backend: NAME.into(),
+                op: "plan the container",
+                message: format!(
+                    "under the gVisor runtime {} the guest keeps commands away from its link to hako with a capability, which a container started as uid {} does not get; run hako as root, use --backend gvisor, or pass --best-effort to run with commands able to reach the guest's descriptors",
+                    plan.runtime.as_deref().unwrap_or(""),
+                    plan.user.0
+                ),
+            });
+        }
+        let isolation = if gvisor {
+            Isolation::Kernel
+        } else {
+            Isolation::Process
+        };
+        // runsc applies a container's seccomp profile only when registered
+        // with --oci-seccomp: ask the daemon, and fail closed.
+        let seccomp =
+            !gvisor || runtime_applies_seccomp(&engine, runner.as_ref(), plan.runtime.as_deref())?;
+        if !seccomp && !config.best_effort {
+            return Err(Error::Backend {
+                backend: NAME.into(),
+                op: "plan the container",
+                message: format!(
+                    "the daemon's runtime {} does not apply the seccomp profile (its runtimeArgs lack --oci-seccomp); add it in /etc/docker/daemon.json, or pass --best-effort to run without the filter",
+                    plan.runtime.as_deref().unwrap_or("")
+                ),
+            });
+        }
+        let mut limits = common_limits(config.max_output, &fence);
+        limits.extend(limit_reports(&config.limits));
+        let caps = Capabilities {
+            backend: NAME.into(),
+            isolation,
+            network: network.access,
+            fence: fence.resolver(),
+            limits,
+            env_sanitised: true,
+            fds_closed: true,
+            landlock_abi: None,
+            seccomp,
+            optional,
+        };
+        Ok(Prepared {
+            fence,
+            runner,
+            engine,
+            plan,
+            profile,
+            caps,
+            network,
+        })
+    }
+}
+
+/// A gVisor runtime reaches the proxy's socket only when the daemon runs
+/// it with `--host-uds=open` (gVisor refuses host sockets otherwise), and
+/// shares the host's network only when it was not registered with
+/// `--network=none`. Asked of the daemon; refused (fail closed) when not.
+fn check_gvisor_network(
+    engine: &Engine,
+    runner: &dyn Runner,
+    plan: &RunPlan,
+    network: &NetworkSetup,
+) -> Result<()> {
+    let runtime = plan.runtime.as_deref().unwrap_or("");
+    let args: Vec<String> = if engine.kind == EngineKind::Docker {
+        daemon_runtimes(engine, runner)?[runtime]["runtimeArgs"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let has = |flag: &str| args.iter().any(|a| a == flag);
+    match &plan.network {
+        RunNetwork::Proxy(_)
+            if !(has("--host-uds=open") || has("--host-uds=all") || has("--fsgofer-host-uds")) =>
+        {
+            Err(network.unavailable(
+                NAME,
+                format!("the runtime {runtime} reaches the egress proxy's socket only with --host-uds=open in its runtimeArgs (daemon.json)"),
+            ))
+        }
+        RunNetwork::Host if has("--network=none") || engine.kind != EngineKind::Docker => {
+            Err(network.unavailable(
+                NAME,
+                format!("the runtime {runtime} is registered with --network=none"),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+impl DockerSandbox {
+    /// Starts the sandbox's container and waits for its guest; a runtime
+    /// that is missing, a daemon that is down or an image that is not
+    /// there fails here, with the runtime's own words.
+    pub fn new(config: DockerConfig) -> Result<Self> {
+        let Prepared {
+            fence,
+            runner,
+            engine,
+            plan,
+            profile,
+            caps,
+            network,
+        } = Prepared::new(&config, true, OPTIONAL)?;
+        let launcher = ContainerLauncher {
+            backend: NAME,
+            program: engine.name(),
+            runner,
+            name: plan.name.clone(),
+            argv: run_argv(&engine, &plan),
+            workspace: plan.workspace.clone(),
+            cleanup: vec![engine.command(["rm", "--force", plan.name.as_str()])],
+            keep: Mutex::new(vec![Box::new(profile)]),
+            network: network.spec.clone(),
+            seal: plan.seal(),
+            self_cleaning: false,
+        };
+        let mut env = base_env(&config.env);
+        network.apply_env(&mut env);
+        Ok(DockerSandbox {
+            inner: GuestSandbox::new(GuestConfig {
+                backend: NAME,
+                fence,
+                caps,
+                base_env: env,
+                guest: None,
+                max_output: config.max_output,
+                idle_timeout: config.idle_timeout,
+                driver: config.driver.clone(),
+                launcher: Box::new(launcher),
+                proxy: network.proxy,
+            })?,
+            name: plan.name,
+        })
+    }
+
+    /// The container's name.
+    pub fn container(&self) -> &str {
+        &self.name
+    }
+}
+
+impl DockerExecSandbox {
+    /// `docker exec` mode: starts the same locked-down container, kept up
+    /// by the image's `sleep`, and runs each command with `docker exec`
+    /// (see [`crate::exec_mode`] for what this mode does not do).
+    pub fn new(config: DockerConfig) -> Result<Self> {
+        let Prepared {
+            fence,
+            runner,
+            engine,
+            plan,
+            profile,
+            caps,
+            network: _,
+        } = Prepared::new(&config, false, EXEC_MODE_OPTIONAL)?;
+        let out = runner
+            .output(&keeper_argv(&engine, &plan))
+            .map_err(|e| Error::Backend {
+                backend: NAME.into(),
+                op: "start the container",
+                message: format!("cannot run {}: {e}", engine.name()),
+            })?;
+        if !out.success {
+            // A failed `run --detach` may still have created it.
+            let _ = runner.output(&engine.command(["rm", "--force", plan.name.as_str()]));
+            return Err(Error::Backend {
+                backend: NAME.into(),
+                op: "start the container",
+                message: format!("container {}: {}", plan.name, out.message()),
+            });
+        }
+        Ok(DockerExecSandbox {
+            engine,
+            runner,
+            name: plan.name,
+            fence,
+            caps,
+            base_env: base_env(&config.env),
+            max_output: config.max_output,
+            workspace: plan.workspace,
+            user: plan.user,
+            closed: std::sync::atomic::AtomicBool::new(false),
+            keep: Mutex::new(Some(profile)),
+        })
+    }
+}
+
+/// The daemon's runtimes (`docker info`'s `Runtimes`: name to path and
+/// arguments), asked once per process and engine.
+fn daemon_runtimes(engine: &Engine, runner: &dyn Runner) -> Result<serde_json::Value> {
+    static ASKED: Mutex<Option<(Vec<String>, serde_json::Value)>> = Mutex::new(None);
+    let fail = |message: String| Error::Backend {
+        backend: NAME.into(),
+        op: "ask the daemon about its runtimes",
+        message,
+    };
+    let mut asked = ASKED.lock().map_err(|_| fail("lock poisoned".into()))?;
+    if let Some((argv, runtimes)) = asked.as_ref() {
+        if *argv == engine.argv {
+            return Ok(runtimes.clone());
+        }
+    }
+    let out = runner
+        .output(&engine.command(["info", "--format", "{{json .Runtimes}}"]))
+        .map_err(|e| fail(e.to_string()))?;
+    if !out.success {
+        return Err(fail(out.message()));
+    }
+    let runtimes: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    *asked = Some((engine.argv.clone(), runtimes.clone()));
+    Ok(runtimes)
+}
+
+/// Whether the daemon runs `runtime` (a gVisor one) with `--oci-seccomp`.
+/// Podman passes no arguments of its own to a runtime: there, no.
+fn runtime_applies_seccomp(
+    engine: &Engine,
+    runner: &dyn Runner,
+    runtime: Option<&str>,
+) -> Result<bool> {
+    let Some(runtime) = runtime else {
+        return Ok(false);
+    };
+    if engine.kind == EngineKind::Podman {
+        return Ok(false);
+    }
+    Ok(daemon_runtimes(engine, runner)?[runtime]["runtimeArgs"]
+        .as_array()
+        .is_some_and(|args| args.iter().any(|a| a == "--oci-seccomp")))
+}
+
+/// Podman's default runtime, crun, refuses to run on hosts with hybrid
+/// cgroups (v1 controllers beside a v2 hierarchy): there, runc is asked for
+/// when it is installed.
+fn podman_runtime_default(engine: &Engine) -> Option<String> {
+    let hybrid = Path::new("/sys/fs/cgroup/unified").is_dir()
+        && !Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    (engine.kind == EngineKind::Podman && hybrid && hako_container::engine::on_path("runc"))
+        .then(|| "runc".to_string())
+}
+
+/// Whether a docker sandbox of `image` can start here: a runtime that
+/// answers, the image present locally, and a static guest. The reason when
+/// not (for `hako doctor` and for tests that skip without one).
+pub fn ready(image: &str, runtime: Option<&str>) -> std::result::Result<(), String> {
+    let engine = hako_container::engine::shared(&CliRunner).map_err(|e| e.to_string())?;
+    let out = CliRunner
+        .output(&engine.command(["image", "inspect", "--format", "{{.Id}}", image]))
+        .map_err(|e| e.to_string())?;
+    if !out.success {
+        return Err(format!(
+            "image {image} is not present ({}); build it with `hako image build`",
+            out.message()
+        ));
+    }
+    if let Some(runtime) = runtime.filter(|_| engine.kind == EngineKind::Docker) {
+        let runtimes = daemon_runtimes(&engine, &CliRunner).map_err(|e| e.to_string())?;
+        if runtimes.get(runtime).is_none() {
+            return Err(format!(
+                "the daemon has no runtime named {runtime}; register it in /etc/docker/daemon.json"
+            ));
+        }
+    }
+    locate_static_guest(NAME, None)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// Removes, once per process, the containers of hako processes that are
+/// gone (a `kill -9` leaves its container behind only until then).
+/// On a thread of its own: the sandbox does not wait for it.
+fn collect_once(engine: &Arc<Engine>, runner: &Arc<dyn Runner>) {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let (engine, runner) = (Arc::clone(engine), Arc::clone(runner));
+        let spawned = std::thread::Builder::new()
+            .name("hako-docker-gc".into())
+            .spawn(move || {
+                if let Err(e) = crate::gc::collect(&engine, runner.as_ref()) {
+                    tracing::debug!("docker: collecting stale containers: {e}");
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::debug!("docker: cannot start collecting stale containers: {e}");
+        }
+    });
+}

@@ -1,0 +1,128 @@
+//! The host side of the protocol: starting a sandbox's guest, sending it
+//! commands, and collecting their output. Every backend launches through
+//! this; a backend only decides how the guest is started and what it builds.
+//!
+//! One [`Connection`] per sandbox. A reader thread takes every frame the
+//! guest sends and hands it to the command it belongs to, so any number of
+//! threads can run commands at once; each waits only for its own events.
+//! A process that mostly runs one command at a time (the CLI, see
+//! [`DriverOptions::read_on_caller`](crate::DriverOptions::read_on_caller))
+//! starts no such thread until it needs one: the threads that wait read
+//! the frames themselves, taking turns.
+//!
+//! The parts: `start` (the three ways a guest starts, and the
+//! handshake), `guest_process` (the guest's process, killing and reaping
+//! it), `wire` (hako's sending end), `reader` (frames in, and who reads
+//! them), `exec` and `session` (one command, a shell session), `procs`
+//! (long-lived processes) and `close`.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+
+use hako_core::{Error, Result};
+
+use crate::proto::{self, Frame, ToGuest};
+
+mod close;
+mod exec;
+mod guest_process;
+mod procs;
+mod reader;
+mod session;
+mod start;
+mod wire;
+
+pub use exec::{validate, Capture, Exec, ExecCwd};
+pub use guest_process::locate_guest;
+
+use guest_process::GuestProcess;
+use reader::{Event, ReadBy, Shared, Table};
+use wire::Wire;
+
+fn backend_err(backend: &str, op: &'static str, message: impl Into<String>) -> Error {
+    Error::Backend {
+        backend: backend.into(),
+        op,
+        message: message.into(),
+    }
+}
+
+/// The id the guest's first reply ([`FromGuest::Ready`] or
+/// [`FromGuest::Refused`]) is delivered under.
+const HELLO_ID: u64 = 0;
+
+/// The buffer the guest's frames are read through.
+const READ_BUF: usize = 64 * 1024;
+
+/// A sandbox's guest, started once and serving every command until
+/// [`close`](Connection::close). Dropping it closes it; if this process
+/// dies, the guest sees its connection close and kills everything.
+pub struct Connection {
+    backend: &'static str,
+    writer: Mutex<Wire>,
+    shared: Arc<Shared>,
+    reader: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Who reads the guest's frames (see [`DriverOptions::read_on_caller`](crate::DriverOptions::read_on_caller)).
+    read_by: Mutex<ReadBy>,
+    /// Signalled when a waiting thread is done reading a frame.
+    turn_over: Condvar,
+    child: Mutex<Option<GuestProcess>>,
+    next_id: AtomicU64,
+    /// The guest's process was waited for and exited with status 0.
+    exited_cleanly: AtomicBool,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connection {
+    fn send(&self, frame: &Frame<ToGuest>, fd: Option<&OwnedFd>) -> Result<()> {
+        let bytes = proto::encode(frame)
+            .map_err(|e| backend_err(self.backend, "send to hako-guest", e.to_string()))?;
+        let writer = self
+            .writer
+            .lock()
+            .map_err(|_| backend_err(self.backend, "send to hako-guest", "lock poisoned"))?;
+        writer
+            .send(&bytes, fd)
+            .map_err(|e| backend_err(self.backend, "send to hako-guest", e.to_string()))
+    }
+
+    /// Takes a new id and registers a waiter for what the guest says about
+    /// it.
+    fn register(&self, op: &'static str) -> Result<(u64, mpsc::Receiver<Event>)> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        let mut table = self.lock(op)?;
+        if let Some(why) = &table.gone {
+            return Err(backend_err(self.backend, op, why.clone()));
+        }
+        table.waiting.insert(id, tx);
+        Ok((id, rx))
+    }
+
+    fn unregister(&self, id: u64) {
+        if let Ok(mut table) = self.shared.table.lock() {
+            table.waiting.remove(&id);
+        }
+    }
+
+    fn lock(&self, op: &'static str) -> Result<std::sync::MutexGuard<'_, Table>> {
+        self.shared
+            .table
+            .lock()
+            .map_err(|_| backend_err(self.backend, op, "lock poisoned"))
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
