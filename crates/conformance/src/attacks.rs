@@ -117,8 +117,26 @@ pub fn stealing_the_guests_link_while_a_terminal_is_typed_at(
             &SpawnOptions::default(),
         )
         .map_err(|e| format!("spawn the probe: {e}"))?;
-    // Once the probe watches, the first line typed at the terminal.
-    std::thread::sleep(Duration::from_millis(500));
+    // Once the probe watches (it says so on stderr), the first line typed
+    // at the terminal.
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let said = p
+            .read_output(
+                catcher,
+                hako_core::Stream::Stderr,
+                0,
+                4096,
+                Some(Duration::from_millis(200)),
+            )
+            .map_err(|e| format!("read the probe's stderr: {e}"))?;
+        if String::from_utf8_lossy(&said.data).contains("watching") {
+            break;
+        }
+        if std::time::Instant::now() > until {
+            return Err("the probe did not start watching within 30 s".into());
+        }
+    }
     p.write_stdin(tty, b"\n")
         .map_err(|e| format!("type at the terminal: {e}"))?;
     let end = p

@@ -18,7 +18,8 @@ const USAGE: &str = "usage: hako-probe [--apply-default-seccomp | --skip-x32 | -
                            and trying the descriptors of their replacements
                            (see hako_probe::steal)
   --catch-forks MS         for MS ms, try the descriptors of every process
-                           that appears, killing nothing";
+                           that appears, killing nothing (says `watching`
+                           on stderr once it watches)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -118,13 +118,18 @@ pub fn steal_guest_fds(rounds: u32) -> Value {
     json!({"rounds": rounds, "killed": killed, "caught": caught, "reached": reached})
 }
 
+/// What [`catch_forks`] says on stderr once it watches.
+pub const WATCHING: &str = "watching";
+
 /// `--catch-forks MS`: for `ms` milliseconds, stops every process that
 /// appears the moment it is seen, tries its descriptors as
 /// [`steal_guest_fds`] does, and lets it go on; kills nothing. For forks
 /// the guest makes on its own (such as the one that asks the kernel how it
 /// treats a terminal's Ctrl-C), which a command can provoke but not time.
+/// Says `watching` on stderr once it watches, for whoever provokes them.
 pub fn catch_forks(ms: u64) -> Value {
     let mut seen: HashSet<i32> = pids().into_iter().collect();
+    eprintln!("{WATCHING}");
     let mut reached = Vec::new();
     let caught = catch_new(&mut seen, Duration::from_millis(ms), &mut reached);
     json!({"ms": ms, "caught": caught, "reached": reached})
