@@ -18,6 +18,7 @@ mod isolation;
 pub mod network;
 pub mod path;
 mod sandbox;
+mod spec;
 pub mod units;
 
 pub use capabilities::{
@@ -34,3 +35,4 @@ pub use sandbox::{
     OutputSink, OutputSlice, ProcessId, ProcessState, Processes, ReadLimit, Sandbox, SessionId,
     SessionOptions, Sessions, SpawnOptions, StatPath, Stream, TermSize, Waited, Workdir,
 };
+pub use spec::SandboxSpec;

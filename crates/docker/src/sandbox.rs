@@ -4,20 +4,16 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Once};
-use std::time::Duration;
 
 use hako_container::runner::{CliRunner, Runner};
 use hako_container::{
     base_env, limit_reports, locate_static_guest, ContainerLauncher, Engine, EngineKind, Owner,
     RunNetwork, DEFAULT_TMP_SIZE,
 };
-use hako_core::env::EnvPolicy;
-use hako_core::{
-    Capabilities, Error, Isolation, Limits, NetworkPolicy, Result, DEFAULT_MAX_OUTPUT,
-};
+use hako_core::{Capabilities, Error, Isolation, NetworkPolicy, Result, SandboxSpec};
 use hako_driver::network::NetworkSetup;
 use hako_driver::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
-use hako_fence::FenceOptions;
+use hako_driver::LaunchOptions;
 
 use crate::exec_mode::{DockerExecSandbox, EXEC_MODE_OPTIONAL};
 use crate::plan::{
@@ -25,45 +21,27 @@ use crate::plan::{
 };
 use crate::{DEFAULT_IMAGE, NAME};
 
-/// How a docker sandbox is set up.
+/// How a docker sandbox is set up: what it is (the one spec every backend
+/// is opened from) and how this process launches it.
 #[derive(Debug, Clone)]
 pub struct DockerConfig {
-    /// The workspace on the host; bound read-write at the same path.
-    pub workspace: PathBuf,
-    /// The image.
-    pub image: String,
-    /// The OCI runtime (`runsc` for gVisor); `None` is the daemon's default.
-    pub runtime: Option<String>,
-    /// Which host variables pass, and what is set.
-    pub env: EnvPolicy,
-    /// Cap on each of stdout and stderr kept per command.
-    pub max_output: usize,
-    /// Fence settings.
-    pub fence: FenceOptions,
-    /// The statically linked `hako-guest`; `None` chooses (see
-    /// [`locate_static_guest`]).
-    pub guest: Option<PathBuf>,
-    /// Extra read-only binds (same path inside).
-    pub ro: Vec<PathBuf>,
-    /// Extra read-write binds (same path inside).
-    pub rw: Vec<PathBuf>,
-    /// Resource limits.
-    pub limits: Limits,
+    /// The sandbox: workspace (bound read-write at the same path), image
+    /// (`None` is [`DEFAULT_IMAGE`]), OCI runtime (`runsc` for gVisor;
+    /// `None` is the daemon's default), environment, output cap, limits,
+    /// binds, network (`None` is `none`) and `best_effort` (run even when
+    /// a protection cannot be applied here, such as a gVisor runtime that
+    /// does not apply the seccomp profile; it is then left out of the
+    /// capabilities). Its `no_guest` is the caller's choice of
+    /// [`DockerExecSandbox`] over [`DockerSandbox`].
+    pub spec: SandboxSpec,
+    /// The fence's settings, the statically linked `hako-guest` (`None`
+    /// chooses: see [`locate_static_guest`]), the idle lease and the
+    /// driver's options.
+    pub launch: LaunchOptions,
     /// Size of the private `/tmp`, bytes.
     pub tmp_size: u64,
-    /// Close the sandbox after this long idle.
-    pub idle_timeout: Option<Duration>,
-    /// How the caller has the driver read and close the sandbox.
-    pub driver: hako_driver::DriverOptions,
-    /// Run even when a protection cannot be applied here (it is then left
-    /// out of the capabilities): for now, a gVisor runtime that does not
-    /// apply the seccomp profile.
-    pub best_effort: bool,
     /// The runtime CLI; `None` chooses (see [`Engine::choose`]).
     pub engine: Option<Engine>,
-    /// The network: `none` (the default), `allow` through the egress
-    /// proxy, or `host`.
-    pub network: NetworkPolicy,
     /// Runs the CLI (tests record instead).
     pub runner: Arc<dyn Runner>,
 }
@@ -71,23 +49,16 @@ pub struct DockerConfig {
 impl DockerConfig {
     /// Defaults for a workspace.
     pub fn new(workspace: impl Into<PathBuf>) -> Self {
+        DockerConfig::from_spec(SandboxSpec::new(workspace.into()))
+    }
+
+    /// A docker sandbox as `spec` describes, launched with the defaults.
+    pub fn from_spec(spec: SandboxSpec) -> Self {
         DockerConfig {
-            workspace: workspace.into(),
-            image: DEFAULT_IMAGE.into(),
-            runtime: None,
-            env: EnvPolicy::default(),
-            max_output: DEFAULT_MAX_OUTPUT,
-            fence: FenceOptions::default(),
-            guest: None,
-            ro: Vec::new(),
-            rw: Vec::new(),
-            limits: Limits::default(),
+            spec,
+            launch: LaunchOptions::default(),
             tmp_size: DEFAULT_TMP_SIZE,
-            idle_timeout: None,
-            driver: hako_driver::DriverOptions::default(),
-            best_effort: false,
             engine: None,
-            network: NetworkPolicy::none(),
             runner: Arc::new(CliRunner),
         }
     }
@@ -116,8 +87,9 @@ struct Prepared {
 impl Prepared {
     /// `guest`: the static guest is needed (guest mode).
     fn new(config: &DockerConfig, guest: bool, optional: hako_core::Optional) -> Result<Self> {
-        let fence = open_workspace(&config.workspace, &config.fence)?;
-        let network = NetworkSetup::new(&config.network)?;
+        let spec = &config.spec;
+        let fence = open_workspace(&spec.workspace, &config.launch.fence)?;
+        let network = NetworkSetup::new(&spec.network.clone().unwrap_or_else(NetworkPolicy::none))?;
         if network.spec.is_some() && !guest {
             return Err(network.unavailable(
                 NAME,
@@ -132,11 +104,11 @@ impl Prepared {
         collect_once(&engine, &runner);
         let with_guest = guest;
         let guest = if with_guest {
-            locate_static_guest(NAME, config.guest.as_deref())?
+            locate_static_guest(NAME, config.launch.guest.as_deref())?
         } else {
             PathBuf::new()
         };
-        let runtime = config
+        let runtime = spec
             .runtime
             .clone()
             .or_else(|| podman_runtime_default(&engine));
@@ -155,21 +127,21 @@ impl Prepared {
             workspace: fence.workdir().to_path_buf(),
             guest,
             seccomp_profile: profile.path().to_path_buf(),
-            image: config.image.clone(),
+            image: spec.image.clone().unwrap_or_else(|| DEFAULT_IMAGE.into()),
             runtime,
-            limits: config.limits,
+            limits: spec.limits,
             tmp_size: config.tmp_size,
             user,
             sealed,
-            ro: config.ro.clone(),
-            rw: config.rw.clone(),
+            ro: spec.ro.clone(),
+            rw: spec.rw.clone(),
             network: RunNetwork::of(&network),
         };
         check_run_plan(&plan)?;
         if gvisor {
             check_gvisor_network(&engine, runner.as_ref(), &plan, &network)?;
         }
-        if with_guest && gvisor && !plan.sealed && !config.best_effort {
+        if with_guest && gvisor && !plan.sealed && !spec.best_effort {
             // Not dumpable is no protection under gVisor, and a container
             // of another uid than root gets no capability to guard with.
             return Err(Error::Backend {
@@ -191,7 +163,7 @@ impl Prepared {
         // with --oci-seccomp: ask the daemon, and fail closed.
         let seccomp =
             !gvisor || runtime_applies_seccomp(&engine, runner.as_ref(), plan.runtime.as_deref())?;
-        if !seccomp && !config.best_effort {
+        if !seccomp && !spec.best_effort {
             return Err(Error::Backend {
                 backend: NAME.into(),
                 op: "plan the container",
@@ -201,8 +173,8 @@ impl Prepared {
                 ),
             });
         }
-        let mut limits = common_limits(config.max_output, &fence);
-        limits.extend(limit_reports(&config.limits));
+        let mut limits = common_limits(spec.max_output, &fence);
+        limits.extend(limit_reports(&spec.limits));
         let caps = Capabilities {
             backend: NAME.into(),
             isolation,
@@ -297,7 +269,7 @@ impl DockerSandbox {
             seal: plan.seal(),
             self_cleaning: false,
         };
-        let mut env = base_env(&config.env);
+        let mut env = base_env(&config.spec.env);
         network.apply_env(&mut env);
         Ok(DockerSandbox {
             inner: GuestSandbox::new(GuestConfig {
@@ -306,9 +278,9 @@ impl DockerSandbox {
                 caps,
                 base_env: env,
                 guest: None,
-                max_output: config.max_output,
-                idle_timeout: config.idle_timeout,
-                driver: config.driver.clone(),
+                max_output: config.spec.max_output,
+                idle_timeout: config.launch.idle_timeout,
+                driver: config.launch.driver.clone(),
                 launcher: Box::new(launcher),
                 proxy: network.proxy,
             })?,
@@ -358,8 +330,8 @@ impl DockerExecSandbox {
             name: plan.name,
             fence,
             caps,
-            base_env: base_env(&config.env),
-            max_output: config.max_output,
+            base_env: base_env(&config.spec.env),
+            max_output: config.spec.max_output,
             workspace: plan.workspace,
             user: plan.user,
             closed: std::sync::atomic::AtomicBool::new(false),

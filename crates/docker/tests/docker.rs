@@ -20,7 +20,7 @@ fn open(ws: &Path, runtime: Option<&str>) -> Result<DockerSandbox, Error> {
         });
     }
     let mut config = DockerConfig::new(ws);
-    config.runtime = runtime.map(str::to_string);
+    config.spec.runtime = runtime.map(str::to_string);
     DockerSandbox::new(config)
 }
 

@@ -18,8 +18,8 @@ fn open(kind: Kind, ws: &Path, limits: Limits) -> Option<Box<dyn Sandbox>> {
         return skip(&reason);
     }
     let mut config = DockerConfig::new(ws);
-    config.runtime = runtime.map(str::to_string);
-    config.limits = limits;
+    config.spec.runtime = runtime.map(str::to_string);
+    config.spec.limits = limits;
     Some(Box::new(DockerSandbox::new(config).unwrap()))
 }
 

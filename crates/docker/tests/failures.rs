@@ -85,7 +85,7 @@ fn a_missing_image_is_named_and_never_pulled() {
     }
     let (_d, ws) = workspace();
     let mut config = DockerConfig::new(&ws);
-    config.image = "hako-no-such-image:1".into();
+    config.spec.image = Some("hako-no-such-image:1".into());
     let err = error_of(DockerSandbox::new(config));
     assert!(err.contains("hako-no-such-image"), "{err}");
     assert!(err.to_lowercase().contains("no such image"), "{err}");

@@ -25,8 +25,8 @@ fn open_docker(
 ) -> Result<DockerSandbox, Error> {
     docker::ready(DEFAULT_IMAGE, runtime).map_err(|reason| skip("docker", &reason))?;
     let mut config = DockerConfig::new(ws);
-    config.runtime = runtime.map(str::to_string);
-    config.network = net;
+    config.spec.runtime = runtime.map(str::to_string);
+    config.spec.network = Some(net);
     DockerSandbox::new(config)
 }
 

@@ -39,7 +39,7 @@ fn a_docker_sandbox_makes_exactly_the_recorded_calls() {
     let mut config = DockerConfig::new(&ws);
     config.engine = Some(engine.clone());
     config.runner = recorder.clone();
-    config.guest = Some(stand_in.clone());
+    config.launch.guest = Some(stand_in.clone());
     let sb = DockerSandbox::new(config).unwrap();
     let out = sb.exec(&Command::shell("echo hi; pwd")).unwrap();
     assert_eq!(
@@ -116,7 +116,7 @@ fn allow_mode_is_refused_where_nothing_inside_could_reach_the_proxy() {
     let mut config = DockerConfig::new(&ws);
     config.engine = Some(engine("docker-exec-mode"));
     config.runner = recorder.clone();
-    config.network = hako_core::NetworkPolicy::allow(["pkg.test"]);
+    config.spec.network = Some(hako_core::NetworkPolicy::allow(["pkg.test"]));
     match hako_docker::DockerExecSandbox::new(config) {
         Err(hako_core::Error::NetworkUnavailable {
             mode: "allow",
@@ -145,9 +145,9 @@ fn allow_mode_is_refused_where_nothing_inside_could_reach_the_proxy() {
     let mut config = DockerConfig::new(&ws);
     config.engine = Some(engine("docker-no-host-uds"));
     config.runner = recorder.clone();
-    config.runtime = Some("runsc".into());
-    config.guest = Some(PathBuf::from(STATIC_STAND_IN));
-    config.network = hako_core::NetworkPolicy::allow(["pkg.test"]);
+    config.spec.runtime = Some("runsc".into());
+    config.launch.guest = Some(PathBuf::from(STATIC_STAND_IN));
+    config.spec.network = Some(hako_core::NetworkPolicy::allow(["pkg.test"]));
     match DockerSandbox::new(config) {
         Err(hako_core::Error::NetworkUnavailable {
             mode: "allow",

@@ -20,4 +20,4 @@ mod recipe;
 pub use hako_proto as proto;
 pub mod sandbox;
 
-pub use options::{DriverOptions, ExitFollowsClose, InProcessGuest};
+pub use options::{DriverOptions, ExitFollowsClose, InProcessGuest, LaunchOptions};

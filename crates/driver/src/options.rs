@@ -104,3 +104,21 @@ mod tests {
         assert!(!DriverOptions::default().exit_follows_close.is_set());
     }
 }
+
+/// How this process launches a sandbox, beside what the sandbox is (its
+/// [`SandboxSpec`](hako_core::SandboxSpec)): the same knobs for every
+/// backend, none of them a sandbox flag.
+#[derive(Clone, Debug, Default)]
+pub struct LaunchOptions {
+    /// The fence's settings (resolver, read and listing limits).
+    pub fence: hako_fence::FenceOptions,
+    /// The `hako-guest` binary; `None` chooses (see
+    /// [`Connection::start`](crate::connection::Connection::start), and
+    /// each container backend for its static guest).
+    pub guest: Option<std::path::PathBuf>,
+    /// Close the sandbox after this long with no call in progress and no
+    /// long-lived process running.
+    pub idle_timeout: Option<std::time::Duration>,
+    /// How the driver reads and closes the sandbox.
+    pub driver: DriverOptions,
+}

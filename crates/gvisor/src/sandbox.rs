@@ -3,59 +3,37 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Once};
-use std::time::Duration;
 
 use hako_container::runner::{CliRunner, Runner};
 use hako_container::{
     base_env, limit_reports, locate_static_guest, ContainerLauncher, Owner, RunNetwork,
     DEFAULT_TMP_SIZE,
 };
-use hako_core::env::EnvPolicy;
-use hako_core::{
-    Capabilities, Error, Isolation, Limits, NetworkPolicy, Result, DEFAULT_MAX_OUTPUT,
-};
+use hako_core::{Capabilities, Error, Isolation, NetworkPolicy, Result, SandboxSpec};
 use hako_driver::network::NetworkSetup;
 use hako_driver::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
-use hako_fence::FenceOptions;
+use hako_driver::LaunchOptions;
 
 use crate::bundle::{build_view, config_json, run_argv, BundlePlan};
 use crate::gc::BUNDLE_PREFIX;
 use crate::host_view;
 use crate::{NAME, RUNSC_VAR};
 
-/// How a gvisor sandbox is set up.
+/// How a gvisor sandbox is set up: what it is (the one spec every backend
+/// is opened from) and how this process launches it.
 #[derive(Debug, Clone)]
 pub struct GvisorConfig {
-    /// The workspace on the host; bound read-write at the same path.
-    pub workspace: PathBuf,
-    /// A root file system directory (an image); `None` is a read-only view
-    /// of the host's system directories.
-    pub rootfs: Option<PathBuf>,
-    /// Which host variables pass, and what is set.
-    pub env: EnvPolicy,
-    /// Cap on each of stdout and stderr kept per command.
-    pub max_output: usize,
-    /// Fence settings.
-    pub fence: FenceOptions,
-    /// The statically linked `hako-guest`; `None` chooses.
-    pub guest: Option<PathBuf>,
-    /// Extra read-only binds (same path inside).
-    pub ro: Vec<PathBuf>,
-    /// Extra read-write binds (same path inside).
-    pub rw: Vec<PathBuf>,
-    /// Resource limits.
-    pub limits: Limits,
-    /// Run even when a limit cannot be enforced (without it).
-    pub best_effort: bool,
-    /// The network: `none` (the default), `allow` through the egress
-    /// proxy, or `host`.
-    pub network: NetworkPolicy,
+    /// The sandbox: workspace (bound read-write at the same path), image
+    /// (a root file system directory; `None` is a read-only view of the
+    /// host's system directories), environment, output cap, limits, binds,
+    /// network (`None` is `none`) and `best_effort` (run even when a limit
+    /// cannot be enforced, without it).
+    pub spec: SandboxSpec,
+    /// The fence's settings, the statically linked `hako-guest` (`None`
+    /// chooses), the idle lease and the driver's options.
+    pub launch: LaunchOptions,
     /// Size of the private `/tmp`, bytes.
     pub tmp_size: u64,
-    /// Close the sandbox after this long idle.
-    pub idle_timeout: Option<Duration>,
-    /// How the caller has the driver read and close the sandbox.
-    pub driver: hako_driver::DriverOptions,
     /// The `runsc` binary; `None` is `$HAKO_RUNSC`, else `runsc`.
     pub runsc: Option<PathBuf>,
     /// Runs `runsc` (tests record instead).
@@ -65,21 +43,15 @@ pub struct GvisorConfig {
 impl GvisorConfig {
     /// Defaults for a workspace.
     pub fn new(workspace: impl Into<PathBuf>) -> Self {
+        GvisorConfig::from_spec(SandboxSpec::new(workspace.into()))
+    }
+
+    /// A gvisor sandbox as `spec` describes, launched with the defaults.
+    pub fn from_spec(spec: SandboxSpec) -> Self {
         GvisorConfig {
-            workspace: workspace.into(),
-            rootfs: None,
-            env: EnvPolicy::default(),
-            max_output: DEFAULT_MAX_OUTPUT,
-            fence: FenceOptions::default(),
-            guest: None,
-            ro: Vec::new(),
-            rw: Vec::new(),
-            limits: Limits::default(),
-            best_effort: false,
-            network: NetworkPolicy::none(),
+            spec,
+            launch: LaunchOptions::default(),
             tmp_size: DEFAULT_TMP_SIZE,
-            idle_timeout: None,
-            driver: hako_driver::DriverOptions::default(),
             runsc: None,
             runner: Arc::new(CliRunner),
         }
@@ -114,17 +86,18 @@ hako_driver::delegate_sandbox!(GvisorSandbox, inner);
 impl GvisorSandbox {
     /// Writes the bundle, starts `runsc run` and waits for the guest.
     pub fn new(config: GvisorConfig) -> Result<Self> {
-        let fence = open_workspace(&config.workspace, &config.fence)?;
-        let network = NetworkSetup::new(&config.network)?;
+        let spec = &config.spec;
+        let fence = open_workspace(&spec.workspace, &config.launch.fence)?;
+        let network = NetworkSetup::new(&spec.network.clone().unwrap_or_else(NetworkPolicy::none))?;
         let runner = Arc::clone(&config.runner);
         collect_once();
-        let guest = locate_static_guest(NAME, config.guest.as_deref())?;
+        let guest = locate_static_guest(NAME, config.launch.guest.as_deref())?;
         let rootless = !hako_sys::rustix::process::geteuid().is_root();
-        let mut limits = config.limits;
+        let mut limits = spec.limits;
         if rootless
             && (limits.memory.is_some() || limits.pids.is_some() || limits.cpus_milli.is_some())
         {
-            if !config.best_effort {
+            if !spec.best_effort {
                 return Err(backend_err(
                     "apply limits",
                     "--memory, --pids and --cpus need runsc's cgroups, which only root gets; run as root or pass --best-effort",
@@ -149,8 +122,8 @@ impl GvisorSandbox {
         .map_err(io("create the bundle"))?;
         let workspace = fence.workdir().to_path_buf();
         let facts = hako_view::host_facts();
-        let (root, host_view) = match &config.rootfs {
-            Some(rootfs) => (rootfs.clone(), false),
+        let (root, host_view) = match &spec.image {
+            Some(rootfs) => (PathBuf::from(rootfs), false),
             None => (dir.path().join("rootfs"), true),
         };
         let plan = BundlePlan {
@@ -166,8 +139,8 @@ impl GvisorSandbox {
             },
             limits,
             tmp_size: config.tmp_size,
-            ro: config.ro.clone(),
-            rw: config.rw.clone(),
+            ro: spec.ro.clone(),
+            rw: spec.rw.clone(),
             masked_files: facts
                 .masked_etc_files()
                 // Without root, a file the user cannot read needs no mask
@@ -208,7 +181,7 @@ impl GvisorSandbox {
             cleanup_argv.push("--rootless".into());
         }
         cleanup_argv.extend(["delete".into(), "--force".into(), name.clone()]);
-        let mut reports = common_limits(config.max_output, &fence);
+        let mut reports = common_limits(spec.max_output, &fence);
         reports.extend(limit_reports(&limits));
         let caps = Capabilities {
             backend: NAME.into(),
@@ -235,7 +208,7 @@ impl GvisorSandbox {
             seal: Some(plan.seal()),
             self_cleaning: true,
         };
-        let mut env = base_env(&config.env);
+        let mut env = base_env(&spec.env);
         network.apply_env(&mut env);
         Ok(GvisorSandbox {
             inner: GuestSandbox::new(GuestConfig {
@@ -244,9 +217,9 @@ impl GvisorSandbox {
                 caps,
                 base_env: env,
                 guest: None,
-                max_output: config.max_output,
-                idle_timeout: config.idle_timeout,
-                driver: config.driver.clone(),
+                max_output: spec.max_output,
+                idle_timeout: config.launch.idle_timeout,
+                driver: config.launch.driver.clone(),
                 launcher: Box::new(launcher),
                 proxy: network.proxy,
             })?,

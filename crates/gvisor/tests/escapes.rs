@@ -17,8 +17,8 @@ fn open(kind: Kind, ws: &Path, limits: Limits) -> Option<Box<dyn Sandbox>> {
         return skip("HAKO_IMAGE_DIR is not set");
     };
     let mut config = GvisorConfig::new(ws);
-    config.rootfs = Some(PathBuf::from(rootfs));
-    config.limits = limits;
+    config.spec.image = Some(PathBuf::from(rootfs).to_string_lossy().into_owned());
+    config.spec.limits = limits;
     Some(Box::new(GvisorSandbox::new(config).unwrap()))
 }
 

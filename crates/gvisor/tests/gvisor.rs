@@ -26,7 +26,7 @@ hako_conformance::conformance_tests!(gvisor, |ws: &Path| {
         .map(PathBuf::from)
         .ok_or_else(|| skip("HAKO_IMAGE_DIR is not set (hako image build --dir DIR)"))?;
     let mut config = GvisorConfig::new(ws);
-    config.rootfs = Some(rootfs);
+    config.spec.image = Some(rootfs.to_string_lossy().into_owned());
     Ok(Box::new(GvisorSandbox::new(config)?))
 });
 

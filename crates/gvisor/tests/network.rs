@@ -27,7 +27,7 @@ hako_conformance::network_tests!(gvisor_network, |ws: &Path, net: NetworkPolicy|
             )
         })?;
     let mut config = GvisorConfig::new(ws);
-    config.rootfs = Some(rootfs);
-    config.network = net;
+    config.spec.image = Some(rootfs.to_string_lossy().into_owned());
+    config.spec.network = Some(net);
     Ok(Box::new(GvisorSandbox::new(config)?))
 });

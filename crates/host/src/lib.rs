@@ -13,13 +13,11 @@
 
 use std::path::{Path, PathBuf};
 
-use hako_core::env::EnvPolicy;
-use hako_core::{Capabilities, Isolation, NetworkAccess, Result, DEFAULT_MAX_OUTPUT};
+use hako_core::{Capabilities, Isolation, Limits, NetMode, NetworkAccess, Result, SandboxSpec};
 use hako_driver::sandbox::{
     common_limits, open_workspace, GuestConfig, GuestSandbox, GuestStart, Launcher, OPTIONAL,
 };
-use hako_driver::{DriverOptions, InProcessGuest};
-use hako_fence::FenceOptions;
+use hako_driver::{InProcessGuest, LaunchOptions};
 
 pub use hako_driver::connection::locate_guest;
 
@@ -34,43 +32,32 @@ const IN_PROCESS: InProcessGuest = InProcessGuest {
 /// The backend's name.
 pub const NAME: &str = "host";
 
-/// How a host sandbox is set up.
+/// How a host sandbox is set up: what it is (the one spec every backend
+/// is opened from) and how this process launches it.
 #[derive(Debug, Clone)]
 pub struct HostConfig {
-    /// The sandbox root: commands start here and every file operation is
-    /// fenced to it.
-    pub workspace: PathBuf,
-    /// Which host variables pass, and what is set.
-    pub env: EnvPolicy,
-    /// Cap on each of stdout and stderr kept per command.
-    pub max_output: usize,
-    /// Fence settings (resolver, read and listing limits).
-    pub fence: FenceOptions,
-    /// The `hako-guest` binary; `None` chooses (see
-    /// [`hako_driver::connection::Connection::start`]).
-    pub guest: Option<PathBuf>,
-    /// Close the sandbox after this long with no call in progress and no
-    /// long-lived process running.
-    pub idle_timeout: Option<std::time::Duration>,
-    /// How the caller has the driver read and close the sandbox.
-    pub driver: DriverOptions,
-    /// The network: only `host` can be had here (anything else is
-    /// refused when the sandbox opens).
-    pub network: hako_core::NetworkPolicy,
+    /// The sandbox: its workspace (commands start there and every file
+    /// operation is fenced to it), environment and output cap. The host
+    /// backend has no boundary to put limits, binds or a network policy
+    /// in: asking for them is refused when it opens (limits run without
+    /// with `best_effort`), and its network is the host's.
+    pub spec: SandboxSpec,
+    /// The fence's settings, the guest binary, the idle lease and the
+    /// driver's options.
+    pub launch: LaunchOptions,
 }
 
 impl HostConfig {
     /// Defaults for a workspace.
     pub fn new(workspace: impl Into<PathBuf>) -> Self {
+        HostConfig::from_spec(SandboxSpec::new(workspace.into()))
+    }
+
+    /// A host sandbox as `spec` describes, launched with the defaults.
+    pub fn from_spec(spec: SandboxSpec) -> Self {
         HostConfig {
-            workspace: workspace.into(),
-            env: EnvPolicy::default(),
-            max_output: DEFAULT_MAX_OUTPUT,
-            fence: FenceOptions::default(),
-            guest: None,
-            idle_timeout: None,
-            driver: DriverOptions::default(),
-            network: hako_core::NetworkPolicy::host(),
+            spec,
+            launch: LaunchOptions::default(),
         }
     }
 }
@@ -101,24 +88,41 @@ pub struct HostSandbox {
 
 hako_driver::delegate_sandbox!(HostSandbox, inner);
 
+/// The host backend enforces no resource limit and has no view to bind
+/// into: asking for either is refused rather than pretended (limits run
+/// without, when `best_effort` says so). Pure.
+pub fn refuse_what_it_cannot_enforce(spec: &SandboxSpec) -> Result<()> {
+    let limits = spec.limits != Limits::default();
+    if (limits && !spec.best_effort) || !spec.ro.is_empty() || !spec.rw.is_empty() {
+        return Err(hako_core::Error::Backend {
+            backend: NAME.into(),
+            op: "open",
+            message: "the host backend cannot enforce --memory, --pids, --cpus, --max-file-size, --max-open-files, --ro or --rw; use --backend linux (or --best-effort to run without the limits)".into(),
+        });
+    }
+    Ok(())
+}
+
 impl HostSandbox {
     /// Opens the workspace and starts the sandbox's guest.
     pub fn new(config: HostConfig) -> Result<Self> {
-        if config.network.mode != hako_core::NetMode::Host {
+        let HostConfig { spec, launch } = config;
+        refuse_what_it_cannot_enforce(&spec)?;
+        if let Some(network) = spec.network.as_ref().filter(|n| n.mode != NetMode::Host) {
             return Err(hako_core::Error::NetworkUnavailable {
                 backend: NAME.into(),
-                mode: config.network.mode.name(),
+                mode: network.mode.name(),
                 reason: "its commands are host processes on the host's network; use --backend linux (or docker, gvisor) for `none` or `allow`".into(),
             });
         }
-        let fence = open_workspace(&config.workspace, &config.fence)?;
-        let base_env = hako_driver::sandbox::base_env(&config.env);
+        let fence = open_workspace(&spec.workspace, &launch.fence)?;
+        let base_env = hako_driver::sandbox::base_env(&spec.env);
         let caps = Capabilities {
             backend: NAME.to_string(),
             isolation: Isolation::None,
             network: NetworkAccess::Host,
             fence: fence.resolver(),
-            limits: common_limits(config.max_output, &fence),
+            limits: common_limits(spec.max_output, &fence),
             env_sanitised: true,
             fds_closed: true,
             landlock_abi: None,
@@ -131,10 +135,10 @@ impl HostSandbox {
                 fence,
                 caps,
                 base_env,
-                guest: config.guest.clone(),
-                max_output: config.max_output,
-                idle_timeout: config.idle_timeout,
-                driver: config.driver.clone(),
+                guest: launch.guest,
+                max_output: spec.max_output,
+                idle_timeout: launch.idle_timeout,
+                driver: launch.driver,
                 launcher: Box::new(InPlace),
                 proxy: None,
             })?,

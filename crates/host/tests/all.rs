@@ -18,7 +18,7 @@ hako_conformance::conformance_tests!(host, |ws: &Path| {
 
 hako_conformance::conformance_tests!(host_component_walk, |ws: &Path| {
     let mut config = HostConfig::new(ws);
-    config.fence = FenceOptions {
+    config.launch.fence = FenceOptions {
         resolver: Some(FenceResolver::ComponentWalk),
         ..FenceOptions::default()
     };

@@ -18,16 +18,15 @@ pub mod plan;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use hako_core::env::EnvPolicy;
 use hako_core::{
-    Capabilities, Error, Isolation, LimitMechanism, NetworkAccess, Result, DEFAULT_MAX_OUTPUT,
+    Capabilities, Error, Isolation, LimitMechanism, NetworkAccess, NetworkPolicy, Result,
+    SandboxSpec,
 };
 use hako_driver::network::{NetworkSetup, NET_DIR};
 use hako_driver::sandbox::{
     common_limits, open_workspace, GuestConfig, GuestSandbox, GuestStart, Launcher, OPTIONAL,
 };
-use hako_driver::{DriverOptions, InProcessGuest};
-use hako_fence::FenceOptions;
+use hako_driver::{InProcessGuest, LaunchOptions};
 use hako_proto::{LinuxSpec, MountOp};
 
 use crate::cgroup::Cgroups;
@@ -47,58 +46,34 @@ const IN_PROCESS: InProcessGuest = InProcessGuest {
 /// The backend's name.
 pub const NAME: &str = "linux";
 
-/// How a linux sandbox is set up.
+/// How a linux sandbox is set up: what it is (the one spec every backend
+/// is opened from) and how this process launches it.
 #[derive(Debug, Clone)]
 pub struct LinuxConfig {
-    /// The workspace on the host.
-    pub workspace: PathBuf,
+    /// The sandbox: workspace, environment, output cap, limits, binds,
+    /// network (`None` is `none`) and `best_effort` (run even when a
+    /// requested protection cannot be enforced here; it is then left out
+    /// of [`Capabilities`]).
+    pub spec: SandboxSpec,
     /// Where the workspace appears inside; `None` means its own path.
     pub mount_point: Option<PathBuf>,
-    /// Which host variables pass, and what is set.
-    pub env: EnvPolicy,
-    /// Cap on each of stdout and stderr kept per command.
-    pub max_output: usize,
-    /// Fence settings.
-    pub fence: FenceOptions,
-    /// The `hako-guest` binary; `None` chooses (see
-    /// [`hako_driver::connection::Connection::start`]).
-    pub guest: Option<PathBuf>,
-    /// Extra read-only binds (same path inside).
-    pub ro: Vec<PathBuf>,
-    /// Extra read-write binds (same path inside).
-    pub rw: Vec<PathBuf>,
-    /// Resource limits.
-    pub limits: Limits,
-    /// Run even when a requested protection cannot be enforced here (it is
-    /// then left out of [`Capabilities`]).
-    pub best_effort: bool,
-    /// Close the sandbox after this long with no call in progress and no
-    /// long-lived process running.
-    pub idle_timeout: Option<std::time::Duration>,
-    /// How the caller has the driver read and close the sandbox.
-    pub driver: DriverOptions,
-    /// The network: `none` (the default), `allow` through the egress
-    /// proxy, or `host`.
-    pub network: hako_core::NetworkPolicy,
+    /// The fence's settings, the guest binary, the idle lease and the
+    /// driver's options.
+    pub launch: LaunchOptions,
 }
 
 impl LinuxConfig {
     /// Defaults for a workspace.
     pub fn new(workspace: impl Into<PathBuf>) -> Self {
+        LinuxConfig::from_spec(SandboxSpec::new(workspace.into()))
+    }
+
+    /// A linux sandbox as `spec` describes, launched with the defaults.
+    pub fn from_spec(spec: SandboxSpec) -> Self {
         LinuxConfig {
-            workspace: workspace.into(),
+            spec,
             mount_point: None,
-            env: EnvPolicy::default(),
-            max_output: DEFAULT_MAX_OUTPUT,
-            fence: FenceOptions::default(),
-            guest: None,
-            ro: Vec::new(),
-            rw: Vec::new(),
-            limits: Limits::default(),
-            best_effort: false,
-            idle_timeout: None,
-            driver: DriverOptions::default(),
-            network: hako_core::NetworkPolicy::none(),
+            launch: LaunchOptions::default(),
         }
     }
 }
@@ -159,10 +134,16 @@ impl LinuxSandbox {
     /// and the filesystem view are held by the sandbox's pid 1 until
     /// `close`, so a host that cannot build them fails here, with the reason.
     pub fn new(config: LinuxConfig) -> Result<Self> {
-        let fence = open_workspace(&config.workspace, &config.fence)?;
+        let LinuxConfig {
+            spec: wanted,
+            mount_point,
+            launch,
+        } = config;
+        let fence = open_workspace(&wanted.workspace, &launch.fence)?;
         // Before anything is made on the host: a bad allowlist fails here.
-        let network = NetworkSetup::new(&config.network)?;
-        let limits = config.limits;
+        let network =
+            NetworkSetup::new(&wanted.network.clone().unwrap_or_else(NetworkPolicy::none))?;
+        let limits = wanted.limits;
         // cgroups where they can be made; rlimits otherwise.
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let name = format!(
@@ -172,7 +153,7 @@ impl LinuxSandbox {
         );
         let cgroups = match Cgroups::create(&limits, &name) {
             Ok(cg) => cg,
-            Err(why) if limits.cpus_milli.is_some() && !config.best_effort => {
+            Err(why) if limits.cpus_milli.is_some() && !wanted.best_effort => {
                 return Err(backend_err(
                     "apply limits",
                     format!("--cpus needs a cgroup and none could be made here ({why}); pass --best-effort to run without the CPU limit"),
@@ -186,7 +167,7 @@ impl LinuxSandbox {
         if limits.pids.is_some()
             && cg_mechanism.is_none()
             && hako_sys::rustix::process::geteuid().is_root()
-            && !config.best_effort
+            && !wanted.best_effort
         {
             return Err(backend_err(
                 "apply limits",
@@ -195,20 +176,17 @@ impl LinuxSandbox {
         }
         let workspace = fence.workdir().to_path_buf();
         let input = PlanInput {
-            mount_point: config
-                .mount_point
-                .clone()
-                .unwrap_or_else(|| workspace.clone()),
+            mount_point: mount_point.unwrap_or_else(|| workspace.clone()),
             workspace,
-            ro: config.ro.clone(),
-            rw: config.rw.clone(),
+            ro: wanted.ro.clone(),
+            rw: wanted.rw.clone(),
             rlimits: Rlimits {
                 address_space: limits.memory.filter(|_| cg_mechanism.is_none()),
                 nproc: limits.pids.filter(|_| cg_mechanism.is_none()),
                 fsize: limits.file_size,
                 nofile: limits.open_files,
             },
-            landlock_required: !config.best_effort,
+            landlock_required: !wanted.best_effort,
             tmp_size: "512m".into(),
             cgroup_procs: cgroups
                 .as_ref()
@@ -218,11 +196,11 @@ impl LinuxSandbox {
         // No host home directory inside: HOME and TMPDIR point at the
         // sandbox's private /tmp unless set explicitly.
         let mut base_env = hako_driver::sandbox::base_env_defaulting(
-            &config.env,
+            &wanted.env,
             &[("HOME", "/tmp"), ("TMPDIR", "/tmp")],
         );
         network.apply_env(&mut base_env);
-        let mut reports = common_limits(config.max_output, &fence);
+        let mut reports = common_limits(wanted.max_output, &fence);
         // CPUs only by a cgroup: without one the limit was refused or
         // dropped (--best-effort) above.
         let enforced = Limits {
@@ -280,10 +258,10 @@ impl LinuxSandbox {
                 fence,
                 caps,
                 base_env,
-                guest: config.guest.clone(),
-                max_output: config.max_output,
-                idle_timeout: config.idle_timeout,
-                driver: config.driver.clone(),
+                guest: launch.guest.clone(),
+                max_output: wanted.max_output,
+                idle_timeout: launch.idle_timeout,
+                driver: launch.driver.clone(),
                 launcher: Box::new(namespaces),
                 proxy: network.proxy,
             })?,

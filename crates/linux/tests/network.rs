@@ -11,6 +11,6 @@ use hako_linux::{LinuxConfig, LinuxSandbox};
 
 hako_conformance::network_tests!(linux_network, |ws: &Path, net: NetworkPolicy| {
     let mut config = LinuxConfig::new(ws);
-    config.network = net;
+    config.spec.network = Some(net);
     Ok(Box::new(LinuxSandbox::new(config)?))
 });

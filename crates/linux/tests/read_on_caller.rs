@@ -12,7 +12,7 @@ use hako_linux::{LinuxConfig, LinuxSandbox};
 
 hako_conformance::conformance_tests!(linux_read_on_caller, |ws: &Path| {
     let mut config = LinuxConfig::new(ws);
-    config.driver = DriverOptions {
+    config.launch.driver = DriverOptions {
         read_on_caller: true,
         ..DriverOptions::default()
     };

@@ -38,14 +38,13 @@ mod flags;
 mod open;
 mod probe;
 mod profile;
-mod spec;
 pub mod token;
 
 pub use backend::{resolve, BackendArg, BackendKind, ParseBackendError};
 pub use flags::{
     parse_cpus, parse_key_value, parse_resolve, parse_size, parse_size_u64, SandboxFlags,
 };
+pub use hako_core::SandboxSpec;
 pub use hako_driver::{DriverOptions, ExitFollowsClose};
 pub use open::{open, open_with, Opener};
 pub use probe::{check, probe, protections, Protection, Unavailable};
-pub use spec::SandboxSpec;

@@ -1,8 +1,7 @@
 //! Turning a spec into a backend's configuration and opening it.
 
-use std::path::PathBuf;
-
-use hako_core::{Error, Isolation, Limits, NetworkPolicy, Sandbox};
+use hako_core::{Error, Isolation, Sandbox};
+use hako_driver::LaunchOptions;
 
 use crate::{probe, resolve, BackendArg, BackendKind, DriverOptions, SandboxSpec};
 
@@ -72,61 +71,32 @@ pub fn open_with(
     driver: &DriverOptions,
 ) -> Result<Box<dyn Sandbox>, Error> {
     refuse_unused(kind, spec)?;
-    let network = spec.network.clone().unwrap_or_else(|| match kind {
-        BackendKind::Host => NetworkPolicy::host(),
-        _ => NetworkPolicy::none(),
-    });
+    let launch = LaunchOptions {
+        driver: driver.clone(),
+        ..LaunchOptions::default()
+    };
     match kind {
         BackendKind::Host => {
-            let mut config = hako_host::HostConfig::new(&spec.workspace);
-            config.env = spec.env.clone();
-            config.max_output = spec.max_output;
-            config.network = network;
-            config.driver = driver.clone();
+            let mut config = hako_host::HostConfig::from_spec(spec.clone());
+            config.launch = launch;
             Ok(Box::new(hako_host::HostSandbox::new(config)?))
         }
         BackendKind::Linux => {
-            let mut config = hako_linux::LinuxConfig::new(&spec.workspace);
-            config.env = spec.env.clone();
-            config.max_output = spec.max_output;
-            config.limits = spec.limits;
-            config.ro = spec.ro.clone();
-            config.rw = spec.rw.clone();
-            config.best_effort = spec.best_effort;
-            config.network = network;
-            config.driver = driver.clone();
+            let mut config = hako_linux::LinuxConfig::from_spec(spec.clone());
+            config.launch = launch;
             Ok(Box::new(hako_linux::LinuxSandbox::new(config)?))
         }
         BackendKind::Docker => {
-            let mut config = hako_docker::DockerConfig::new(&spec.workspace);
-            if let Some(image) = &spec.image {
-                config.image = image.clone();
-            }
-            config.runtime = spec.runtime.clone();
-            config.best_effort = spec.best_effort;
-            config.env = spec.env.clone();
-            config.max_output = spec.max_output;
-            config.limits = spec.limits;
-            config.ro = spec.ro.clone();
-            config.rw = spec.rw.clone();
-            config.network = network;
-            config.driver = driver.clone();
+            let mut config = hako_docker::DockerConfig::from_spec(spec.clone());
+            config.launch = launch;
             if spec.no_guest {
                 return Ok(Box::new(hako_docker::DockerExecSandbox::new(config)?));
             }
             Ok(Box::new(hako_docker::DockerSandbox::new(config)?))
         }
         BackendKind::Gvisor => {
-            let mut config = hako_gvisor::GvisorConfig::new(&spec.workspace);
-            config.rootfs = spec.image.as_ref().map(PathBuf::from);
-            config.env = spec.env.clone();
-            config.max_output = spec.max_output;
-            config.limits = spec.limits;
-            config.ro = spec.ro.clone();
-            config.rw = spec.rw.clone();
-            config.best_effort = spec.best_effort;
-            config.network = network;
-            config.driver = driver.clone();
+            let mut config = hako_gvisor::GvisorConfig::from_spec(spec.clone());
+            config.launch = launch;
             Ok(Box::new(hako_gvisor::GvisorSandbox::new(config)?))
         }
         BackendKind::Vm => Err(Error::Backend {
@@ -155,18 +125,6 @@ fn refuse_unused(kind: BackendKind, spec: &SandboxSpec) -> Result<(), Error> {
     }
     if spec.image.is_some() && !matches!(kind, BackendKind::Docker | BackendKind::Gvisor) {
         return Err(refuse("--image", "--backend docker and gvisor"));
-    }
-    if kind == BackendKind::Host {
-        // The host backend enforces no resource limit and has no view to
-        // bind into: refuse rather than pretend.
-        let asked = spec.limits != Limits::default();
-        if (asked && !spec.best_effort) || !spec.ro.is_empty() || !spec.rw.is_empty() {
-            return Err(Error::Backend {
-                backend: "host".into(),
-                op: "open",
-                message: "the host backend cannot enforce --memory, --pids, --cpus, --max-file-size, --max-open-files, --ro or --rw; use --backend linux (or --best-effort to run without the limits)".into(),
-            });
-        }
     }
     Ok(())
 }

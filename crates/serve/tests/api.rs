@@ -705,7 +705,7 @@ fn an_exec_deadline_past_the_maximum_is_refused() {
 fn a_stream_reader_that_stops_reading_neither_stalls_the_command_nor_grows_the_buffer() {
     let s = start_with(|root| {
         let mut config = HostConfig::new(root);
-        config.max_output = 64 << 20;
+        config.spec.max_output = 64 << 20;
         Ok(Box::new(HostSandbox::new(config)?) as Box<dyn hako_core::Sandbox>)
     });
     let (_, created) = json(s.port, "POST", "/v1/sandboxes", Value::Null);

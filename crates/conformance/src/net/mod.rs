@@ -16,7 +16,7 @@
 //! ```ignore
 //! hako_conformance::network_tests!(linux, |ws: &Path, net: NetworkPolicy| {
 //!     let mut config = LinuxConfig::new(ws);
-//!     config.network = net;
+//!     config.spec.network = Some(net);
 //!     Ok(Box::new(LinuxSandbox::new(config)?))
 //! });
 //! ```

@@ -33,7 +33,7 @@ fn printed(sb: &HostSandbox, name: &str) -> String {
 fn whole_file_read_over_the_limit_is_file_too_large() {
     let (_dir, ws) = workspace();
     let mut config = HostConfig::new(&ws);
-    config.fence = FenceOptions {
+    config.launch.fence = FenceOptions {
         max_read: 10,
         ..FenceOptions::default()
     };
@@ -89,7 +89,7 @@ fn default_max_output_is_one_mebibyte() {
 fn configured_max_output_applies_when_the_command_sets_none() {
     let (_dir, ws) = workspace();
     let mut config = HostConfig::new(&ws);
-    config.max_output = 100;
+    config.spec.max_output = 100;
     let sb = HostSandbox::new(config).unwrap();
     let out = sb
         .exec(&Command::new(["head", "-c", "1000", "/dev/zero"]))
@@ -112,7 +112,7 @@ fn a_secret_named_one_by_one_passes_and_a_wildcard_does_not_pass_it() {
     std::env::set_var("HAKO_HOST_TEST_PLAIN", "plain-one");
     let (_dir, ws) = workspace();
     let mut config = HostConfig::new(&ws);
-    config.env = EnvPolicy {
+    config.spec.env = EnvPolicy {
         pass: vec![
             "HAKO_HOST_TEST_NAMED_TOKEN".into(),
             "HAKO_HOST_TEST_*".into(),
@@ -169,7 +169,7 @@ fn min_isolation_gate_names_both_levels() {
 fn capabilities_report_the_resolver_in_force() {
     let (_dir, ws) = workspace();
     let mut config = HostConfig::new(&ws);
-    config.fence.resolver = Some(FenceResolver::ComponentWalk);
+    config.launch.fence.resolver = Some(FenceResolver::ComponentWalk);
     let walk = HostSandbox::new(config).unwrap();
     assert_eq!(walk.capabilities().fence, FenceResolver::ComponentWalk);
     let default = HostSandbox::new(HostConfig::new(&ws)).unwrap();
@@ -212,7 +212,7 @@ fn workdir_is_the_canonical_workspace_and_its_alias_is_accepted() {
 fn a_missing_guest_is_a_backend_error_with_a_hint() {
     let (_dir, ws) = workspace();
     let mut config = HostConfig::new(&ws);
-    config.guest = Some(ws.join("no-such-guest"));
+    config.launch.guest = Some(ws.join("no-such-guest"));
     // The guest starts with the sandbox, so opening it fails, with the fix.
     match HostSandbox::new(config) {
         Err(err @ Error::Backend { .. }) => {
@@ -233,13 +233,13 @@ fn listing_stops_at_the_entry_limit() {
         std::fs::write(ws.join(name), name).unwrap();
     }
     let mut config = HostConfig::new(&ws);
-    config.fence.max_entries = 3;
+    config.launch.fence.max_entries = 3;
     let sb = HostSandbox::new(config).unwrap();
     let listing = sb.list_dir(Path::new(".")).unwrap();
     assert!(listing.truncated);
     assert_eq!(listing.entries.len(), 3);
     let mut config = HostConfig::new(&ws);
-    config.fence.max_entries = 5;
+    config.launch.fence.max_entries = 5;
     let listing = HostSandbox::new(config)
         .unwrap()
         .list_dir(Path::new("."))
@@ -517,7 +517,7 @@ fn the_idle_lease_closes_an_idle_sandbox_and_a_running_process_keeps_it_open() {
     use hako_core::SpawnOptions;
     let (_dir, ws) = workspace();
     let mut config = HostConfig::new(&ws);
-    config.idle_timeout = Some(Duration::from_millis(300));
+    config.launch.idle_timeout = Some(Duration::from_millis(300));
     let sb = HostSandbox::new(config).unwrap();
     // A running process is activity: the sandbox stays open past the lease.
     let p = sb.processes().unwrap();

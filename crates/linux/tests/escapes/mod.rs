@@ -16,7 +16,7 @@ fn sandbox(ws: &Path) -> LinuxSandbox {
 
 fn limited(ws: &Path, limits: Limits) -> LinuxSandbox {
     let mut config = LinuxConfig::new(ws);
-    config.limits = limits;
+    config.spec.limits = limits;
     LinuxSandbox::new(config).unwrap()
 }
 

@@ -18,7 +18,7 @@ use hako_linux::{LinuxConfig, LinuxSandbox};
 
 fn sandbox(ws: &Path, allow: &[String]) -> LinuxSandbox {
     let mut config = LinuxConfig::new(ws);
-    config.network = NetworkPolicy::allow(allow.iter().cloned());
+    config.spec.network = Some(NetworkPolicy::allow(allow.iter().cloned()));
     LinuxSandbox::new(config).unwrap()
 }
 

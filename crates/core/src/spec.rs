@@ -2,14 +2,15 @@
 
 use std::path::PathBuf;
 
-use hako_core::env::EnvPolicy;
-use hako_core::{Limits, NetworkPolicy};
+use crate::env::EnvPolicy;
+use crate::{Limits, NetworkPolicy};
 
 /// What a sandbox is to be, independent of the backend that builds it.
 ///
-/// Every front end fills in this one type (the CLI from its flags and a
-/// profile) and [`open`](crate::open) turns it into a backend's own
-/// configuration. A setting the chosen backend cannot honour is refused
+/// Every front end fills in this one type (`hako-runtime` parses it from
+/// flags and a profile) and every backend is opened from it: a backend's
+/// own configuration is this spec and how this process launches it,
+/// never a copy of its fields. A setting the chosen backend cannot honour is refused
 /// when the sandbox is opened, never dropped silently, unless
 /// [`best_effort`](SandboxSpec::best_effort) says to run without it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,7 +54,7 @@ impl SandboxSpec {
         SandboxSpec {
             workspace,
             env: EnvPolicy::default(),
-            max_output: hako_core::DEFAULT_MAX_OUTPUT,
+            max_output: crate::DEFAULT_MAX_OUTPUT,
             limits: Limits::default(),
             ro: Vec::new(),
             rw: Vec::new(),
@@ -99,7 +100,7 @@ mod tests {
     fn a_new_spec_asks_for_nothing_beyond_the_defaults() {
         let spec = SandboxSpec::new("/ws".into());
         assert_eq!(spec.limits, Limits::default());
-        assert_eq!(spec.max_output, hako_core::DEFAULT_MAX_OUTPUT);
+        assert_eq!(spec.max_output, crate::DEFAULT_MAX_OUTPUT);
         assert_eq!(spec.env, EnvPolicy::default());
         assert!(!spec.best_effort && !spec.no_guest);
         assert!(spec.image.is_none() && spec.runtime.is_none() && spec.network.is_none());
