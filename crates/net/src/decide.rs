@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use crate::allow::{parse_target_host, printable, Allowlist, TargetHost};
 use crate::classify::classify;
-use crate::resolve::Resolver;
+use crate::dns::Resolver;
 
 /// Rule: nothing on the allowlist names the destination.
 pub const RULE_NOT_ON_ALLOWLIST: &str = "not-on-allowlist";

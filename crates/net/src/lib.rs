@@ -29,12 +29,12 @@ mod allow;
 mod budget;
 mod classify;
 mod decide;
+mod dns;
 pub mod handoff;
 mod http;
 mod live;
 mod proxy;
 mod relay;
-mod resolve;
 mod socks;
 mod stale;
 
@@ -45,12 +45,12 @@ pub use decide::{
     decide, Verdict, RULE_BAD_HOST, RULE_NAME_NOT_RESOLVED, RULE_NOT_ON_ALLOWLIST,
     RULE_PORT_NOT_ALLOWED, RULE_RESOLVES_TO_REFUSED,
 };
+pub use dns::Resolver;
 pub use hako_relay::relay::{relay, RelaySocket};
 pub use handoff::{announce_forward, hand_over};
 pub use proxy::{
     proxy_env, Proxy, ProxyConfig, RULE_BAD_REQUEST, RULE_HANDSHAKE_TIMEOUT,
     RULE_HOST_HEADER_MISMATCH, RULE_SOCKS4, RULE_SOCKS_METHOD, RULE_SOCKS_REQUEST, SOCKET_NAME,
 };
-pub use resolve::Resolver;
 pub use socks::socks5_connect;
 pub use stale::remove_stale_dirs;

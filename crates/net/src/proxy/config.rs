@@ -8,7 +8,7 @@ use hako_core::NetworkPolicy;
 
 use crate::allow::{AllowError, Allowlist};
 use crate::budget::ConnectionBudget;
-use crate::resolve::Resolver;
+use crate::dns::Resolver;
 
 /// [`ProxyConfig::idle_timeout`]'s default.
 const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
