@@ -31,6 +31,7 @@ pub use isolation::{Isolation, ParseIsolationError};
 pub use network::{NetDecision, NetEvent, NetMode, NetProtocol, NetworkPolicy};
 pub use sandbox::{
     exec_or_detach, require_isolation, AppendFile, ExecStream, MakeDirAll, NetworkEvents,
-    OutputSink, OutputSlice, ProcessId, ProcessState, Processes, ReadLimit, Sandbox, SessionId,
-    SessionOptions, Sessions, SpawnOptions, StatPath, Stream, TermSize, Waited, Workdir,
+    OutputSink, OutputSlice, ProcessId, ProcessState, Processes, ReadLimit, ReplaceUnchanged,
+    Sandbox, SessionId, SessionOptions, Sessions, SpawnOptions, StatPath, Stream, TermSize, Waited,
+    Workdir,
 };

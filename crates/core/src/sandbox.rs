@@ -54,6 +54,12 @@ pub trait Sandbox: Send + Sync {
         None
     }
 
+    /// Replacing a file only if it still holds what was read (an edit
+    /// without a lost update), if offered.
+    fn replace_unchanged(&self) -> Option<&dyn ReplaceUnchanged> {
+        None
+    }
+
     /// Appends, if offered.
     fn append(&self) -> Option<&dyn AppendFile> {
         None
@@ -108,6 +114,17 @@ pub trait ReadLimit {
     /// Reads at most `max` bytes from the start of a regular file; never
     /// loads more than that into memory.
     fn read_file_limit(&self, path: &Path, max: u64) -> Result<ReadOutcome>;
+}
+
+/// Replacing a file only if nothing changed it since it was read: the
+/// write of an edit (read, change, write back) that must not undo what
+/// the sandbox wrote meanwhile.
+pub trait ReplaceUnchanged {
+    /// Like [`Sandbox::write_file`], but refused with
+    /// [`FenceError::ChangedMeanwhile`](crate::FenceError::ChangedMeanwhile)
+    /// (nothing written) unless the file still holds exactly `read`, as
+    /// checked just before the rename that replaces it.
+    fn replace_unchanged(&self, path: &Path, data: &[u8], read: &[u8]) -> Result<()>;
 }
 
 /// Appending without reading the file first.

@@ -61,6 +61,9 @@ impl Sandbox for FenceBox {
     fn close(&self) -> Result<()> {
         Ok(())
     }
+    fn replace_unchanged(&self) -> Option<&dyn hako_core::ReplaceUnchanged> {
+        Some(self)
+    }
     fn read_limit(&self) -> Option<&dyn ReadLimit> {
         Some(self)
     }
@@ -96,5 +99,11 @@ impl Workdir for FenceBox {
 impl StatPath for FenceBox {
     fn stat(&self, path: &Path) -> Result<Metadata> {
         Ok(self.fence.stat(path)?)
+    }
+}
+
+impl hako_core::ReplaceUnchanged for FenceBox {
+    fn replace_unchanged(&self, path: &Path, data: &[u8], read: &[u8]) -> Result<()> {
+        Ok(self.fence.write_if_unchanged(path, data, read)?)
     }
 }

@@ -34,7 +34,9 @@
 //! (`hako-host`, `hako-linux`, `hako-docker`, `hako-gvisor`), which know nothing of it.
 
 mod backend;
+mod bounded;
 mod flags;
+pub mod limits;
 mod open;
 mod probe;
 mod profile;
@@ -42,10 +44,17 @@ mod spec;
 pub mod token;
 
 pub use backend::{resolve, BackendArg, BackendKind, ParseBackendError};
-pub use flags::{
-    parse_cpus, parse_key_value, parse_resolve, parse_size, parse_size_u64, SandboxFlags,
-};
+pub use flags::{parse_key_value, parse_resolve, parse_size, parse_size_u64, SandboxFlags};
 pub use hako_driver::{DriverOptions, ExitFollowsClose};
+pub use limits::parse_cpus;
 pub use open::{open, open_with, Opener};
 pub use probe::{check, probe, protections, Protection, Unavailable};
 pub use spec::SandboxSpec;
+
+/// Shell sessions open at once in one sandbox unless `--max-sessions`
+/// says otherwise.
+pub const DEFAULT_MAX_SESSIONS: usize = 16;
+
+/// Long-lived processes running at once in one sandbox unless
+/// `--max-processes` says otherwise.
+pub const DEFAULT_MAX_PROCESSES: usize = 32;

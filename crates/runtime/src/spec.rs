@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use hako_core::env::EnvPolicy;
-use hako_core::{Limits, NetworkPolicy};
+use hako_core::{Isolation, Limits, NetworkPolicy};
 
 /// What a sandbox is to be, independent of the backend that builds it.
 ///
@@ -44,6 +44,16 @@ pub struct SandboxSpec {
     /// The network; `None` is the backend's default (`host` for the host
     /// backend, which has no other; `none` for every isolating one).
     pub network: Option<NetworkPolicy>,
+    /// The weakest isolation a sandbox may have (`--min-isolation`); a
+    /// front end refuses, before anything runs, a backend weaker than
+    /// this ([`Opener`](crate::Opener) does it for the servers).
+    pub min_isolation: Isolation,
+    /// Shell sessions open at once in one sandbox (`--max-sessions`); one
+    /// more is refused with [`Error::LimitReached`](hako_core::Error::LimitReached).
+    pub max_sessions: usize,
+    /// Long-lived processes running at once in one sandbox
+    /// (`--max-processes`); one more is refused the same way.
+    pub max_processes: usize,
 }
 
 impl SandboxSpec {
@@ -62,6 +72,9 @@ impl SandboxSpec {
             runtime: None,
             no_guest: false,
             network: None,
+            min_isolation: Isolation::None,
+            max_sessions: crate::DEFAULT_MAX_SESSIONS,
+            max_processes: crate::DEFAULT_MAX_PROCESSES,
         }
     }
 
