@@ -1289,3 +1289,150 @@ fn an_audit_log_beneath_a_bind_mount_of_the_workspace_is_refused() {
     assert!(!d.ws.join("ran").exists(), "the command ran");
     assert!(!d.ws.join("audit.log").exists());
 }
+
+/// `hako run` with `flags`: exit 2 (a usage error, before anything runs),
+/// naming the flag.
+fn refused_as_usage(flags: &[&str], named: &str, says: &str) {
+    let d = dirs();
+    let mut args: Vec<&str> = flags.to_vec();
+    args.extend(["--", "true"]);
+    let out = run_in(&d.ws, &args);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{flags:?}: {stderr}");
+    assert!(stderr.contains(named), "{flags:?}: {stderr}");
+    assert!(stderr.contains(says), "{flags:?}: {stderr}");
+}
+
+#[test]
+fn a_memory_limit_of_one_byte_is_refused_naming_the_flag() {
+    refused_as_usage(&["--memory", "1"], "--memory", "at least 16M");
+}
+
+#[test]
+fn a_memory_limit_in_mb_is_refused_as_ambiguous() {
+    refused_as_usage(&["--memory", "64MB"], "--memory", "ambiguous");
+}
+
+#[test]
+fn a_pids_limit_of_zero_is_refused_naming_the_flag() {
+    refused_as_usage(&["--pids", "0"], "--pids", "at least 16");
+}
+
+#[test]
+fn every_limit_flag_out_of_range_or_malformed_is_a_usage_error_naming_it() {
+    for (flags, named) in [
+        (&["--cpus", "0"][..], "--cpus"),
+        (&["--cpus", "half"][..], "--cpus"),
+        (&["--max-open-files", "3"][..], "--max-open-files"),
+        (&["--max-file-size", "0"][..], "--max-file-size"),
+        (&["--max-output", "2G"][..], "--max-output"),
+        (&["--timeout", "0"][..], "--timeout"),
+        (&["--timeout", "2d"][..], "--timeout"),
+        (&["--max-sessions", "0"][..], "--max-sessions"),
+        (&["--max-processes=-1"][..], "--max-processes"),
+        (&["--min-isolation", "strong"][..], "--min-isolation"),
+    ] {
+        refused_as_usage(flags, named, "");
+    }
+}
+
+#[test]
+fn a_bad_limit_in_a_profile_is_refused_naming_the_key_and_nothing_runs() {
+    let d = dirs();
+    let profile = d.outside.join("p.toml");
+    std::fs::write(&profile, "memory = \"64MB\"\n").unwrap();
+    let out = run_in(
+        &d.ws,
+        &[
+            "--profile",
+            profile.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "touch ran",
+        ],
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(stderr.contains("profile key `memory`"), "{stderr}");
+    assert!(!d.ws.join("ran").exists());
+}
+
+#[test]
+fn hako_fs_edit_replaces_exact_text_and_refuses_an_ambiguous_match() {
+    let d = dirs();
+    std::fs::write(d.ws.join("c.py"), "x = 1\ny = 2\nx = 1\n").unwrap();
+    let out = fs_in(
+        &d.ws,
+        &[
+            "--backend",
+            "host",
+            "edit",
+            "c.py",
+            "--old",
+            "x = 1",
+            "--new",
+            "x = 3",
+        ],
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("2 times"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = fs_in(
+        &d.ws,
+        &[
+            "--backend",
+            "host",
+            "--json",
+            "edit",
+            "c.py",
+            "--old",
+            "x = 1",
+            "--new",
+            "x = 3",
+            "--all",
+        ],
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("\"replacements\":2"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(
+        std::fs::read_to_string(d.ws.join("c.py")).unwrap(),
+        "x = 3\ny = 2\nx = 3\n"
+    );
+}
+
+#[test]
+fn min_isolation_from_a_profile_refuses_a_weaker_backend() {
+    let d = dirs();
+    let profile = d.outside.join("p.toml");
+    std::fs::write(&profile, "min_isolation = \"kernel\"\n").unwrap();
+    let out = run_in(
+        &d.ws,
+        &[
+            "--profile",
+            profile.to_str().unwrap(),
+            "--backend",
+            "host",
+            "--",
+            "sh",
+            "-c",
+            "touch ran",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("kernel"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!d.ws.join("ran").exists());
+}

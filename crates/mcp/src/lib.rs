@@ -51,6 +51,7 @@ use hako_core::Sandbox;
 use rmcp::ServiceExt;
 
 pub use http::{serve_http, HttpConfig, MAX_BODY_BYTES, MCP_PATH};
+pub use text::{replace_exact, EditError};
 
 /// Opens the sandbox the server acts in.
 pub type MakeSandbox = dyn Fn() -> hako_core::Result<Box<dyn Sandbox>> + Send + Sync;

@@ -14,12 +14,16 @@ use hako_fence::{Fence, FenceOptions};
 pub struct FenceBox {
     fence: Fence,
     caps: Capabilities,
+    /// Run once, just before the next edit is written: the sandbox
+    /// changing the file between the edit's read and its write.
+    pub meanwhile: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl FenceBox {
     pub fn new(root: &Path) -> Self {
         FenceBox {
             fence: Fence::open(root, FenceOptions::default()).unwrap(),
+            meanwhile: std::sync::Mutex::new(None),
             caps: Capabilities {
                 backend: "test".into(),
                 isolation: Isolation::None,
@@ -104,6 +108,9 @@ impl StatPath for FenceBox {
 
 impl hako_core::ReplaceUnchanged for FenceBox {
     fn replace_unchanged(&self, path: &Path, data: &[u8], read: &[u8]) -> Result<()> {
+        if let Some(meddle) = self.meanwhile.lock().unwrap().take() {
+            meddle();
+        }
         Ok(self.fence.write_if_unchanged(path, data, read)?)
     }
 }
