@@ -36,6 +36,7 @@
 mod backend;
 mod bounded;
 mod flags;
+pub mod http;
 pub mod limits;
 mod open;
 mod probe;
