@@ -123,8 +123,18 @@ fn http_config(addr: &str, token_file: Option<&Path>) -> Result<hako_mcp::HttpCo
         },
         None => None,
     };
+    if let Some(warning) = token_file.and_then(hako_runtime::http::token_file_warning) {
+        eprintln!("hako mcp: warning: {warning}");
+    }
     let listener =
         std::net::TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    if let Some(warning) = listener
+        .local_addr()
+        .ok()
+        .and_then(hako_runtime::http::listen_warning)
+    {
+        eprintln!("hako mcp: warning: {warning}");
+    }
     let token = match from_file {
         Some(t) => t,
         None => {
