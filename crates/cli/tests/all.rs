@@ -1436,3 +1436,113 @@ fn min_isolation_from_a_profile_refuses_a_weaker_backend() {
     );
     assert!(!d.ws.join("ran").exists());
 }
+
+/// Starts `hako serve` with `args`, reads its stderr up to the line that
+/// says it listens, stops it, and returns what it said.
+fn serve_says(ws: &Path, args: &[&str]) -> String {
+    use std::io::BufRead;
+    let mut child = hako()
+        .arg("serve")
+        .arg("--workspace")
+        .arg(ws)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        said.push_str(&line);
+        said.push('\n');
+        if line.contains("listening on") {
+            // The warnings about where it listens follow that line.
+            break;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let _ = child.kill();
+    for line in lines.map_while(Result::ok) {
+        said.push_str(&line);
+        said.push('\n');
+    }
+    let _ = child.wait();
+    said
+}
+
+#[test]
+fn hako_serve_on_the_host_backend_warns_unless_min_isolation_is_given() {
+    let d = dirs();
+    let said = serve_says(&d.ws, &["--backend", "host", "--listen", "127.0.0.1:0"]);
+    assert!(
+        said.contains("warning: the host backend isolates nothing"),
+        "{said}"
+    );
+    assert!(!said.contains("beyond loopback"), "{said}");
+}
+
+#[test]
+fn hako_serve_with_min_isolation_above_host_refuses_to_start() {
+    let d = dirs();
+    let out = hako()
+        .args([
+            "serve",
+            "--backend",
+            "host",
+            "--min-isolation",
+            "process",
+            "--listen",
+            "127.0.0.1:0",
+            "--workspace",
+        ])
+        .arg(&d.ws)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(
+        stderr.contains("`process`") && !stderr.contains("listening"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn hako_serve_warns_about_a_token_file_open_to_others_and_a_listen_address_beyond_loopback() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = dirs();
+    let token = d.outside.join("token");
+    std::fs::write(&token, "a-token-of-the-right-length").unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let said = serve_says(
+        &d.ws,
+        &[
+            "--backend",
+            "host",
+            "--min-isolation",
+            "none",
+            "--listen",
+            "0.0.0.0:0",
+            "--token-file",
+            token.to_str().unwrap(),
+        ],
+    );
+    assert!(said.contains("open to group or others"), "{said}");
+    assert!(said.contains("beyond loopback, over plain HTTP"), "{said}");
+    // A token file of the user's alone, on loopback: no warning of either.
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let said = serve_says(
+        &d.ws,
+        &[
+            "--backend",
+            "linux",
+            "--listen",
+            "127.0.0.1:0",
+            "--token-file",
+            token.to_str().unwrap(),
+        ],
+    );
+    assert!(!said.contains("warning"), "{said}");
+}
