@@ -1141,7 +1141,7 @@ fn serve_refuses_requests_without_the_token_and_runs_commands_on_linux_with_it()
             .unwrap_or_default();
         write!(
             s,
-            "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         )
         .unwrap();

@@ -201,12 +201,22 @@ fn an_edit_of_a_file_the_sandbox_changed_since_it_was_read_is_refused_and_nothin
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "TWO\n");
     // Replaced by a rename since the read.
     let read = fence.read_all(Path::new("a.txt")).unwrap();
-    std::fs::write(tmp.path().join("b.txt"), "TWO\n").unwrap();
+    std::fs::write(tmp.path().join("b.txt"), "TW0\n").unwrap();
     std::fs::rename(tmp.path().join("b.txt"), &file).unwrap();
     let err = fence
         .write_if_unchanged(Path::new("a.txt"), b"three\n", &read)
         .unwrap_err();
     assert!(matches!(err, FenceError::ChangedMeanwhile { .. }), "{err}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "TW0\n");
+    // Replaced by the very same bytes: nothing would be lost, the edit is
+    // written.
+    let read = fence.read_all(Path::new("a.txt")).unwrap();
+    std::fs::write(tmp.path().join("b.txt"), "TW0\n").unwrap();
+    std::fs::rename(tmp.path().join("b.txt"), &file).unwrap();
+    fence
+        .write_if_unchanged(Path::new("a.txt"), b"TWO\n", &read)
+        .unwrap();
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "TWO\n");
     // Removed since the read: not recreated.
     let read = fence.read_all(Path::new("a.txt")).unwrap();
     std::fs::remove_file(&file).unwrap();
