@@ -1141,7 +1141,7 @@ fn serve_refuses_requests_without_the_token_and_runs_commands_on_linux_with_it()
             .unwrap_or_default();
         write!(
             s,
-            "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         )
         .unwrap();
@@ -1288,4 +1288,261 @@ fn an_audit_log_beneath_a_bind_mount_of_the_workspace_is_refused() {
     );
     assert!(!d.ws.join("ran").exists(), "the command ran");
     assert!(!d.ws.join("audit.log").exists());
+}
+
+/// `hako run` with `flags`: exit 2 (a usage error, before anything runs),
+/// naming the flag.
+fn refused_as_usage(flags: &[&str], named: &str, says: &str) {
+    let d = dirs();
+    let mut args: Vec<&str> = flags.to_vec();
+    args.extend(["--", "true"]);
+    let out = run_in(&d.ws, &args);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{flags:?}: {stderr}");
+    assert!(stderr.contains(named), "{flags:?}: {stderr}");
+    assert!(stderr.contains(says), "{flags:?}: {stderr}");
+}
+
+#[test]
+fn a_memory_limit_of_one_byte_is_refused_naming_the_flag() {
+    refused_as_usage(&["--memory", "1"], "--memory", "at least 16M");
+}
+
+#[test]
+fn a_memory_limit_in_mb_is_refused_as_ambiguous() {
+    refused_as_usage(&["--memory", "64MB"], "--memory", "ambiguous");
+}
+
+#[test]
+fn a_pids_limit_of_zero_is_refused_naming_the_flag() {
+    refused_as_usage(&["--pids", "0"], "--pids", "at least 16");
+}
+
+#[test]
+fn every_limit_flag_out_of_range_or_malformed_is_a_usage_error_naming_it() {
+    for (flags, named) in [
+        (&["--cpus", "0"][..], "--cpus"),
+        (&["--cpus", "half"][..], "--cpus"),
+        (&["--max-open-files", "3"][..], "--max-open-files"),
+        (&["--max-file-size", "0"][..], "--max-file-size"),
+        (&["--max-output", "2G"][..], "--max-output"),
+        (&["--timeout", "0"][..], "--timeout"),
+        (&["--timeout", "2d"][..], "--timeout"),
+        (&["--max-sessions", "0"][..], "--max-sessions"),
+        (&["--max-processes=-1"][..], "--max-processes"),
+        (&["--min-isolation", "strong"][..], "--min-isolation"),
+    ] {
+        refused_as_usage(flags, named, "");
+    }
+}
+
+#[test]
+fn a_bad_limit_in_a_profile_is_refused_naming_the_key_and_nothing_runs() {
+    let d = dirs();
+    let profile = d.outside.join("p.toml");
+    std::fs::write(&profile, "memory = \"64MB\"\n").unwrap();
+    let out = run_in(
+        &d.ws,
+        &[
+            "--profile",
+            profile.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "touch ran",
+        ],
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(stderr.contains("profile key `memory`"), "{stderr}");
+    assert!(!d.ws.join("ran").exists());
+}
+
+#[test]
+fn hako_fs_edit_replaces_exact_text_and_refuses_an_ambiguous_match() {
+    let d = dirs();
+    std::fs::write(d.ws.join("c.py"), "x = 1\ny = 2\nx = 1\n").unwrap();
+    let out = fs_in(
+        &d.ws,
+        &[
+            "--backend",
+            "host",
+            "edit",
+            "c.py",
+            "--old",
+            "x = 1",
+            "--new",
+            "x = 3",
+        ],
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("2 times"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = fs_in(
+        &d.ws,
+        &[
+            "--backend",
+            "host",
+            "--json",
+            "edit",
+            "c.py",
+            "--old",
+            "x = 1",
+            "--new",
+            "x = 3",
+            "--all",
+        ],
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("\"replacements\":2"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(
+        std::fs::read_to_string(d.ws.join("c.py")).unwrap(),
+        "x = 3\ny = 2\nx = 3\n"
+    );
+}
+
+#[test]
+fn min_isolation_from_a_profile_refuses_a_weaker_backend() {
+    let d = dirs();
+    let profile = d.outside.join("p.toml");
+    std::fs::write(&profile, "min_isolation = \"kernel\"\n").unwrap();
+    let out = run_in(
+        &d.ws,
+        &[
+            "--profile",
+            profile.to_str().unwrap(),
+            "--backend",
+            "host",
+            "--",
+            "sh",
+            "-c",
+            "touch ran",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("kernel"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!d.ws.join("ran").exists());
+}
+
+/// Starts `hako serve` with `args`, reads its stderr up to the line that
+/// says it listens, stops it, and returns what it said.
+fn serve_says(ws: &Path, args: &[&str]) -> String {
+    use std::io::BufRead;
+    let mut child = hako()
+        .arg("serve")
+        .arg("--workspace")
+        .arg(ws)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        said.push_str(&line);
+        said.push('\n');
+        if line.contains("listening on") {
+            // The warnings about where it listens follow that line.
+            break;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let _ = child.kill();
+    for line in lines.map_while(Result::ok) {
+        said.push_str(&line);
+        said.push('\n');
+    }
+    let _ = child.wait();
+    said
+}
+
+#[test]
+fn hako_serve_on_the_host_backend_warns_unless_min_isolation_is_given() {
+    let d = dirs();
+    let said = serve_says(&d.ws, &["--backend", "host", "--listen", "127.0.0.1:0"]);
+    assert!(
+        said.contains("warning: the host backend isolates nothing"),
+        "{said}"
+    );
+    assert!(!said.contains("beyond loopback"), "{said}");
+}
+
+#[test]
+fn hako_serve_with_min_isolation_above_host_refuses_to_start() {
+    let d = dirs();
+    let out = hako()
+        .args([
+            "serve",
+            "--backend",
+            "host",
+            "--min-isolation",
+            "process",
+            "--listen",
+            "127.0.0.1:0",
+            "--workspace",
+        ])
+        .arg(&d.ws)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(
+        stderr.contains("`process`") && !stderr.contains("listening"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn hako_serve_warns_about_a_token_file_open_to_others_and_a_listen_address_beyond_loopback() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = dirs();
+    let token = d.outside.join("token");
+    std::fs::write(&token, "a-token-of-the-right-length").unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let said = serve_says(
+        &d.ws,
+        &[
+            "--backend",
+            "host",
+            "--min-isolation",
+            "none",
+            "--listen",
+            "0.0.0.0:0",
+            "--token-file",
+            token.to_str().unwrap(),
+        ],
+    );
+    assert!(said.contains("open to group or others"), "{said}");
+    assert!(said.contains("beyond loopback, over plain HTTP"), "{said}");
+    // A token file of the user's alone, on loopback: no warning of either.
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let said = serve_says(
+        &d.ws,
+        &[
+            "--backend",
+            "linux",
+            "--listen",
+            "127.0.0.1:0",
+            "--token-file",
+            token.to_str().unwrap(),
+        ],
+    );
+    assert!(!said.contains("warning"), "{said}");
 }

@@ -132,6 +132,14 @@ pub enum FenceError {
         /// The path as given.
         path: PathBuf,
     },
+    /// A write that was to replace what the caller read (an edit) found
+    /// the file changed since: written to meanwhile, replaced or removed.
+    /// Nothing was written; read it again and redo the edit.
+    #[error("refused {path:?}: the file changed since it was read (written, replaced or removed meanwhile); nothing was written: read it again and redo the edit")]
+    ChangedMeanwhile {
+        /// The path as given.
+        path: PathBuf,
+    },
     /// Any other OS error, with the operation that failed.
     #[error("{op} {path:?}: {source}")]
     Io {
@@ -165,6 +173,7 @@ impl FenceError {
             | FenceError::IsADirectory { path }
             | FenceError::DirectoryNotEmpty { path }
             | FenceError::AlreadyExists { path }
+            | FenceError::ChangedMeanwhile { path }
             | FenceError::Io { path, .. } => path,
         }
     }
@@ -258,6 +267,19 @@ pub enum Error {
     SessionBusy {
         /// The session.
         session: u64,
+    },
+    /// A bound on what one sandbox holds at once was reached (shell
+    /// sessions open, long-lived processes running); nothing was started.
+    #[error("refused: {limit} {what} are already open in this sandbox, the most it allows ({flag}); {hint}")]
+    LimitReached {
+        /// What is bounded: `shell sessions`, `processes`.
+        what: &'static str,
+        /// The bound.
+        limit: usize,
+        /// The flag (and profile key) that sets it.
+        flag: &'static str,
+        /// What to do.
+        hint: &'static str,
     },
     /// The backend does not offer this optional capability.
     #[error("the {backend} backend does not support {capability}")]

@@ -54,6 +54,12 @@ pub trait Sandbox: Send + Sync {
         None
     }
 
+    /// Replacing a file only if it still holds what was read (an edit
+    /// without a lost update), if offered.
+    fn replace_unchanged(&self) -> Option<&dyn ReplaceUnchanged> {
+        None
+    }
+
     /// Appends, if offered.
     fn append(&self) -> Option<&dyn AppendFile> {
         None
@@ -108,6 +114,50 @@ pub trait ReadLimit {
     /// Reads at most `max` bytes from the start of a regular file; never
     /// loads more than that into memory.
     fn read_file_limit(&self, path: &Path, max: u64) -> Result<ReadOutcome>;
+}
+
+/// Replacing a file only if nothing changed it since it was read: the
+/// write of an edit (read, change, write back) that must not undo what
+/// the sandbox wrote meanwhile.
+pub trait ReplaceUnchanged {
+    /// Like [`Sandbox::write_file`], but refused with
+    /// [`FenceError::ChangedMeanwhile`](crate::FenceError::ChangedMeanwhile)
+    /// (nothing written) unless the file still holds exactly `read`, as
+    /// checked just before the rename that replaces it.
+    fn replace_unchanged(&self, path: &Path, data: &[u8], read: &[u8]) -> Result<()>;
+}
+
+/// Writes the result of an edit: replaces `path` with `data` only if it
+/// still holds `read`, what the edit was computed from, through the
+/// sandbox's [`ReplaceUnchanged`] (checked just before the rename). A
+/// sandbox without it gets the next best: the file is read again and
+/// compared just before the write. Either way a file changed meanwhile is
+/// refused with [`FenceError::ChangedMeanwhile`](crate::FenceError::ChangedMeanwhile)
+/// and nothing is written.
+pub fn replace_if_unchanged(
+    sandbox: &dyn Sandbox,
+    path: &Path,
+    data: &[u8],
+    read: &[u8],
+) -> Result<()> {
+    if let Some(replace) = sandbox.replace_unchanged() {
+        return replace.replace_unchanged(path, data, read);
+    }
+    let now = match sandbox.read_limit() {
+        Some(limited) => limited
+            .read_file_limit(path, read.len() as u64 + 1)
+            .map(|o| o.data),
+        None => sandbox.read_file(path),
+    };
+    match now {
+        Ok(now) if now == read => sandbox.write_file(path, data),
+        Ok(_) | Err(Error::Fence(crate::FenceError::NotFound { .. })) => {
+            Err(Error::Fence(crate::FenceError::ChangedMeanwhile {
+                path: path.to_path_buf(),
+            }))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Appending without reading the file first.

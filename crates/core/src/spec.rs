@@ -3,7 +3,15 @@
 use std::path::PathBuf;
 
 use crate::env::EnvPolicy;
-use crate::{Limits, NetworkPolicy};
+use crate::{Isolation, Limits, NetworkPolicy};
+
+/// Shell sessions open at once in one sandbox unless `--max-sessions`
+/// says otherwise.
+pub const DEFAULT_MAX_SESSIONS: usize = 16;
+
+/// Long-lived processes running at once in one sandbox unless
+/// `--max-processes` says otherwise.
+pub const DEFAULT_MAX_PROCESSES: usize = 32;
 
 /// What a sandbox is to be, independent of the backend that builds it.
 ///
@@ -45,6 +53,16 @@ pub struct SandboxSpec {
     /// The network; `None` is the backend's default (`host` for the host
     /// backend, which has no other; `none` for every isolating one).
     pub network: Option<NetworkPolicy>,
+    /// The weakest isolation a sandbox may have (`--min-isolation`); a
+    /// front end refuses, before anything runs, a backend weaker than
+    /// this (`hako_runtime::Opener` does it for the servers).
+    pub min_isolation: Isolation,
+    /// Shell sessions open at once in one sandbox (`--max-sessions`); one
+    /// more is refused with [`Error::LimitReached`](crate::Error::LimitReached).
+    pub max_sessions: usize,
+    /// Long-lived processes running at once in one sandbox
+    /// (`--max-processes`); one more is refused the same way.
+    pub max_processes: usize,
 }
 
 impl SandboxSpec {
@@ -63,6 +81,9 @@ impl SandboxSpec {
             runtime: None,
             no_guest: false,
             network: None,
+            min_isolation: Isolation::None,
+            max_sessions: crate::DEFAULT_MAX_SESSIONS,
+            max_processes: crate::DEFAULT_MAX_PROCESSES,
         }
     }
 

@@ -274,6 +274,10 @@ impl Sandbox for DockerExecSandbox {
         Ok(self.fence.list(path)?)
     }
 
+    fn replace_unchanged(&self) -> Option<&dyn hako_core::ReplaceUnchanged> {
+        Some(self)
+    }
+
     fn close(&self) -> Result<()> {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
@@ -294,6 +298,13 @@ impl Sandbox for DockerExecSandbox {
 impl Drop for DockerExecSandbox {
     fn drop(&mut self) {
         let _ = self.close();
+    }
+}
+
+impl hako_core::ReplaceUnchanged for DockerExecSandbox {
+    fn replace_unchanged(&self, path: &Path, data: &[u8], read: &[u8]) -> Result<()> {
+        self.check_open()?;
+        Ok(self.fence.write_if_unchanged(path, data, read)?)
     }
 }
 

@@ -383,6 +383,10 @@ impl Sandbox for GuestSandbox {
         Ok(())
     }
 
+    fn replace_unchanged(&self) -> Option<&dyn hako_core::ReplaceUnchanged> {
+        Some(self)
+    }
+
     fn read_limit(&self) -> Option<&dyn ReadLimit> {
         Some(self)
     }
@@ -651,6 +655,9 @@ macro_rules! delegate_sandbox {
             fn append(&self) -> Option<&dyn hako_core::AppendFile> {
                 self.$field.append()
             }
+            fn replace_unchanged(&self) -> Option<&dyn hako_core::ReplaceUnchanged> {
+                self.$field.replace_unchanged()
+            }
             fn make_dir_all(&self) -> Option<&dyn hako_core::MakeDirAll> {
                 self.$field.make_dir_all()
             }
@@ -674,4 +681,11 @@ macro_rules! delegate_sandbox {
             }
         }
     };
+}
+
+impl hako_core::ReplaceUnchanged for GuestSandbox {
+    fn replace_unchanged(&self, path: &Path, data: &[u8], read: &[u8]) -> Result<()> {
+        let _busy = self.check_open()?;
+        Ok(self.fence.write_if_unchanged(path, data, read)?)
+    }
 }

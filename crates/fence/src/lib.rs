@@ -126,6 +126,29 @@ fn not_regular(kind: FileKind, path: &Path) -> FenceError {
     }
 }
 
+/// Whether two `stat`s are of one file at one version: the same inode,
+/// size, and modification and change times (a write moves the change
+/// time, which no caller can set back).
+fn same_version(a: &rfs::Stat, b: &rfs::Stat) -> bool {
+    (
+        a.st_dev,
+        a.st_ino,
+        a.st_size,
+        a.st_mtime,
+        a.st_mtime_nsec,
+        a.st_ctime,
+        a.st_ctime_nsec,
+    ) == (
+        b.st_dev,
+        b.st_ino,
+        b.st_size,
+        b.st_mtime,
+        b.st_mtime_nsec,
+        b.st_ctime,
+        b.st_ctime_nsec,
+    )
+}
+
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 fn temp_name() -> OsString {
@@ -355,6 +378,83 @@ impl Fence {
 
     /// Replaces a file's contents atomically.
     pub fn write(&self, path: &Path, data: &[u8]) -> Result<(), FenceError> {
+        self.replace(path, data, None)
+    }
+
+    /// Replaces a file's contents atomically, only if it still holds
+    /// exactly `read` (what the caller read before computing `data`: an
+    /// edit). The check is made after the new content is written to its
+    /// temporary file, just before the rename: the file at the path is
+    /// opened (never through a symlink), compared byte for byte, and its
+    /// identity (device, inode, size, modification and change times) is
+    /// checked to be the one just compared and unchanged by the reading,
+    /// in the last step before `renameat`. A file written, replaced or
+    /// removed since `read` was read is refused with
+    /// [`FenceError::ChangedMeanwhile`], and nothing is written.
+    pub fn write_if_unchanged(
+        &self,
+        path: &Path,
+        data: &[u8],
+        read: &[u8],
+    ) -> Result<(), FenceError> {
+        self.replace(path, data, Some(read))
+    }
+
+    /// Whether the entry `name` in `dir` still holds exactly `read`, and
+    /// the identity of what was compared.
+    fn holds(
+        &self,
+        dir: &OwnedFd,
+        name: &OsStr,
+        read: &[u8],
+        path: &Path,
+    ) -> Result<Option<rfs::Stat>, FenceError> {
+        let fd = match rfs::openat(
+            dir,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            // Removed, or swapped for a symlink, since it was read.
+            Err(Errno::NOENT) | Err(Errno::LOOP) => return Ok(None),
+            Err(e) => return Err(io_err("open", path, e)),
+        };
+        let before = rfs::fstat(&fd).map_err(|e| io_err("fstat", path, e))?;
+        if kind_of(before.st_mode) != FileKind::File
+            || u64::try_from(before.st_size).ok() != Some(read.len() as u64)
+        {
+            return Ok(None);
+        }
+        let mut now = Vec::with_capacity(read.len().min(PREALLOCATE_MAX as usize));
+        (&File::from(fd.try_clone().map_err(|source| FenceError::Io {
+            op: "dup",
+            path: path.to_path_buf(),
+            source,
+        })?))
+            .take(read.len() as u64 + 1)
+            .read_to_end(&mut now)
+            .map_err(|source| FenceError::Io {
+                op: "read",
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let after = rfs::fstat(&fd).map_err(|e| io_err("fstat", path, e))?;
+        if now != read || !same_version(&before, &after) {
+            return Ok(None);
+        }
+        Ok(Some(after))
+    }
+
+    /// Writes `data` to a temporary file beside `path`'s target and
+    /// renames it over the target; with `unchanged`, only if the target
+    /// still holds that (see [`Fence::write_if_unchanged`]).
+    fn replace(
+        &self,
+        path: &Path,
+        data: &[u8],
+        unchanged: Option<&[u8]>,
+    ) -> Result<(), FenceError> {
         let (dir, name) = self.create_target(path)?;
         let mode = match rfs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(stat) => match kind_of(stat.st_mode) {
@@ -385,6 +485,19 @@ impl Fence {
                 source,
             })?;
             rfs::fchmod(&file, mode).map_err(|e| io_err("chmod", path, e))?;
+            if let Some(read) = unchanged {
+                let changed = || FenceError::ChangedMeanwhile {
+                    path: path.to_path_buf(),
+                };
+                let compared = self.holds(&dir, &name, read, path)?.ok_or_else(changed)?;
+                // The last step before the rename: the entry is still the
+                // file just compared, and nothing wrote to it since.
+                match rfs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW) {
+                    Ok(now) if same_version(&compared, &now) => {}
+                    Ok(_) | Err(Errno::NOENT) => return Err(changed()),
+                    Err(e) => return Err(io_err("stat", path, e)),
+                }
+            }
             rfs::renameat(&dir, &tmp, &dir, &name).map_err(|e| io_err("rename", path, e))
         })();
         if result.is_err() {

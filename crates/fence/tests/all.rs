@@ -174,3 +174,61 @@ fn fifo_is_refused_without_being_opened() {
     assert!(rx.recv_timeout(Duration::from_secs(30)).unwrap());
     writer.join().unwrap();
 }
+
+#[test]
+fn an_edit_of_a_file_the_sandbox_changed_since_it_was_read_is_refused_and_nothing_is_lost() {
+    use hako_core::FenceError;
+    let tmp = tempfile::tempdir().unwrap();
+    let fence = Fence::open(tmp.path(), hako_fence::FenceOptions::default()).unwrap();
+    let file = tmp.path().join("a.txt");
+    std::fs::write(&file, "one\n").unwrap();
+    let read = fence.read_all(Path::new("a.txt")).unwrap();
+    // Unchanged: the edit is written.
+    fence
+        .write_if_unchanged(Path::new("a.txt"), b"two\n", &read)
+        .unwrap();
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "two\n");
+    // Written to in place since the read (same size, same inode).
+    let read = fence.read_all(Path::new("a.txt")).unwrap();
+    std::fs::write(&file, "TWO\n").unwrap();
+    let err = fence
+        .write_if_unchanged(Path::new("a.txt"), b"three\n", &read)
+        .unwrap_err();
+    assert!(
+        matches!(err, FenceError::ChangedMeanwhile { ref path } if path == Path::new("a.txt")),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "TWO\n");
+    // Replaced by a rename since the read.
+    let read = fence.read_all(Path::new("a.txt")).unwrap();
+    std::fs::write(tmp.path().join("b.txt"), "TW0\n").unwrap();
+    std::fs::rename(tmp.path().join("b.txt"), &file).unwrap();
+    let err = fence
+        .write_if_unchanged(Path::new("a.txt"), b"three\n", &read)
+        .unwrap_err();
+    assert!(matches!(err, FenceError::ChangedMeanwhile { .. }), "{err}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "TW0\n");
+    // Replaced by the very same bytes: nothing would be lost, the edit is
+    // written.
+    let read = fence.read_all(Path::new("a.txt")).unwrap();
+    std::fs::write(tmp.path().join("b.txt"), "TW0\n").unwrap();
+    std::fs::rename(tmp.path().join("b.txt"), &file).unwrap();
+    fence
+        .write_if_unchanged(Path::new("a.txt"), b"TWO\n", &read)
+        .unwrap();
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "TWO\n");
+    // Removed since the read: not recreated.
+    let read = fence.read_all(Path::new("a.txt")).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    let err = fence
+        .write_if_unchanged(Path::new("a.txt"), b"three\n", &read)
+        .unwrap_err();
+    assert!(matches!(err, FenceError::ChangedMeanwhile { .. }), "{err}");
+    assert!(!file.exists());
+    // No temporary file is left by the refusals.
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

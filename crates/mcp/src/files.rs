@@ -200,7 +200,9 @@ pub fn edit_file(
     let cap = usize::try_from(EDIT_CAP).unwrap_or(usize::MAX);
     let (after, count) = replace_exact(before, old, new, replace_all, cap)
         .map_err(|e| ToolError::new(e.message(&name)))?;
-    sandbox.write_file(path, after.as_bytes())?;
+    // Written only if the file still holds what the edit was made from:
+    // a change the sandbox made meanwhile is never undone.
+    hako_core::replace_if_unchanged(sandbox, path, after.as_bytes(), &outcome.data)?;
     record_file(
         state,
         path,
@@ -617,6 +619,37 @@ mod tests {
         assert_eq!(
             std::fs::read_to_string(f.ws.join("c.py")).unwrap(),
             "x = 3\ny = 5\nx = 3\n"
+        );
+    }
+
+    #[test]
+    fn an_edit_of_a_file_the_sandbox_changed_meanwhile_is_refused_naming_the_file_and_nothing_is_lost(
+    ) {
+        let f = fixture();
+        let file = f.ws.join("c.py");
+        std::fs::write(&file, "x = 1\ny = 2\n").unwrap();
+        // Between the edit's read and its write, the sandbox writes the
+        // file (a formatter, another agent's command).
+        let meddled = file.clone();
+        *f.sb.meanwhile.lock().unwrap() = Some(Box::new(move || {
+            std::fs::write(&meddled, "x = 1\ny = 2\nz = 3\n").unwrap();
+        }));
+        let err =
+            edit_file(&f.state, &f.sb, Path::new("c.py"), "y = 2", "y = 5", false).unwrap_err();
+        assert!(
+            err.message.contains("\"c.py\"") && err.message.contains("changed since it was read"),
+            "{}",
+            err.message
+        );
+        // The sandbox's change is kept, and the edit can be redone on it.
+        assert_eq!(
+            std::fs::read_to_string(&file).unwrap(),
+            "x = 1\ny = 2\nz = 3\n"
+        );
+        edit_file(&f.state, &f.sb, Path::new("c.py"), "y = 2", "y = 5", false).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&file).unwrap(),
+            "x = 1\ny = 5\nz = 3\n"
         );
     }
 

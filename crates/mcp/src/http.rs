@@ -16,12 +16,13 @@
 //! 3. the body's declared size: more than [`MAX_BODY_BYTES`] gets 413
 //!    before it is read (rmcp enforces the same bound while it reads, for
 //!    chunked bodies);
-//! 4. rmcp's DNS-rebinding defence: on a loopback address, a `Host` that is
-//!    not the listen address or `localhost` (with the port) gets 403, and
-//!    so does any request carrying an `Origin` (browsers send one; MCP
-//!    clients do not). Off loopback the names the server is reached by are
-//!    not known, so the `Host` check is off and the token is the guard;
-//!    a warning says so.
+//! 4. the DNS-rebinding defence (the runtime's, which `hako serve` uses
+//!    too; checked right after the token): on a loopback address, a `Host`
+//!    that is not the listen address or `localhost` (with the port, or
+//!    none) gets 403, and so does any request carrying an `Origin`
+//!    (browsers send one; MCP clients do not; rmcp refuses one too). Off
+//!    loopback the names the server is reached by are not known, so the
+//!    `Host` check is off and the token is the guard; a warning says so.
 //!
 //! SIGTERM or SIGINT stops it: every session ends, the sandbox is closed
 //! (everything started in it is killed), then the audit log gets its
@@ -32,10 +33,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hako_runtime::http::TokenRefusal;
+use hako_runtime::token::Digested;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
-use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
+use hyper::header::{
+    HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST, ORIGIN, WWW_AUTHENTICATE,
+};
 use hyper::{HeaderMap, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -97,7 +102,8 @@ pub fn serve_http(config: McpConfig, http: HttpConfig) -> std::io::Result<()> {
         .enable_all()
         .thread_name("hako-mcp")
         .build()?;
-    let state = Arc::new(State::new(config.make_sandbox, config.audit));
+    let state =
+        Arc::new(State::new(config.make_sandbox, config.audit).with_max_calls(config.max_calls));
     let result = runtime.block_on(serve(state.clone(), http));
     // Every session has ended: close the sandbox first, which kills
     // whatever tool calls are still waiting on it, then let them finish.
@@ -124,16 +130,15 @@ async fn serve(state: Arc<State>, http: HttpConfig) -> std::io::Result<()> {
     let mut rmcp_config = StreamableHttpServerConfig::default()
         .with_max_request_body_bytes(MAX_BODY_BYTES)
         .enforce_origin_validation();
-    rmcp_config = match allowed_hosts(local) {
-        Some(hosts) => rmcp_config.with_allowed_hosts(hosts),
-        None => {
-            tracing::warn!(
-                %local,
-                "not a loopback address: the Host header is not checked, the bearer token is the only guard"
-            );
-            rmcp_config.disable_allowed_hosts()
-        }
-    };
+    // The Host is checked before rmcp sees the request, by the runtime's
+    // check that `hako serve` uses too.
+    if hako_runtime::http::allowed_hosts(local).is_none() {
+        tracing::warn!(
+            %local,
+            "not a loopback address: the Host header is not checked, the bearer token is the only guard"
+        );
+    }
+    rmcp_config = rmcp_config.disable_allowed_hosts();
     // Cancelling it ends every session.
     let sessions = rmcp_config.cancellation_token.clone();
     let service: Service = StreamableHttpService::new(
@@ -141,7 +146,9 @@ async fn serve(state: Arc<State>, http: HttpConfig) -> std::io::Result<()> {
         Arc::new(LocalSessionManager::default()),
         rmcp_config,
     );
-    let token: Arc<[u8]> = Arc::from(http.token.trim().as_bytes());
+    let token = Arc::new(hako_runtime::token::Digested::new(
+        http.token.trim().as_bytes(),
+    ));
     tracing::info!(%local, path = MCP_PATH, "serving MCP over streamable HTTP");
 
     loop {
@@ -162,7 +169,7 @@ async fn serve(state: Arc<State>, http: HttpConfig) -> std::io::Result<()> {
             let handler = hyper::service::service_fn(move |request| {
                 let service = service.clone();
                 let token = token.clone();
-                async move { Ok::<_, Infallible>(handle(&service, &token, peer, request).await) }
+                async move { Ok::<_, Infallible>(handle(&service, &token, local, peer, request).await) }
             });
             let served = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -183,17 +190,19 @@ async fn serve(state: Arc<State>, http: HttpConfig) -> std::io::Result<()> {
 /// then rmcp.
 async fn handle(
     service: &Service,
-    token: &[u8],
+    token: &Digested,
+    local: SocketAddr,
     peer: SocketAddr,
     request: Request<hyper::body::Incoming>,
 ) -> Response<Body> {
-    match precheck(request.headers(), request.uri().path(), token) {
-        Err(Refusal::Unauthorized) => {
+    match precheck(request.headers(), request.uri().path(), token, local) {
+        Err(Refusal::Unauthorized(why)) => {
             tracing::warn!(%peer, "refused a request without the bearer token");
-            return plain(
-                StatusCode::UNAUTHORIZED,
-                "a bearer token is required (Authorization: Bearer TOKEN)",
-            );
+            return plain(StatusCode::UNAUTHORIZED, why.message());
+        }
+        Err(Refusal::ForeignHost(why)) => {
+            tracing::warn!(%peer, "refused a request: {why}");
+            return plain(StatusCode::FORBIDDEN, &why);
         }
         Err(Refusal::NotFound) => {
             return plain(
@@ -218,17 +227,28 @@ async fn handle(
 /// Why a request is refused before rmcp sees it.
 #[derive(Debug, PartialEq, Eq)]
 enum Refusal {
-    Unauthorized,
+    Unauthorized(TokenRefusal),
+    ForeignHost(String),
     NotFound,
     TooLarge,
 }
 
-/// The checks made before rmcp reads anything: the token, the path, the
-/// declared body size. Pure, so it is tested without a socket.
-fn precheck(headers: &HeaderMap, path: &str, token: &[u8]) -> Result<(), Refusal> {
-    if !authorized(headers, token) {
-        return Err(Refusal::Unauthorized);
-    }
+/// The checks made before rmcp reads anything: the token, the `Host` and
+/// `Origin` (on loopback), the path, the declared body size. Pure, so it
+/// is tested without a socket.
+fn precheck(
+    headers: &HeaderMap,
+    path: &str,
+    token: &Digested,
+    local: SocketAddr,
+) -> Result<(), Refusal> {
+    authorized(headers, token).map_err(Refusal::Unauthorized)?;
+    hako_runtime::http::check_host_and_origin(
+        local,
+        headers.get(HOST).map(|v| v.as_bytes()),
+        headers.contains_key(ORIGIN),
+    )
+    .map_err(Refusal::ForeignHost)?;
     if path != MCP_PATH {
         return Err(Refusal::NotFound);
     }
@@ -243,42 +263,14 @@ fn precheck(headers: &HeaderMap, path: &str, token: &[u8]) -> Result<(), Refusal
 }
 
 /// Whether the request carries exactly one `Authorization` header, of
-/// scheme `Bearer` (any case, as RFC 9110 has it), whose token equals
-/// `token`, compared in constant time. An empty `token` authorizes
-/// nothing.
-fn authorized(headers: &HeaderMap, token: &[u8]) -> bool {
-    let mut values = headers.get_all(AUTHORIZATION).iter();
-    let (Some(value), None) = (values.next(), values.next()) else {
-        return false;
-    };
-    let value = value.as_bytes();
-    const SCHEME: &[u8] = b"bearer ";
-    if token.is_empty() || value.len() < SCHEME.len() {
-        return false;
-    }
-    let (scheme, given) = value.split_at(SCHEME.len());
-    scheme.eq_ignore_ascii_case(SCHEME) && hako_runtime::token::matches(given.trim_ascii(), token)
-}
-
-/// The `Host` values accepted when listening on `addr`: on a loopback
-/// address, that address and `localhost`, each with the port (and bare too
-/// on port 80, where clients leave the port out). `None` off loopback: no
-/// list can be known there.
-fn allowed_hosts(addr: SocketAddr) -> Option<Vec<String>> {
-    if !addr.ip().is_loopback() {
-        return None;
-    }
-    let ip = match addr {
-        SocketAddr::V4(v4) => v4.ip().to_string(),
-        SocketAddr::V6(v6) => format!("[{}]", v6.ip()),
-    };
-    let port = addr.port();
-    let mut hosts = vec![format!("{ip}:{port}"), format!("localhost:{port}")];
-    if port == 80 {
-        hosts.push(ip);
-        hosts.push("localhost".into());
-    }
-    Some(hosts)
+/// scheme `Bearer` (any case, as RFC 9110 has it), whose token is the
+/// server's, compared by digest in constant time (the runtime's check,
+/// shared with `hako serve`), or why not.
+fn authorized(headers: &HeaderMap, token: &Digested) -> Result<(), TokenRefusal> {
+    hako_runtime::http::check_token(
+        headers.get_all(AUTHORIZATION).iter().map(|v| v.as_bytes()),
+        token,
+    )
 }
 
 fn plain(status: StatusCode, message: &str) -> Response<Body> {
@@ -311,11 +303,19 @@ mod tests {
         map
     }
 
+    fn digest(t: &[u8]) -> Digested {
+        Digested::new(t)
+    }
+
+    fn local() -> SocketAddr {
+        "127.0.0.1:8701".parse().unwrap()
+    }
+
     #[test]
     fn the_right_bearer_token_is_accepted_in_any_scheme_case() {
         for value in ["Bearer s3cret", "bearer s3cret", "BEARER  s3cret "] {
             assert!(
-                authorized(&headers(&[("authorization", value)]), b"s3cret"),
+                authorized(&headers(&[("authorization", value)]), &digest(b"s3cret")).is_ok(),
                 "{value}"
             );
         }
@@ -323,8 +323,8 @@ mod tests {
 
     #[test]
     fn a_missing_wrong_or_doubled_token_is_refused() {
-        let token = b"s3cret".as_slice();
-        assert!(!authorized(&headers(&[]), token));
+        let token = digest(b"s3cret");
+        assert!(authorized(&headers(&[]), &token).is_err());
         for value in [
             "Bearer",
             "Bearer ",
@@ -335,7 +335,7 @@ mod tests {
             "Bearers3cret",
         ] {
             assert!(
-                !authorized(&headers(&[("authorization", value)]), token),
+                authorized(&headers(&[("authorization", value)]), &token).is_err(),
                 "{value}"
             );
         }
@@ -343,50 +343,51 @@ mod tests {
             ("authorization", "Bearer s3cret"),
             ("authorization", "Bearer s3cret"),
         ]);
-        assert!(!authorized(&doubled, token));
+        assert!(authorized(&doubled, &token).is_err());
+        assert_eq!(
+            authorized(&headers(&[("authorization", "Bearer nope")]), &token),
+            Err(TokenRefusal::Wrong)
+        );
     }
 
     #[test]
     fn an_empty_server_token_authorizes_nothing() {
-        assert!(!authorized(&headers(&[("authorization", "Bearer ")]), b""));
-        assert!(!authorized(&headers(&[("authorization", "Bearer  ")]), b""));
+        assert!(authorized(&headers(&[("authorization", "Bearer ")]), &digest(b"")).is_err());
+        assert!(authorized(&headers(&[("authorization", "Bearer  ")]), &digest(b"")).is_err());
     }
 
     #[test]
-    fn the_token_is_checked_before_the_path_and_the_size() {
+    fn the_token_is_checked_before_the_host_the_path_and_the_size() {
         let big = (MAX_BODY_BYTES + 1).to_string();
-        let no_token = headers(&[("content-length", &big)]);
+        let t = digest(b"t");
+        let no_token = headers(&[("content-length", &big), ("host", "evil.example")]);
+        assert!(matches!(
+            precheck(&no_token, "/elsewhere", &t, local()),
+            Err(Refusal::Unauthorized(_))
+        ));
+        let foreign = headers(&[("authorization", "Bearer t"), ("host", "evil.example:8701")]);
+        assert!(matches!(
+            precheck(&foreign, MCP_PATH, &t, local()),
+            Err(Refusal::ForeignHost(_))
+        ));
+        let with = headers(&[
+            ("authorization", "Bearer t"),
+            ("content-length", &big),
+            ("host", "localhost:8701"),
+        ]);
         assert_eq!(
-            precheck(&no_token, "/elsewhere", b"t"),
-            Err(Refusal::Unauthorized)
+            precheck(&with, "/elsewhere", &t, local()),
+            Err(Refusal::NotFound)
         );
-        let with = headers(&[("authorization", "Bearer t"), ("content-length", &big)]);
-        assert_eq!(precheck(&with, "/elsewhere", b"t"), Err(Refusal::NotFound));
-        assert_eq!(precheck(&with, MCP_PATH, b"t"), Err(Refusal::TooLarge));
-        let fits = headers(&[("authorization", "Bearer t"), ("content-length", "10")]);
-        assert_eq!(precheck(&fits, MCP_PATH, b"t"), Ok(()));
-    }
-
-    #[test]
-    fn loopback_allows_only_its_own_address_and_localhost_with_the_port() {
-        let v4: SocketAddr = "127.0.0.1:8700".parse().unwrap();
         assert_eq!(
-            allowed_hosts(v4).unwrap(),
-            ["127.0.0.1:8700", "localhost:8700"]
+            precheck(&with, MCP_PATH, &t, local()),
+            Err(Refusal::TooLarge)
         );
-        let v6: SocketAddr = "[::1]:8700".parse().unwrap();
-        assert_eq!(allowed_hosts(v6).unwrap(), ["[::1]:8700", "localhost:8700"]);
-        let port80: SocketAddr = "127.0.0.1:80".parse().unwrap();
-        assert_eq!(
-            allowed_hosts(port80).unwrap(),
-            ["127.0.0.1:80", "localhost:80", "127.0.0.1", "localhost"]
-        );
-    }
-
-    #[test]
-    fn off_loopback_there_is_no_host_list() {
-        for addr in ["0.0.0.0:8700", "192.0.2.7:8700", "[::]:8700"] {
-            assert_eq!(allowed_hosts(addr.parse().unwrap()), None, "{addr}");
-        }
+        let fits = headers(&[
+            ("authorization", "Bearer t"),
+            ("content-length", "10"),
+            ("host", "127.0.0.1:8701"),
+        ]);
+        assert_eq!(precheck(&fits, MCP_PATH, &t, local()), Ok(()));
     }
 }

@@ -51,6 +51,7 @@ use hako_core::Sandbox;
 use rmcp::ServiceExt;
 
 pub use http::{serve_http, HttpConfig, MAX_BODY_BYTES, MCP_PATH};
+pub use text::{replace_exact, EditError};
 
 /// Opens the sandbox the server acts in.
 pub type MakeSandbox = dyn Fn() -> hako_core::Result<Box<dyn Sandbox>> + Send + Sync;
@@ -65,6 +66,8 @@ pub struct McpConfig {
     /// Where to record every effect, if anywhere; closed when the server
     /// ends.
     pub audit: Option<Arc<AuditLog>>,
+    /// The most tool calls running at once ([`MAX_TOOL_CALLS`] by default).
+    pub max_calls: usize,
 }
 
 impl McpConfig {
@@ -74,6 +77,7 @@ impl McpConfig {
         McpConfig {
             make_sandbox: Box::new(move || opener.open()),
             audit,
+            max_calls: MAX_TOOL_CALLS,
         }
     }
 }
@@ -85,6 +89,11 @@ impl std::fmt::Debug for McpConfig {
             .finish_non_exhaustive()
     }
 }
+
+/// The most tool calls running at once, of every client, unless
+/// [`McpConfig::max_calls`] says otherwise; one more is refused at once
+/// with a tool error saying so.
+pub const MAX_TOOL_CALLS: usize = 32;
 
 /// How long tool calls still running at the end get to finish after the
 /// sandbox is closed (closing makes each of them return at once).
@@ -99,7 +108,9 @@ pub fn serve_stdio(config: McpConfig) -> std::io::Result<()> {
         .enable_all()
         .thread_name("hako-mcp")
         .build()?;
-    let state = Arc::new(state::State::new(config.make_sandbox, config.audit));
+    let state = Arc::new(
+        state::State::new(config.make_sandbox, config.audit).with_max_calls(config.max_calls),
+    );
     let result = runtime.block_on(serve(state.clone()));
     // The client is gone: close the sandbox first, which kills whatever
     // tool calls are still waiting on it, then let them finish.

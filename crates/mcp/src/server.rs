@@ -245,7 +245,16 @@ impl HakoServer {
         F: FnOnce(&State, &dyn Sandbox) -> Result<Reply, ToolError> + Send + 'static,
     {
         let state = self.state.clone();
+        // Bounded: past the bound a call is refused at once, never queued.
+        let call = match state.begin_call() {
+            Ok(call) => call,
+            Err(err) => {
+                state.record_failure(tool, &err);
+                return CallToolResult::error(vec![ContentBlock::text(err.message)]);
+            }
+        };
         let joined = tokio::task::spawn_blocking(move || {
+            let _call = call;
             let result = state
                 .sandbox()
                 .and_then(|sandbox| f(&state, sandbox.as_ref()));

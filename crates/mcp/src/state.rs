@@ -188,6 +188,19 @@ pub struct State {
     /// record names without waiting for the slot's lock.
     backend: OnceLock<String>,
     audit: Option<Arc<AuditLog>>,
+    /// Tool calls running now, of every client.
+    calls: Arc<std::sync::atomic::AtomicUsize>,
+    /// The most tool calls running at once.
+    max_calls: usize,
+}
+
+/// One running tool call: given back when dropped (a panic included).
+pub struct CallSlot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for CallSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl State {
@@ -198,7 +211,30 @@ impl State {
             slot: Mutex::new(Slot::Idle),
             backend: OnceLock::new(),
             audit,
+            calls: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            max_calls: crate::MAX_TOOL_CALLS,
         }
+    }
+
+    /// At most `max` tool calls running at once (of every client).
+    pub fn with_max_calls(mut self, max: usize) -> Self {
+        self.max_calls = max;
+        self
+    }
+
+    /// A place for one more tool call, or the refusal the client reads
+    /// when `max_calls` run already.
+    pub fn begin_call(&self) -> Result<CallSlot, ToolError> {
+        use std::sync::atomic::Ordering;
+        let max = self.max_calls;
+        self.calls
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < max).then_some(n + 1))
+            .map(|_| CallSlot(self.calls.clone()))
+            .map_err(|_| {
+                ToolError::new(format!(
+                    "refused: {max} tool calls are already running at once, the most this server allows; wait for one to finish (a long command can be left running: run_command returns a process handle after wait_secs) and call again"
+                ))
+            })
     }
 
     /// The sandbox, opened now if this is the first call. Blocking: call it
@@ -390,5 +426,36 @@ mod tests {
             "{}",
             message.len()
         );
+    }
+
+    #[test]
+    fn concurrent_tool_calls_past_the_bound_are_refused_and_one_ending_makes_room() {
+        let state = Arc::new(
+            State::new(Box::new(|| Err(hako_core::Error::Closed)), None).with_max_calls(2),
+        );
+        let a = state.begin_call().unwrap();
+        let b = state.begin_call().unwrap();
+        let err = state.begin_call().err().unwrap();
+        assert!(
+            err.message
+                .starts_with("refused: 2 tool calls are already running"),
+            "{}",
+            err.message
+        );
+        drop(a);
+        let c = state.begin_call().unwrap();
+        // Given back by a call that panicked too.
+        drop(b);
+        let d = std::thread::spawn({
+            let state = state.clone();
+            move || {
+                let _slot = state.begin_call().unwrap();
+                panic!("a tool failed");
+            }
+        })
+        .join();
+        assert!(d.is_err());
+        drop(c);
+        assert_eq!(state.calls.load(std::sync::atomic::Ordering::SeqCst), 0);
     }
 }

@@ -14,12 +14,16 @@ use hako_fence::{Fence, FenceOptions};
 pub struct FenceBox {
     fence: Fence,
     caps: Capabilities,
+    /// Run once, just before the next edit is written: the sandbox
+    /// changing the file between the edit's read and its write.
+    pub meanwhile: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl FenceBox {
     pub fn new(root: &Path) -> Self {
         FenceBox {
             fence: Fence::open(root, FenceOptions::default()).unwrap(),
+            meanwhile: std::sync::Mutex::new(None),
             caps: Capabilities {
                 backend: "test".into(),
                 isolation: Isolation::None,
@@ -61,6 +65,9 @@ impl Sandbox for FenceBox {
     fn close(&self) -> Result<()> {
         Ok(())
     }
+    fn replace_unchanged(&self) -> Option<&dyn hako_core::ReplaceUnchanged> {
+        Some(self)
+    }
     fn read_limit(&self) -> Option<&dyn ReadLimit> {
         Some(self)
     }
@@ -96,5 +103,14 @@ impl Workdir for FenceBox {
 impl StatPath for FenceBox {
     fn stat(&self, path: &Path) -> Result<Metadata> {
         Ok(self.fence.stat(path)?)
+    }
+}
+
+impl hako_core::ReplaceUnchanged for FenceBox {
+    fn replace_unchanged(&self, path: &Path, data: &[u8], read: &[u8]) -> Result<()> {
+        if let Some(meddle) = self.meanwhile.lock().unwrap().take() {
+            meddle();
+        }
+        Ok(self.fence.write_if_unchanged(path, data, read)?)
     }
 }

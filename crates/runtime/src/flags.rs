@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 
 use hako_core::env::EnvPolicy;
-use hako_core::units;
-use hako_core::{Limits, NetMode, NetworkPolicy};
+use hako_core::{Isolation, Limits, NetMode, NetworkPolicy};
 
+use crate::limits;
 use crate::profile::{Profile, Scalar};
 use crate::{BackendArg, SandboxSpec};
 
@@ -60,6 +60,13 @@ pub struct SandboxFlags {
     pub allow: Vec<String>,
     /// `--resolve NAME=ADDR` (repeatable).
     pub resolve: Vec<(String, std::net::IpAddr)>,
+    /// `--min-isolation LEVEL`: refuse a sandbox weaker than this.
+    pub min_isolation: Option<Isolation>,
+    /// `--max-sessions N`: shell sessions open at once in one sandbox.
+    pub max_sessions: Option<usize>,
+    /// `--max-processes N`: long-lived processes running at once in one
+    /// sandbox.
+    pub max_processes: Option<usize>,
 }
 
 impl SandboxFlags {
@@ -104,21 +111,94 @@ impl SandboxFlags {
             set.push((k, v));
         }
         set.extend(self.env.iter().cloned());
-        let size = |name: &str, v: Option<Scalar>| -> Result<Option<u64>, String> {
-            v.map(|v| parse_size_u64(&v.text()).map_err(|e| key(name, e)))
-                .transpose()
+        // Every limit is checked whichever way it came: a flag's parser
+        // checked it already, a library user's value or a profile key's
+        // is checked here, naming the flag or the key.
+        let flag = |name: &str, e: String| format!("--{name} {e}");
+        let pick = |name: &str,
+                    given: Option<u64>,
+                    keyed: Option<Scalar>,
+                    parse: fn(&str) -> Result<u64, String>,
+                    check: fn(u64) -> Result<u64, String>|
+         -> Result<Option<u64>, String> {
+            match (given, keyed) {
+                (Some(n), _) => check(n)
+                    .map(Some)
+                    .map_err(|e| flag(&name.replace('_', "-"), e)),
+                (None, Some(v)) => parse(&v.text()).map(Some).map_err(|e| key(name, e)),
+                (None, None) => Ok(None),
+            }
         };
-        let max_output = match self.max_output {
-            Some(n) => n,
-            None => match size("max_output", p.max_output)? {
-                Some(n) => usize::try_from(n).map_err(|e| key("max_output", e.to_string()))?,
-                None => hako_core::DEFAULT_MAX_OUTPUT,
-            },
+        let max_output = match (self.max_output, p.max_output) {
+            (Some(n), _) => {
+                limits::check_max_output(n as u64).map_err(|e| flag("max-output", e))?
+            }
+            (None, Some(v)) => {
+                limits::parse_max_output(&v.text()).map_err(|e| key("max_output", e))?
+            }
+            (None, None) => hako_core::DEFAULT_MAX_OUTPUT,
         };
+        let memory = pick(
+            "memory",
+            self.memory,
+            p.memory,
+            limits::parse_memory,
+            limits::check_memory,
+        )?;
+        let pids = pick(
+            "pids",
+            self.pids,
+            p.pids,
+            limits::parse_pids,
+            limits::check_pids,
+        )?;
         let cpus = match (self.cpus, p.cpus) {
-            (Some(c), _) => Some(c),
-            (None, Some(c)) => Some(parse_cpus(&c.text()).map_err(|e| key("cpus", e))?),
+            (Some(c), _) => Some(limits::check_cpus_milli(c).map_err(|e| flag("cpus", e))?),
+            (None, Some(c)) => Some(limits::parse_cpus(&c.text()).map_err(|e| key("cpus", e))?),
             (None, None) => None,
+        };
+        let file_size = pick(
+            "max_file_size",
+            self.max_file_size,
+            p.max_file_size,
+            limits::parse_file_size,
+            limits::check_file_size,
+        )?;
+        let open_files = pick(
+            "max_open_files",
+            self.max_open_files,
+            p.max_open_files,
+            limits::parse_open_files,
+            limits::check_open_files,
+        )?;
+        let handles =
+            |name: &str, given: Option<usize>, keyed: Option<Scalar>, default: usize| match (
+                given, keyed,
+            ) {
+                (Some(n), _) => {
+                    limits::check_handles(n as u64).map_err(|e| flag(&name.replace('_', "-"), e))
+                }
+                (None, Some(v)) => limits::parse_handles(&v.text()).map_err(|e| key(name, e)),
+                (None, None) => Ok(default),
+            };
+        let max_sessions = handles(
+            "max_sessions",
+            self.max_sessions,
+            p.max_sessions,
+            crate::DEFAULT_MAX_SESSIONS,
+        )?;
+        let max_processes = handles(
+            "max_processes",
+            self.max_processes,
+            p.max_processes,
+            crate::DEFAULT_MAX_PROCESSES,
+        )?;
+        let min_isolation = match (self.min_isolation, p.min_isolation) {
+            (Some(level), _) => level,
+            (None, Some(name)) => name
+                .parse::<Isolation>()
+                .map_err(|e| key("min_isolation", e.to_string()))?,
+            (None, None) => Isolation::None,
         };
         let mut resolve = Vec::new();
         for (name, addr) in p.resolve {
@@ -155,13 +235,11 @@ impl SandboxFlags {
             workspace,
             env: EnvPolicy { pass, set },
             limits: Limits {
-                memory: self.memory.or(size("memory", p.memory)?),
-                pids: self.pids.or(p.pids),
+                memory,
+                pids,
                 cpus_milli: cpus,
-                file_size: self
-                    .max_file_size
-                    .or(size("max_file_size", p.max_file_size)?),
-                open_files: self.max_open_files.or(p.max_open_files),
+                file_size,
+                open_files,
             },
             ro,
             rw,
@@ -171,6 +249,9 @@ impl SandboxFlags {
             runtime: self.runtime.clone().or(p.runtime),
             no_guest: self.no_guest || p.no_guest.unwrap_or(false),
             network,
+            min_isolation,
+            max_sessions,
+            max_processes,
         };
         Ok((backend, spec))
     }
@@ -204,32 +285,22 @@ pub fn parse_key_value(s: &str) -> Result<(String, String), String> {
     Ok((k.to_string(), v.to_string()))
 }
 
-/// A size (`512K`, `10M`) that fits in memory.
+/// A size (`512K`, `10M`) that fits in memory (`--max-output`: at most
+/// 1G).
 pub fn parse_size(s: &str) -> Result<usize, String> {
-    let n = units::parse_size(s).map_err(|e| e.to_string())?;
-    usize::try_from(n).map_err(|_| format!("size {s} is too large"))
+    limits::parse_max_output(s)
 }
 
-/// A size (`256M`, `1G`) in bytes.
+/// A size (`256M`, `1G`) in bytes, with a binary suffix.
 pub fn parse_size_u64(s: &str) -> Result<u64, String> {
-    units::parse_size(s).map_err(|e| e.to_string())
-}
-
-/// CPUs as thousandths: `0.5` is 500.
-pub fn parse_cpus(s: &str) -> Result<u64, String> {
-    let cpus: f64 = s
-        .parse()
-        .map_err(|_| format!("invalid CPU count {s:?}; e.g. 0.5, 2"))?;
-    if !(cpus > 0.0 && cpus <= 4096.0) {
-        return Err(format!("CPU count {s} out of range"));
-    }
-    Ok((cpus * 1000.0).round() as u64)
+    limits::parse_size_strict(s)
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::limits::parse_cpus;
 
     fn with_profile(text: &str, flags: SandboxFlags) -> Result<(BackendArg, SandboxSpec), String> {
         let dir = tempfile::tempdir().unwrap();
@@ -247,7 +318,7 @@ mod tests {
         let flags = SandboxFlags {
             workspace: Some("/ws".into()),
             backend: Some(BackendArg::Host),
-            memory: Some(1 << 20),
+            memory: Some(64 << 20),
             env: vec![("B".into(), "2".into())],
             allow: vec!["example.org".into()],
             ..SandboxFlags::default()
@@ -259,7 +330,7 @@ mod tests {
         .unwrap();
         assert_eq!(backend, BackendArg::Host);
         assert_eq!(spec.workspace, PathBuf::from("/ws"));
-        assert_eq!(spec.limits.memory, Some(1 << 20));
+        assert_eq!(spec.limits.memory, Some(64 << 20));
         assert_eq!(spec.limits.pids, Some(64));
         assert_eq!(spec.limits.cpus_milli, Some(500));
         assert_eq!(
@@ -311,5 +382,142 @@ mod tests {
         assert_eq!(parse_key_value("A=b=c"), Ok(("A".into(), "b=c".into())));
         assert!(parse_key_value("=b").is_err());
         assert_eq!(parse_size("1K"), Ok(1024));
+    }
+
+    #[test]
+    fn a_memory_limit_of_one_byte_is_refused_naming_the_flag() {
+        let err = SandboxFlags {
+            workspace: Some("/ws".into()),
+            memory: Some(1),
+            ..SandboxFlags::default()
+        }
+        .spec()
+        .unwrap_err();
+        assert!(err.starts_with("--memory 1: at least 16M"), "{err}");
+        assert!(err.contains("accepted: a number of bytes"), "{err}");
+    }
+
+    #[test]
+    fn a_pids_limit_of_zero_is_refused_naming_the_flag() {
+        let err = SandboxFlags {
+            workspace: Some("/ws".into()),
+            pids: Some(0),
+            ..SandboxFlags::default()
+        }
+        .spec()
+        .unwrap_err();
+        assert!(err.starts_with("--pids 0: at least 16"), "{err}");
+    }
+
+    #[test]
+    fn every_limit_out_of_range_is_refused_naming_its_flag() {
+        let base = || SandboxFlags {
+            workspace: Some("/ws".into()),
+            ..SandboxFlags::default()
+        };
+        for (flags, named) in [
+            (
+                SandboxFlags {
+                    cpus: Some(0),
+                    ..base()
+                },
+                "--cpus",
+            ),
+            (
+                SandboxFlags {
+                    max_open_files: Some(2),
+                    ..base()
+                },
+                "--max-open-files",
+            ),
+            (
+                SandboxFlags {
+                    max_file_size: Some(0),
+                    ..base()
+                },
+                "--max-file-size",
+            ),
+            (
+                SandboxFlags {
+                    max_output: Some(2 << 30),
+                    ..base()
+                },
+                "--max-output",
+            ),
+            (
+                SandboxFlags {
+                    max_sessions: Some(0),
+                    ..base()
+                },
+                "--max-sessions",
+            ),
+            (
+                SandboxFlags {
+                    max_processes: Some(0),
+                    ..base()
+                },
+                "--max-processes",
+            ),
+        ] {
+            let err = flags.spec().unwrap_err();
+            assert!(err.starts_with(named), "{named}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_bad_limit_in_a_profile_is_refused_naming_its_key() {
+        let flags = || SandboxFlags {
+            workspace: Some("/ws".into()),
+            ..SandboxFlags::default()
+        };
+        for (text, named) in [
+            (
+                "memory = \"64MB\"\n",
+                "profile key `memory`: \"64MB\" is ambiguous",
+            ),
+            ("memory = 1\n", "profile key `memory`: 1: at least 16M"),
+            ("pids = 0\n", "profile key `pids`: 0: at least 16"),
+            ("pids = -1\n", "profile key `pids`"),
+            ("max_open_files = 1\n", "profile key `max_open_files`"),
+            ("max_file_size = 0\n", "profile key `max_file_size`"),
+            ("max_output = \"2G\"\n", "profile key `max_output`"),
+            ("max_sessions = 0\n", "profile key `max_sessions`"),
+            ("max_processes = \"lots\"\n", "profile key `max_processes`"),
+            (
+                "min_isolation = \"strong\"\n",
+                "profile key `min_isolation`",
+            ),
+        ] {
+            let err = with_profile(text, flags()).unwrap_err();
+            assert!(err.starts_with(named), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_isolation_and_handle_bounds_come_from_the_profile_or_the_defaults() {
+        let flags = || SandboxFlags {
+            workspace: Some("/ws".into()),
+            ..SandboxFlags::default()
+        };
+        let (_, spec) = flags().spec().unwrap();
+        assert_eq!(spec.min_isolation, Isolation::None);
+        assert_eq!(spec.max_sessions, crate::DEFAULT_MAX_SESSIONS);
+        assert_eq!(spec.max_processes, crate::DEFAULT_MAX_PROCESSES);
+        let (_, spec) = with_profile(
+            "min_isolation = \"kernel\"\nmax_sessions = 2\nmax_processes = 3\n",
+            flags(),
+        )
+        .unwrap();
+        assert_eq!(spec.min_isolation, Isolation::Kernel);
+        assert_eq!((spec.max_sessions, spec.max_processes), (2, 3));
+        let (_, spec) = with_profile(
+            "min_isolation = \"kernel\"\n",
+            SandboxFlags {
+                min_isolation: Some(Isolation::Process),
+                ..flags()
+            },
+        )
+        .unwrap();
+        assert_eq!(spec.min_isolation, Isolation::Process, "the flag wins");
     }
 }

@@ -34,17 +34,19 @@
 //! (`hako-host`, `hako-linux`, `hako-docker`, `hako-gvisor`), which know nothing of it.
 
 mod backend;
+mod bounded;
 mod flags;
+pub mod http;
+pub mod limits;
 mod open;
 mod probe;
 mod profile;
 pub mod token;
 
 pub use backend::{resolve, BackendArg, BackendKind, ParseBackendError};
-pub use flags::{
-    parse_cpus, parse_key_value, parse_resolve, parse_size, parse_size_u64, SandboxFlags,
-};
-pub use hako_core::SandboxSpec;
+pub use flags::{parse_key_value, parse_resolve, parse_size, parse_size_u64, SandboxFlags};
+pub use hako_core::{SandboxSpec, DEFAULT_MAX_PROCESSES, DEFAULT_MAX_SESSIONS};
 pub use hako_driver::{DriverOptions, ExitFollowsClose};
+pub use limits::parse_cpus;
 pub use open::{open, open_with, Opener};
 pub use probe::{check, probe, protections, Protection, Unavailable};

@@ -3,6 +3,7 @@
 use hako_core::{Error, Isolation, Sandbox};
 use hako_driver::LaunchOptions;
 
+use crate::bounded::Bounded;
 use crate::{probe, resolve, BackendArg, BackendKind, DriverOptions, SandboxSpec};
 
 /// A backend chosen for a spec and gated by the isolation required: what a
@@ -17,12 +18,15 @@ pub struct Opener {
 
 impl Opener {
     /// Resolves `backend` (`auto` probes the host) and refuses, before
-    /// anything starts, a backend weaker than `min_isolation`.
+    /// anything starts, a backend weaker than `min_isolation` or than the
+    /// spec's own [`min_isolation`](SandboxSpec::min_isolation), whichever
+    /// is stronger.
     pub fn new(
         backend: BackendArg,
         spec: SandboxSpec,
         min_isolation: Isolation,
     ) -> Result<Self, Error> {
+        let min_isolation = min_isolation.max(spec.min_isolation);
         let kind = resolve(backend)?;
         kind.require_isolation(min_isolation)?;
         Ok(Opener {
@@ -35,6 +39,11 @@ impl Opener {
     /// The backend chosen.
     pub fn kind(&self) -> BackendKind {
         self.kind
+    }
+
+    /// The isolation every sandbox must have.
+    pub fn min_isolation(&self) -> Isolation {
+        self.min_isolation
     }
 
     /// The spec every sandbox is opened with.
@@ -66,6 +75,22 @@ pub fn open(kind: BackendKind, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>, E
 /// [`open`], with the driver reading and closing the sandbox as `driver`
 /// says (a one-command `hako run`: see [`DriverOptions::one_shot`]).
 pub fn open_with(
+    kind: BackendKind,
+    spec: &SandboxSpec,
+    driver: &DriverOptions,
+) -> Result<Box<dyn Sandbox>, Error> {
+    let sandbox = open_backend(kind, spec, driver)?;
+    // Every sandbox bounds the sessions and processes a client can make
+    // it hold at once.
+    Ok(Box::new(Bounded::new(
+        sandbox,
+        spec.max_sessions,
+        spec.max_processes,
+    )))
+}
+
+/// The backend's own sandbox, unbounded.
+fn open_backend(
     kind: BackendKind,
     spec: &SandboxSpec,
     driver: &DriverOptions,

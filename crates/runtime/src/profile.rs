@@ -64,13 +64,13 @@ pub struct Profile {
     /// `--memory`.
     pub memory: Option<Scalar>,
     /// `--pids`.
-    pub pids: Option<u64>,
+    pub pids: Option<Scalar>,
     /// `--cpus`.
     pub cpus: Option<Scalar>,
     /// `--max-file-size`.
     pub max_file_size: Option<Scalar>,
     /// `--max-open-files`.
-    pub max_open_files: Option<u64>,
+    pub max_open_files: Option<Scalar>,
     /// `--ro`.
     #[serde(default)]
     pub ro: Vec<PathBuf>,
@@ -93,6 +93,12 @@ pub struct Profile {
     /// `--resolve NAME=ADDR`, as a table.
     #[serde(default)]
     pub resolve: BTreeMap<String, String>,
+    /// `--min-isolation`.
+    pub min_isolation: Option<String>,
+    /// `--max-sessions`.
+    pub max_sessions: Option<Scalar>,
+    /// `--max-processes`.
+    pub max_processes: Option<Scalar>,
 }
 
 impl Profile {
@@ -154,6 +160,9 @@ mod tests {
             net = "allow"
             allow = ["pypi.org", "localhost:11434"]
             resolve = { "pkg.test" = "198.51.100.2" }
+            min_isolation = "process"
+            max_sessions = 4
+            max_processes = 8
             "#,
         )
         .unwrap();
@@ -165,6 +174,9 @@ mod tests {
         assert_eq!(p.max_file_size.unwrap().text(), "1048576");
         assert_eq!(p.allow.len(), 2);
         assert_eq!(p.resolve["pkg.test"], "198.51.100.2");
+        assert_eq!(p.min_isolation.as_deref(), Some("process"));
+        assert_eq!(p.max_sessions.unwrap().text(), "4");
+        assert_eq!(p.max_processes.unwrap().text(), "8");
     }
 
     #[test]

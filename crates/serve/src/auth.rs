@@ -1,29 +1,41 @@
-//! The bearer token every request must carry.
+//! The bearer token every request must carry, and the DNS-rebinding
+//! defence on a loopback address: both the runtime's, shared with `hako
+//! mcp --http`.
 
-use hyper::header::{HeaderMap, AUTHORIZATION};
+use hyper::header::{HeaderMap, AUTHORIZATION, HOST, ORIGIN};
 
 use crate::reply::{error, Reply};
 use crate::state::State;
 
-/// Whether the request carries the server's bearer token. The scheme is
-/// matched without regard to case (RFC 9110); the token is compared by
-/// its SHA-256 digest, in constant time.
-pub(crate) fn authorized(state: &State, headers: &HeaderMap) -> bool {
-    headers
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            let (scheme, token) = v.trim().split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then_some(token)
-        })
-        .is_some_and(|t| state.token.matches(t.trim().as_bytes()))
+/// Whether the request carries the server's bearer token (exactly one
+/// `Authorization: Bearer TOKEN`, the scheme in any case; the token
+/// compared by its SHA-256 digest, in constant time), or why not.
+pub(crate) fn authorized(
+    state: &State,
+    headers: &HeaderMap,
+) -> Result<(), hako_runtime::http::TokenRefusal> {
+    hako_runtime::http::check_token(
+        headers.get_all(AUTHORIZATION).iter().map(|v| v.as_bytes()),
+        &state.token,
+    )
 }
 
-/// The answer to a request without the token (it touched nothing).
-pub(crate) fn unauthorized() -> Reply {
-    error(
-        401,
-        "unauthorized",
-        "a bearer token is required (Authorization: Bearer TOKEN)",
+/// The answer to a request without the right token (it touched nothing):
+/// `401`, saying whether the token was missing or wrong.
+pub(crate) fn unauthorized(why: hako_runtime::http::TokenRefusal) -> Reply {
+    error(401, "unauthorized", why.message())
+}
+
+/// On a loopback address: the `Host` must name this server and no
+/// `Origin` may come (a browser page's request); `403` otherwise.
+pub(crate) fn same_origin(state: &State, headers: &HeaderMap) -> Result<(), Reply> {
+    let Some(local) = state.local else {
+        return Ok(());
+    };
+    hako_runtime::http::check_host_and_origin(
+        local,
+        headers.get(HOST).map(|v| v.as_bytes()),
+        headers.contains_key(ORIGIN),
     )
+    .map_err(|why| error(403, "forbidden_host", why))
 }

@@ -3,7 +3,10 @@
 //! answered by hand.
 
 use std::convert::Infallible;
+use std::future::Future as _;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION};
@@ -93,6 +96,7 @@ async fn serve_connection(
         }
     }
     let header_timeout = state.config.header_timeout;
+    let state_write_timeout = state.config.write_timeout;
     let handler = hyper::service::service_fn(move |request| {
         let state = Arc::clone(&state);
         async move { Ok::<_, Infallible>(handle(state, request).await) }
@@ -103,7 +107,10 @@ async fn serve_connection(
         // A client may shut its side down once it has sent its request,
         // and still read the answer.
         .half_close(true)
-        .serve_connection(TokioIo::new(stream), handler)
+        .serve_connection(
+            TokioIo::new(WriteTimeout::new(stream, state_write_timeout)),
+            handler,
+        )
         .await;
     if let Err(e) = served {
         tracing::debug!(%peer, "hako serve: connection ended: {e}");
@@ -157,10 +164,9 @@ async fn refuse_unparseable_length(state: &State, stream: &tokio::net::TcpStream
             }
         }
     }
-    Peeked::Refuse(if authorized(state, &map) {
-        too_large()
-    } else {
-        unauthorized()
+    Peeked::Refuse(match authorized(state, &map) {
+        Ok(()) => too_large(),
+        Err(why) => unauthorized(why),
     })
 }
 
@@ -197,4 +203,122 @@ async fn answer_raw(mut stream: tokio::net::TcpStream, r: Reply) -> std::io::Res
         }
     }
     Ok(())
+}
+
+/// A connection whose writes fail with `TimedOut` once one has made no
+/// progress for `limit`: a client that never reads its answer is dropped
+/// (its connection slot and its answer's memory given back), and the
+/// server goes on serving others. A client reading slowly but steadily is
+/// never cut: each write that goes through starts the clock again.
+pub(crate) struct WriteTimeout<S> {
+    inner: S,
+    limit: Duration,
+    /// Armed while a write is pending.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> WriteTimeout<S> {
+    pub(crate) fn new(inner: S, limit: Duration) -> Self {
+        WriteTimeout {
+            inner,
+            limit,
+            stalled: None,
+        }
+    }
+
+    /// After a write returned `Pending`: arms the clock (once) and says
+    /// whether it has run out.
+    fn timed_out(&mut self, cx: &mut Context<'_>) -> bool {
+        let limit = self.limit;
+        let sleep = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        sleep.as_mut().poll(cx).is_ready()
+    }
+}
+
+fn stalled_error(limit: Duration) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!(
+            "the client read nothing of its answer for {} ms; connection dropped",
+            limit.as_millis()
+        ),
+    )
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for WriteTimeout<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteTimeout<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match Pin::new(&mut self.inner).poll_write(cx, buf) {
+            Poll::Pending => {
+                if self.timed_out(cx) {
+                    Poll::Ready(Err(stalled_error(self.limit)))
+                } else {
+                    Poll::Pending
+                }
+            }
+            ready => {
+                self.stalled = None;
+                ready
+            }
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match Pin::new(&mut self.inner).poll_flush(cx) {
+            Poll::Pending => {
+                if self.timed_out(cx) {
+                    Poll::Ready(Err(stalled_error(self.limit)))
+                } else {
+                    Poll::Pending
+                }
+            }
+            ready => {
+                self.stalled = None;
+                ready
+            }
+        }
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match Pin::new(&mut self.inner).poll_write_vectored(cx, bufs) {
+            Poll::Pending => {
+                if self.timed_out(cx) {
+                    Poll::Ready(Err(stalled_error(self.limit)))
+                } else {
+                    Poll::Pending
+                }
+            }
+            ready => {
+                self.stalled = None;
+                ready
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
 }

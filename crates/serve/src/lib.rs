@@ -100,6 +100,10 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// request is answered `408` and its connection closed.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a write of an answer may make no progress (a client that
+/// never reads it) before its connection is dropped.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The most connections held open at once; one more is accepted and
 /// closed at once.
 pub const MAX_CONNECTIONS: usize = 256;
@@ -125,6 +129,10 @@ pub struct ServeConfig {
     /// How long a client gets to send a request's headers, and how long an
     /// idle kept-alive connection stays open ([`HEADER_TIMEOUT`] by default).
     pub header_timeout: Duration,
+    /// How long writing an answer may make no progress (a client that
+    /// never reads) before the connection is dropped ([`WRITE_TIMEOUT`]
+    /// by default).
+    pub write_timeout: Duration,
     /// The most connections open at once ([`MAX_CONNECTIONS`] by default).
     pub max_connections: usize,
     /// Whether SIGINT and SIGTERM stop the server (closing every sandbox
@@ -146,6 +154,7 @@ impl ServeConfig {
             audit,
             body_timeout: BODY_TIMEOUT,
             header_timeout: HEADER_TIMEOUT,
+            write_timeout: WRITE_TIMEOUT,
             max_connections: MAX_CONNECTIONS,
             stop_on_signals: false,
         }
@@ -190,7 +199,8 @@ pub fn serve(listener: std::net::TcpListener, config: ServeConfig) -> std::io::R
         .thread_name("hako-serve")
         .build()?;
     let state = Arc::new(State {
-        token: hako_runtime::token::Digested::new(config.token.as_bytes()),
+        token: hako_runtime::token::Digested::new(config.token.trim().as_bytes()),
+        local: listener.local_addr().ok(),
         connections: Arc::new(Slots::new(config.max_connections)),
         config,
         sandboxes: Mutex::new(Table::default()),

@@ -45,6 +45,7 @@ pub(crate) fn from_error(e: &Error) -> Reply {
         Error::SessionBusy { .. } => (409, "session_busy"),
         Error::Closed => (410, "closed"),
         Error::Unsupported { .. } => (501, "unsupported"),
+        Error::LimitReached { .. } => (429, "too_many"),
         Error::IsolationTooWeak { .. }
         | Error::NetworkUnavailable { .. }
         | Error::BadNetworkPolicy { .. } => (403, "policy"),

@@ -10,7 +10,7 @@ use hyper::header::{HeaderMap, CONTENT_LENGTH, TRANSFER_ENCODING};
 use hyper::{Method, Request, Response};
 use serde_json::{json, Value};
 
-use crate::auth::{authorized, unauthorized};
+use crate::auth::{authorized, same_origin, unauthorized};
 use crate::exec::exec;
 use crate::files::with_file;
 use crate::reply::{
@@ -72,14 +72,17 @@ pub(crate) async fn handle(state: Arc<State>, request: Request<Incoming>) -> Res
     let authorized = authorized(&state, request.headers());
     let declared = declared_length(request.headers());
     if declared.is_ok_and(|n| n.is_some_and(|n| n > MAX_BODY)) {
-        return closing(if authorized {
-            too_large()
-        } else {
-            unauthorized()
+        return closing(match authorized {
+            Ok(()) => too_large(),
+            Err(why) => unauthorized(why),
         });
     }
-    if !authorized {
-        return closing(unauthorized());
+    if let Err(why) = authorized {
+        return closing(unauthorized(why));
+    }
+    // The DNS-rebinding defence, on a loopback address.
+    if let Err(r) = same_origin(&state, request.headers()) {
+        return closing(r);
     }
     let Ok(declared) = declared else {
         return closing(error(

@@ -45,7 +45,13 @@ pub(crate) fn create(state: &State) -> Reply {
             audit(state, Record::SandboxOpened(opened));
             reply(201, json!({"id": id, "capabilities": caps}))
         }
-        Err(e) => from_error(&e),
+        Err(e) => {
+            drop(t);
+            // A sandbox that would not open is recorded too.
+            let failure = hako_audit::Failure::new(FrontEnd::Serve, &e.to_string());
+            audit(state, failure.record(hako_audit::is_refusal(&e)));
+            from_error(&e)
+        }
     }
 }
 

@@ -18,6 +18,9 @@ pub(crate) struct State {
     /// the comparison takes the same time whatever the length of what a
     /// client sends.
     pub(crate) token: Digested,
+    /// The address listened on, when it is loopback: the `Host` and
+    /// `Origin` of every request are then checked against it.
+    pub(crate) local: Option<std::net::SocketAddr>,
     pub(crate) sandboxes: Mutex<Table>,
     pub(crate) next: AtomicU64,
     pub(crate) requests: Arc<Slots>,

@@ -471,7 +471,7 @@ fn a_declared_body_of_a_terabyte_neither_aborts_the_server_nor_is_read() {
                 .unwrap_or_default();
             let mut c = send_raw(
                 s.port,
-                format!("PUT /v1/sandboxes/1/files?path=big HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {len}\r\n\r\nabc").as_bytes(),
+                format!("PUT /v1/sandboxes/1/files?path=big HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Length: {len}\r\n\r\nabc").as_bytes(),
             );
             // The client gives up early, as an attacker would.
             c.shutdown(std::net::Shutdown::Write).unwrap();
@@ -508,7 +508,7 @@ fn unauthenticated_slow_bodies_do_not_lock_authorized_clients_out() {
         .map(|_| {
             let mut c = send_raw(
                 s.port,
-                b"PUT /v1/sandboxes/1/files?path=x HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n",
+                b"PUT /v1/sandboxes/1/files?path=x HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100000\r\n\r\n",
             );
             assert_eq!(status_of(&read_head(&mut c)), 401);
             c
@@ -516,7 +516,7 @@ fn unauthenticated_slow_bodies_do_not_lock_authorized_clients_out() {
         .collect();
     let mut c = send_raw(
         s.port,
-        format!("GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n").as_bytes(),
+        format!("GET /v1/sandboxes HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n").as_bytes(),
     );
     assert_eq!(status_of(&read_head(&mut c)), 200);
     drop(stuck);
@@ -655,7 +655,7 @@ fn a_body_cut_short_does_not_replace_the_file() {
     let base = format!("/v1/sandboxes/{}", created["id"]);
     let mut c = send_raw(
         s.port,
-        format!("PUT {base}/files?path=precious.txt HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 5000\r\n\r\n").as_bytes(),
+        format!("PUT {base}/files?path=precious.txt HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 5000\r\n\r\n").as_bytes(),
     );
     c.write_all(&[b'x'; 2000]).unwrap();
     c.shutdown(std::net::Shutdown::Write).unwrap();
@@ -667,7 +667,7 @@ fn a_body_cut_short_does_not_replace_the_file() {
     // Chunked: an early end cannot be told from a whole body, so refused.
     let mut c = send_raw(
         s.port,
-        format!("PUT {base}/files?path=precious.txt HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n").as_bytes(),
+        format!("PUT {base}/files?path=precious.txt HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TOKEN}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n").as_bytes(),
     );
     let head = read_head(&mut c);
     assert_eq!(status_of(&head), 411, "{head}");
@@ -703,18 +703,24 @@ fn an_exec_deadline_past_the_maximum_is_refused() {
 
 #[test]
 fn a_stream_reader_that_stops_reading_neither_stalls_the_command_nor_grows_the_buffer() {
-    let s = start_with(|root| {
-        let mut config = HostConfig::new(root);
-        config.spec.max_output = 64 << 20;
-        Ok(Box::new(HostSandbox::new(config)?) as Box<dyn hako_core::Sandbox>)
-    });
+    let s = start_config(
+        |root| {
+            let mut config = HostConfig::new(root);
+            config.spec.max_output = 64 << 20;
+            Ok(Box::new(HostSandbox::new(config)?) as Box<dyn hako_core::Sandbox>)
+        },
+        // The client reads nothing until the command has ended, which on a
+        // loaded machine can take longer than the default write deadline
+        // (whose own test is a_client_that_never_reads_its_answer_...).
+        |c| c.write_timeout = Duration::from_secs(600),
+    );
     let (_, created) = json(s.port, "POST", "/v1/sandboxes", Value::Null);
     let base = format!("/v1/sandboxes/{}", created["id"]);
     let body =
         br#"{"command":"head -c 48000000 /dev/zero | tr '\\0' a; touch done","stream":true}"#;
     let mut c = send_raw(
         s.port,
-        format!("POST {base}/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len()).as_bytes(),
+        format!("POST {base}/exec HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len()).as_bytes(),
     );
     c.write_all(body).unwrap();
     // Not reading: the command still runs to its end.
@@ -770,13 +776,13 @@ fn the_bearer_scheme_is_matched_without_regard_to_case() {
     for scheme in ["bearer", "BEARER", "Bearer"] {
         let mut c = send_raw(
             s.port,
-            format!("GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: {scheme} {TOKEN}\r\nConnection: close\r\n\r\n").as_bytes(),
+            format!("GET /v1/sandboxes HTTP/1.1\r\nHost: localhost\r\nAuthorization: {scheme} {TOKEN}\r\nConnection: close\r\n\r\n").as_bytes(),
         );
         assert_eq!(status_of(&read_head(&mut c)), 200, "{scheme}");
     }
     let mut c = send_raw(
         s.port,
-        format!("GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {TOKEN}\r\nConnection: close\r\n\r\n").as_bytes(),
+        format!("GET /v1/sandboxes HTTP/1.1\r\nHost: localhost\r\nAuthorization: Basic {TOKEN}\r\nConnection: close\r\n\r\n").as_bytes(),
     );
     assert_eq!(status_of(&read_head(&mut c)), 401);
 }
@@ -859,7 +865,7 @@ fn a_stalled_body_gets_408_and_frees_its_slot() {
     let stall = |port: u16| {
         let mut c = send_raw(
             port,
-            format!("PUT {base}/files?path=stalled.txt HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 100\r\n\r\n0123456789").as_bytes(),
+            format!("PUT {base}/files?path=stalled.txt HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 100\r\n\r\n0123456789").as_bytes(),
         );
         let head = read_head(&mut c);
         assert_eq!(status_of(&head), 408, "{head}");
@@ -899,9 +905,173 @@ fn try_health(port: u16) -> Vec<u8> {
     c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let _ = write!(
         c,
-        "GET /v1/health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
+        "GET /v1/health HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
     );
     let mut raw = Vec::new();
     let _ = c.read_to_end(&mut raw);
     raw
+}
+
+#[test]
+fn a_wrong_token_is_answered_that_the_token_is_wrong() {
+    let s = start();
+    let (status, _, body) = request(s.port, "GET", "/v1/sandboxes", Some("not-it"), b"");
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!((status, v["kind"].as_str()), (401, Some("unauthorized")));
+    let message = v["error"].as_str().unwrap();
+    assert!(message.contains("wrong"), "{message}");
+    assert!(!message.contains("is required"), "{message}");
+    let (status, _, body) = request(s.port, "GET", "/v1/sandboxes", None, b"");
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(status, 401);
+    assert!(v["error"].as_str().unwrap().contains("required"), "{v}");
+    healthy(s.port);
+}
+
+/// A request with the token and the given extra header lines.
+fn with_headers(port: u16, headers: &str) -> (u16, Value) {
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        c,
+        "GET /v1/sandboxes HTTP/1.1\r\n{headers}Authorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    c.read_to_end(&mut raw).unwrap();
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (
+        status,
+        serde_json::from_slice(&raw[split + 4..]).unwrap_or(Value::Null),
+    )
+}
+
+#[test]
+fn a_foreign_host_or_an_origin_on_loopback_is_refused_with_403_and_touches_nothing() {
+    let s = start();
+    let port = s.port;
+    for ok in [
+        format!("Host: 127.0.0.1:{port}\r\n"),
+        format!("Host: localhost:{port}\r\n"),
+        "Host: localhost\r\n".to_string(),
+    ] {
+        assert_eq!(with_headers(port, &ok).0, 200, "{ok}");
+    }
+    // DNS rebinding: a page of evil.example whose name now resolves to
+    // 127.0.0.1; and a browser page's request, which carries an Origin.
+    for bad in [
+        format!("Host: evil.example:{port}\r\n"),
+        format!("Host: 127.0.0.1.evil.example:{port}\r\n"),
+        "Host: localhost:1\r\n".to_string(),
+        format!("Host: localhost:{port}\r\nOrigin: http://evil.example\r\n"),
+    ] {
+        let (status, v) = with_headers(port, &bad);
+        assert_eq!(
+            (status, v["kind"].as_str()),
+            (403, Some("forbidden_host")),
+            "{bad}: {v}"
+        );
+    }
+    let (status, v) = json(port, "GET", "/v1/sandboxes", Value::Null);
+    assert_eq!(
+        (status, v["sandboxes"].as_array().map(Vec::len)),
+        (200, Some(0))
+    );
+}
+
+#[test]
+fn a_client_that_never_reads_its_answer_does_not_stall_the_server() {
+    // The one connection slot held by a client that asked for a large file
+    // and reads none of it: without a write deadline they would hold
+    // their slots (and the answers' memory) for ever, and every other
+    // client would be turned away.
+    const CAP: usize = 1;
+    const SIZE: usize = hako_serve::MAX_BODY as usize;
+    let s = start_config(
+        |root| Ok(Box::new(HostSandbox::new(HostConfig::new(root))?) as Box<dyn hako_core::Sandbox>),
+        |c| {
+            c.max_connections = CAP;
+            c.write_timeout = Duration::from_millis(500);
+            // Long enough that only the write deadline can free a slot
+            // held by a client that reads nothing.
+            c.header_timeout = Duration::from_secs(300);
+        },
+    );
+    let (status, v) = json(s.port, "POST", "/v1/sandboxes", Value::Null);
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_u64().unwrap();
+    // More than the socket buffers of both ends hold.
+    std::fs::write(s.ws.join("big"), vec![b'x'; SIZE]).unwrap();
+    let stuck: Vec<TcpStream> = (0..CAP)
+        .map(|_| {
+            let mut c = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+            write!(
+                c,
+                "GET /v1/sandboxes/{id}/files?path=big HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
+            )
+            .unwrap();
+            c
+        })
+        .collect();
+    // The server drops them once their answers stop moving, and serves
+    // others again (a bound on the wait, not a measure of it).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !try_health(s.port).starts_with(b"HTTP/1.1 200") {
+        assert!(std::time::Instant::now() < deadline, "never served again");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Each stuck client finds its connection closed: what was in flight,
+    // then the end.
+    for mut c in stuck {
+        c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut rest = Vec::new();
+        let _ = c.read_to_end(&mut rest);
+    }
+    while !try_health(s.port).starts_with(b"HTTP/1.1 200") {
+        assert!(std::time::Instant::now() < deadline, "never served again");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The sandbox and the server are still usable (the one slot is
+    // given back a moment after each answer: a refused connection is
+    // tried again).
+    let body = r#"{"argv": ["echo", "still here"]}"#;
+    let exec = format!(
+        "POST /v1/sandboxes/{id}/exec HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    loop {
+        let mut c = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let _ = c.write_all(exec.as_bytes());
+        let mut raw = Vec::new();
+        let _ = c.read_to_end(&mut raw);
+        if raw.starts_with(b"HTTP/1.1 200") {
+            let text = String::from_utf8_lossy(&raw);
+            assert!(text.contains("still here"), "{text}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never ran again");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_sandbox_that_cannot_be_opened_is_recorded_in_the_audit_log() {
+    let s = start_with(|_| {
+        Err(hako_core::Error::Backend {
+            backend: "test".into(),
+            op: "open",
+            message: "no room".into(),
+        })
+    });
+    let (status, _) = json(s.port, "POST", "/v1/sandboxes", Value::Null);
+    assert_eq!(status, 502);
+    let records = hako_audit::records(Path::new(&s.log)).unwrap();
+    assert!(
+        records.iter().any(|r| r["kind"] == "error"
+            && r["front_end"] == "serve"
+            && r["error"].as_str().unwrap_or("").contains("no room")),
+        "{records:?}"
+    );
 }

@@ -43,6 +43,21 @@ enum FsOp {
         /// Path relative to the workspace.
         path: PathBuf,
     },
+    /// Replace exact text in a file, atomically; refused (nothing written)
+    /// when the file changed between its read and the write.
+    Edit {
+        /// Path relative to the workspace.
+        path: PathBuf,
+        /// The exact text to replace; it must occur once unless --all.
+        #[arg(long, value_name = "TEXT")]
+        old: String,
+        /// The text to put in its place.
+        #[arg(long, value_name = "TEXT")]
+        new: String,
+        /// Replace every occurrence.
+        #[arg(long)]
+        all: bool,
+    },
     /// Append standard input to a file, creating it if missing.
     Append {
         /// Path relative to the workspace.
@@ -160,7 +175,14 @@ fn print_json(value: &impl Serialize) {
 pub fn run(args: FsArgs) -> u8 {
     let opened = args.sandbox.spec().and_then(|(backend_arg, spec)| {
         let kind = hako_runtime::resolve(backend_arg).map_err(|e| e.to_string())?;
-        hako_runtime::open(kind, &spec).map_err(|e| e.to_string())
+        kind.require_isolation(spec.min_isolation)
+            .map_err(|e| e.to_string())?;
+        let sandbox = hako_runtime::open(kind, &spec).map_err(|e| e.to_string())?;
+        if let Err(e) = hako_core::require_isolation(sandbox.as_ref(), spec.min_isolation) {
+            let _ = sandbox.close();
+            return Err(e.to_string());
+        }
+        Ok(sandbox)
     });
     let sandbox = match opened {
         Ok(sb) => sb,
@@ -225,6 +247,37 @@ fn operate(sandbox: &dyn Sandbox, op: &FsOp, json: bool) -> Result<(), String> {
             sandbox.write_file(path, &data).map_err(err)?;
             if json {
                 print_json(&serde_json::json!({ "path": path, "bytes": data.len() }));
+            }
+        }
+        FsOp::Edit {
+            path,
+            old,
+            new,
+            all,
+        } => {
+            let shown = escaped(path.as_os_str().as_bytes()).to_string();
+            let outcome = match sandbox.read_limit() {
+                Some(r) => r.read_file_limit(path, MAX_INPUT).map_err(err)?,
+                None => hako_core::ReadOutcome {
+                    data: sandbox.read_file(path).map_err(err)?,
+                    truncated: false,
+                },
+            };
+            if outcome.truncated {
+                return Err(format!(
+                    "{shown} is larger than {MAX_INPUT} bytes; nothing was written"
+                ));
+            }
+            let before = std::str::from_utf8(&outcome.data)
+                .map_err(|_| format!("{shown} is not UTF-8 text; nothing was written"))?;
+            let cap = usize::try_from(MAX_INPUT).unwrap_or(usize::MAX);
+            let (after, count) = hako_mcp::replace_exact(before, old, new, *all, cap)
+                .map_err(|e| e.message(&shown))?;
+            // Only if the file still holds what the edit was made from.
+            hako_core::replace_if_unchanged(sandbox, path, after.as_bytes(), &outcome.data)
+                .map_err(err)?;
+            if json {
+                print_json(&serde_json::json!({ "path": path, "replacements": count }));
             }
         }
         FsOp::Append { path } => {

@@ -27,9 +27,6 @@ pub struct McpArgs {
     /// operations, refusals, network decisions).
     #[arg(long, value_name = "FILE")]
     audit: Option<PathBuf>,
-    /// Refuse to open a sandbox weaker than this.
-    #[arg(long, value_name = "LEVEL", default_value = "none")]
-    min_isolation: Isolation,
     /// Serve MCP's streamable HTTP transport on ADDR (e.g. 127.0.0.1:8701),
     /// path /mcp, instead of stdio; every request needs the bearer token.
     #[arg(long, value_name = "ADDR")]
@@ -60,7 +57,7 @@ pub fn run(args: McpArgs) -> u8 {
     }
     // The backend is chosen, and the policy gate passed, before anything
     // is served.
-    let opener = match hako_runtime::Opener::new(backend_arg, spec, args.min_isolation) {
+    let opener = match hako_runtime::Opener::new(backend_arg, spec, Isolation::None) {
         Ok(opener) => opener,
         Err(e) => return fail(&e),
     };
@@ -126,8 +123,18 @@ fn http_config(addr: &str, token_file: Option<&Path>) -> Result<hako_mcp::HttpCo
         },
         None => None,
     };
+    if let Some(warning) = token_file.and_then(hako_runtime::http::token_file_warning) {
+        eprintln!("hako mcp: warning: {warning}");
+    }
     let listener =
         std::net::TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    if let Some(warning) = listener
+        .local_addr()
+        .ok()
+        .and_then(hako_runtime::http::listen_warning)
+    {
+        eprintln!("hako mcp: warning: {warning}");
+    }
     let token = match from_file {
         Some(t) => t,
         None => {

@@ -15,12 +15,12 @@ use std::path::PathBuf;
 
 use clap::builder::PossibleValue;
 use clap::{Args, Subcommand, ValueEnum};
-use hako_core::units;
-use hako_core::NetMode;
-use hako_runtime::{
-    parse_cpus, parse_key_value, parse_resolve, parse_size, parse_size_u64, BackendArg,
-    SandboxFlags, SandboxSpec,
+use hako_core::{Isolation, NetMode};
+use hako_runtime::limits::{
+    parse_cpus, parse_file_size, parse_handles, parse_max_output, parse_memory, parse_open_files,
+    parse_pids,
 };
+use hako_runtime::{parse_key_value, parse_resolve, BackendArg, SandboxFlags, SandboxSpec};
 
 pub use run::RunArgs;
 
@@ -120,24 +120,34 @@ pub struct SandboxArgs {
     /// Pass a host variable (repeatable; `PREFIX*` passes non-secret names).
     #[arg(long = "pass-env", value_name = "NAME")]
     pub pass_env: Vec<String>,
-    /// Bytes kept of each of stdout and stderr (e.g. 512K, 10M) [default: 1M].
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    /// Bytes kept of each of stdout and stderr (e.g. 512K, 10M; at most 1G) [default: 1M].
+    #[arg(long, value_name = "SIZE", value_parser = parse_max_output)]
     pub max_output: Option<usize>,
-    /// Memory limit (e.g. 256M).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size_u64)]
+    /// Memory limit (e.g. 256M; at least 16M).
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
     pub memory: Option<u64>,
-    /// Most processes at once.
-    #[arg(long, value_name = "N")]
+    /// Most processes at once (at least 16).
+    #[arg(long, value_name = "N", value_parser = parse_pids)]
     pub pids: Option<u64>,
-    /// CPU share (e.g. 0.5, 2).
+    /// CPU share (e.g. 0.5, 2; from 0.01 to 4096).
     #[arg(long, value_name = "N", value_parser = parse_cpus)]
     pub cpus: Option<u64>,
-    /// Largest file a command may write (e.g. 10M).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size_u64)]
+    /// Largest file a command may write (e.g. 10M; at least 1).
+    #[arg(long, value_name = "SIZE", value_parser = parse_file_size)]
     pub max_file_size: Option<u64>,
-    /// Most open files per process.
-    #[arg(long, value_name = "N")]
+    /// Most open files per process (from 16 to 1048576).
+    #[arg(long, value_name = "N", value_parser = parse_open_files)]
     pub max_open_files: Option<u64>,
+    /// Most shell sessions open at once in one sandbox [default: 16].
+    #[arg(long, value_name = "N", value_parser = parse_handles)]
+    pub max_sessions: Option<usize>,
+    /// Most long-lived processes running at once in one sandbox [default: 32].
+    #[arg(long, value_name = "N", value_parser = parse_handles)]
+    pub max_processes: Option<usize>,
+    /// Refuse to run unless the sandbox is at least this strong (none,
+    /// process, kernel, vm) [default: none].
+    #[arg(long, value_name = "LEVEL")]
+    pub min_isolation: Option<Isolation>,
     /// Extra read-only bind, same path inside (linux, docker, gvisor; repeatable).
     #[arg(long = "ro", value_name = "DIR")]
     pub ro: Vec<PathBuf>,
@@ -205,6 +215,9 @@ impl SandboxArgs {
             net: self.net,
             allow: self.allow.clone(),
             resolve: self.resolve.clone(),
+            min_isolation: self.min_isolation,
+            max_sessions: self.max_sessions,
+            max_processes: self.max_processes,
         }
     }
 
@@ -215,6 +228,7 @@ impl SandboxArgs {
     }
 }
 
+/// `--timeout DUR`: from 1ms to 24h.
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    units::parse_duration(s).map_err(|e| e.to_string())
+    hako_runtime::limits::parse_timeout(s)
 }

@@ -28,9 +28,6 @@ pub struct RunArgs {
     /// Kill the command and everything it started after DUR (e.g. 30s, 2m, 500ms).
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     timeout: Option<Duration>,
-    /// Refuse to run unless the sandbox is at least this strong.
-    #[arg(long, value_name = "LEVEL", default_value = "none")]
-    min_isolation: Isolation,
     /// Feed hako's standard input to the command (at most 64 MiB).
     #[arg(long)]
     stdin: bool,
@@ -136,7 +133,7 @@ pub fn run(args: RunArgs) -> u8 {
     };
     // The policy gate comes first: a run that needs a stronger boundary
     // than this backend has never starts.
-    if let Err(err) = kind.require_isolation(args.min_isolation) {
+    if let Err(err) = kind.require_isolation(spec.min_isolation) {
         return refuse(Some(kind.name()), &err, exit::SANDBOX_FAILED, true);
     }
     // One command, from this thread: no thread of its own need read the
@@ -147,7 +144,7 @@ pub fn run(args: RunArgs) -> u8 {
         Ok(sb) => sb,
         Err(e) => return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED, is_refusal(&e)),
     };
-    if let Err(e) = hako_core::require_isolation(sandbox.as_ref(), args.min_isolation) {
+    if let Err(e) = hako_core::require_isolation(sandbox.as_ref(), spec.min_isolation) {
         return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED, true);
     }
     let mut command = Command::new(args.command).max_output(spec.max_output);

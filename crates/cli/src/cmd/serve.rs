@@ -39,11 +39,25 @@ pub fn run(args: ServeArgs) -> u8 {
         Ok(s) => s,
         Err(e) => return fail(&e),
     };
-    // Every sandbox a client asks for is opened from this one choice.
+    // Every sandbox a client asks for is opened from this one choice, and
+    // a backend weaker than --min-isolation refuses to start.
     let opener = match hako_runtime::Opener::new(backend_arg, spec, Isolation::None) {
         Ok(opener) => opener,
         Err(e) => return fail(&e),
     };
+    if opener.kind().isolation() == Isolation::None && opener.min_isolation() == Isolation::None {
+        eprintln!(
+            "hako serve: warning: the {} backend isolates nothing: every client's commands run as you, on this host; pass --min-isolation process to refuse it",
+            opener.kind().name()
+        );
+    }
+    if let Some(warning) = args
+        .token_file
+        .as_deref()
+        .and_then(hako_runtime::http::token_file_warning)
+    {
+        eprintln!("hako serve: warning: {warning}");
+    }
     let token = match &args.token_file {
         Some(path) => match hako_runtime::token::read(path) {
             Ok(Some(t)) => t,
@@ -77,6 +91,13 @@ pub fn run(args: ServeArgs) -> u8 {
         args.listen,
         opener.kind().name()
     );
+    if let Some(warning) = listener
+        .local_addr()
+        .ok()
+        .and_then(hako_runtime::http::listen_warning)
+    {
+        eprintln!("hako serve: warning: {warning}");
+    }
     let mut config = hako_serve::ServeConfig::with_opener(opener, token, audit);
     // SIGINT and SIGTERM stop it: every sandbox is closed, then the audit
     // log gets its closing record.

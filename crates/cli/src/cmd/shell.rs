@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use hako_core::{Command, ExitStatus, Isolation, Sandbox, SpawnOptions, Stream, TermSize};
+use hako_core::{Command, ExitStatus, Sandbox, SpawnOptions, Stream, TermSize};
 use hako_sys::rustix::event::{poll, PollFd, PollFlags};
 use hako_sys::rustix::termios::{self, OptionalActions, Termios};
 use hako_sys::signal::{signum, SignalFd};
@@ -31,9 +31,6 @@ pub struct ShellArgs {
     /// Working directory, relative to the workspace.
     #[arg(long, value_name = "REL")]
     cwd: Option<PathBuf>,
-    /// Refuse to run unless the sandbox is at least this strong.
-    #[arg(long, value_name = "LEVEL", default_value = "none")]
-    min_isolation: Isolation,
     /// The program to run on the terminal [default: bash -i, else sh -i].
     #[arg(trailing_var_arg = true, value_name = "CMD")]
     command: Vec<String>,
@@ -94,7 +91,7 @@ pub fn run(args: ShellArgs) -> u8 {
         Ok(kind) => kind,
         Err(e) => return fail(&e),
     };
-    if let Err(e) = kind.require_isolation(args.min_isolation) {
+    if let Err(e) = kind.require_isolation(spec.min_isolation) {
         return fail(&e);
     }
     let sandbox: Arc<dyn Sandbox> = match hako_runtime::open(kind, &spec) {
