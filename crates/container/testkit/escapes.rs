@@ -410,6 +410,63 @@ fn a_fork_bomb_under_pids_128_is_contained(kind: Kind) {
     sb.close().unwrap();
 }
 
+/// The limit stops the command that reaches it, inside (on gVisor it is
+/// counted by gVisor's own kernel, not on the host cgroup that also counts
+/// gVisor's threads): forks fail with EAGAIN, the shell reports it, and the
+/// same sandbox runs the next command.
+fn two_hundred_background_processes_under_pids_128_fail_inside_and_the_sandbox_goes_on(
+    kind: Kind,
+) {
+    let (_d, ws) = workspace();
+    let limits = Limits {
+        pids: Some(128),
+        ..Limits::default()
+    };
+    let Some(sb) = open(kind, &ws, limits) else {
+        return;
+    };
+    let out = sh(
+        sb.as_ref(),
+        "n=0; while [ $n -lt 200 ]; do sleep 30 & n=$((n+1)); echo $n > started; done; echo all-started",
+    );
+    let started: u32 = std::fs::read_to_string(ws.join("started"))
+        .unwrap_or_default()
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(started < 128, "{started} started: {stderr}");
+    assert!(!stdout.contains("all-started"), "{stdout} {stderr}");
+    assert!(!out.status.success(), "{:?}: {stderr}", out.status);
+    let lower = stderr.to_lowercase();
+    assert!(
+        lower.contains("fork") || lower.contains("temporarily unavailable"),
+        "the shell does not report the failed fork: {stderr}"
+    );
+    // The sandbox goes on: a second command, which itself forks.
+    let out = sh(sb.as_ref(), "echo again | cat; sleep 0 & wait; echo done");
+    assert_eq!(text(&out.stdout), "again\ndone\n", "{}", text(&out.stderr));
+    sb.close().unwrap();
+}
+
+/// A low limit leaves room for the guest's own processes (on gVisor, no
+/// host thread of the runtime is counted).
+fn a_sandbox_under_pids_40_runs_echo_ok(kind: Kind) {
+    let (_d, ws) = workspace();
+    let limits = Limits {
+        pids: Some(40),
+        ..Limits::default()
+    };
+    let Some(sb) = open(kind, &ws, limits) else {
+        return;
+    };
+    let out = sh(sb.as_ref(), "echo ok");
+    assert_eq!(text(&out.stdout), "ok\n", "{}", text(&out.stderr));
+    let out = sh(sb.as_ref(), "for i in 1 2 3 4 5; do sleep 0 & done; wait; echo ok");
+    assert_eq!(text(&out.stdout), "ok\n", "{}", text(&out.stderr));
+    sb.close().unwrap();
+}
+
 fn a_1_gib_allocation_under_memory_256m_fails(kind: Kind) {
     let (_d, ws) = workspace();
     let limits = Limits {
@@ -528,6 +585,14 @@ macro_rules! escapes_on {
             #[test]
             fn a_fork_bomb_under_pids_128_is_contained() {
                 super::a_fork_bomb_under_pids_128_is_contained($kind)
+            }
+            #[test]
+            fn two_hundred_background_processes_under_pids_128_fail_inside_and_the_sandbox_goes_on() {
+                super::two_hundred_background_processes_under_pids_128_fail_inside_and_the_sandbox_goes_on($kind)
+            }
+            #[test]
+            fn a_sandbox_under_pids_40_runs_echo_ok() {
+                super::a_sandbox_under_pids_40_runs_echo_ok($kind)
             }
             #[test]
             fn a_1_gib_allocation_under_memory_256m_fails() {
