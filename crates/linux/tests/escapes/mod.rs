@@ -201,6 +201,50 @@ fn a_fork_bomb_under_pids_128_is_contained() {
     assert!(text(&out.stderr).contains("fork"), "{}", text(&out.stderr));
 }
 
+/// The limit stops the command that reaches it (forks fail inside, the
+/// shell reports it), and the same sandbox runs the next command.
+#[test]
+fn two_hundred_background_processes_under_pids_128_fail_inside_and_the_sandbox_goes_on() {
+    let (_d, ws) = workspace();
+    let sb = limited(
+        &ws,
+        Limits {
+            pids: Some(128),
+            ..Limits::default()
+        },
+    );
+    let out = sh(
+        &sb,
+        "n=0; while [ $n -lt 200 ]; do sleep 30 & n=$((n+1)); echo $n > started; done; echo all-started",
+    );
+    let started: u32 = std::fs::read_to_string(ws.join("started"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert!((1..128).contains(&started), "{started} started: {stderr}");
+    assert!(!text(&out.stdout).contains("all-started"), "{stderr}");
+    assert!(stderr.contains("fork"), "{stderr}");
+    let out = sh(&sb, "echo again | cat; sleep 0 & wait; echo done");
+    assert_eq!(text(&out.stdout), "again\ndone\n", "{}", text(&out.stderr));
+}
+
+/// A low limit leaves room for the guest's own processes.
+#[test]
+fn a_sandbox_under_pids_40_runs_echo_ok() {
+    let (_d, ws) = workspace();
+    let sb = limited(
+        &ws,
+        Limits {
+            pids: Some(40),
+            ..Limits::default()
+        },
+    );
+    let out = sh(&sb, "for i in 1 2 3 4 5; do sleep 0 & done; wait; echo ok");
+    assert_eq!(text(&out.stdout), "ok\n", "{}", text(&out.stderr));
+}
+
 #[test]
 fn a_1_gib_allocation_under_memory_256m_fails() {
     let (_d, ws) = workspace();
