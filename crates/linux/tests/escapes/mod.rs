@@ -472,3 +472,92 @@ fn stealing_the_guests_link_while_a_terminal_is_typed_at_is_refused() {
         panic!("{message}");
     }
 }
+
+/// Types `text` at process `id`'s terminal and returns its output read
+/// until `want` shows (or the process ends, or about 20 s pass).
+fn type_and_read(
+    p: &dyn hako_core::Processes,
+    id: hako_core::ProcessId,
+    text: &[u8],
+    want: &str,
+) -> String {
+    p.write_stdin(id, text).unwrap();
+    let mut got = Vec::new();
+    let mut offset = 0;
+    for _ in 0..100 {
+        let slice = p
+            .read_output(
+                id,
+                hako_core::Stream::Stdout,
+                offset,
+                1 << 16,
+                Some(Duration::from_millis(200)),
+            )
+            .unwrap();
+        got.extend_from_slice(&slice.data);
+        offset = slice.next;
+        if String::from_utf8_lossy(&got).contains(want) || slice.ended {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// `cat` on a terminal, a line typed, then Ctrl-D at the start of the
+/// next line: whether `cat` saw end of file and ended (and the shell after
+/// it said so). The process is killed if it did not.
+fn ctrl_d_ends_cat(sb: &dyn Sandbox, wait: Duration) -> bool {
+    let p = sb.processes().unwrap();
+    let id = p
+        .spawn(
+            &Command::shell("cat; echo cat-ended-$((1+1))"),
+            &hako_core::SpawnOptions {
+                pty: Some(hako_core::TermSize { rows: 24, cols: 80 }),
+                ..hako_core::SpawnOptions::default()
+            },
+        )
+        .unwrap();
+    // Echoed once by the terminal, once by cat.
+    let shown = type_and_read(p, id, b"abc\n", "abc\r\nabc\r\n");
+    assert!(shown.contains("abc\r\nabc\r\n"), "{shown:?}");
+    p.write_stdin(id, b"\x04").unwrap();
+    let end = p.wait(id, Some(wait)).unwrap();
+    if !end.finished() {
+        p.kill(id).unwrap();
+        assert!(p
+            .wait(id, Some(Duration::from_secs(20)))
+            .unwrap()
+            .finished());
+        return false;
+    }
+    let mut out = Vec::new();
+    let mut offset = 0;
+    loop {
+        let slice = p
+            .read_output(id, hako_core::Stream::Stdout, offset, 1 << 16, None)
+            .unwrap();
+        out.extend_from_slice(&slice.data);
+        offset = slice.next;
+        if slice.ended || slice.data.is_empty() {
+            break;
+        }
+    }
+    let out = String::from_utf8_lossy(&out).into_owned();
+    assert!(out.contains("cat-ended-2"), "{out:?}");
+    assert_eq!(end.status, Some(ExitStatus::Code(0)), "{end:?}");
+    true
+}
+
+/// Ctrl-D at the start of a line ends a canonical-mode reader on a
+/// terminal (the kernel delivers end of file; the guest does nothing).
+#[test]
+fn ctrl_d_ends_cat_on_a_terminal() {
+    let (_d, ws) = workspace();
+    let sb = sandbox(&ws);
+    assert!(
+        ctrl_d_ends_cat(&sb, Duration::from_secs(30)),
+        "Ctrl-D did not end cat"
+    );
+    let out = sh(&sb, "echo ok");
+    assert_eq!(text(&out.stdout), "ok\n");
+}
