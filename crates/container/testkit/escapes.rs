@@ -534,17 +534,19 @@ fn a_setsid_orphan_does_not_survive_its_command(kind: Kind) {
 }
 
 /// Types `text` at process `id`'s terminal and returns its output read
-/// until `want` shows (or the process ends, or about 20 s pass).
+/// until `want` shows (or the process ends, or `rounds` reads of up to
+/// 200 ms each came back without it).
 fn type_and_read(
     p: &dyn hako_core::Processes,
     id: hako_core::ProcessId,
     text: &[u8],
     want: &str,
+    rounds: usize,
 ) -> String {
     p.write_stdin(id, text).unwrap();
     let mut got = Vec::new();
     let mut offset = 0;
-    for _ in 0..100 {
+    for _ in 0..rounds {
         let slice = p
             .read_output(
                 id,
@@ -578,7 +580,7 @@ fn ctrl_d_ends_cat(sb: &dyn Sandbox, wait: Duration) -> bool {
         )
         .unwrap();
     // Echoed once by the terminal, once by cat.
-    let shown = type_and_read(p, id, b"abc\n", "abc\r\nabc\r\n");
+    let shown = type_and_read(p, id, b"abc\n", "abc\r\nabc\r\n", 100);
     assert!(shown.contains("abc\r\nabc\r\n"), "{shown:?}");
     p.write_stdin(id, b"\x04").unwrap();
     let end = p.wait(id, Some(wait)).unwrap();
@@ -623,6 +625,79 @@ fn ctrl_d_ends_cat_on_a_terminal_where_the_kernel_delivers_end_of_file(kind: Kin
         eprintln!("Ctrl-D ended cat under gVisor: {ended}");
     } else {
         assert!(ended, "Ctrl-D did not end cat");
+    }
+    let out = sh(sb.as_ref(), "echo ok");
+    assert_eq!(text(&out.stdout), "ok\n");
+    sb.close().unwrap();
+}
+
+/// An interactive job-control shell on a terminal runs `sleep` in the
+/// foreground; `typed` (Ctrl-C or Ctrl-\) is typed once the sleep runs.
+/// Whether the shell prompted again and ran the next line while the sleep
+/// would still run (it sleeps for hours). The process is killed after.
+fn a_control_byte_interrupts_the_foreground_job_of_an_interactive_shell(
+    sb: &dyn Sandbox,
+    typed: &[u8],
+    rounds: usize,
+) -> bool {
+    let p = sb.processes().unwrap();
+    let marker = format!("{}", 70_000_000 + std::process::id());
+    let id = p
+        .spawn(
+            &Command::new(["sh", "-i"]),
+            &hako_core::SpawnOptions {
+                pty: Some(hako_core::TermSize { rows: 24, cols: 80 }),
+                ..hako_core::SpawnOptions::default()
+            },
+        )
+        .unwrap();
+    p.write_stdin(id, format!("sleep {marker}\n").as_bytes())
+        .unwrap();
+    // The pattern does not match its own command line.
+    let pattern = format!("[{}]{}", &marker[..1], &marker[1..]);
+    let mut started = false;
+    for _ in 0..200 {
+        let out = sh(
+            sb,
+            &format!("grep -l '{pattern}' /proc/[0-9]*/cmdline 2>/dev/null | wc -l"),
+        );
+        if text(&out.stdout).trim() != "0" {
+            started = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(started, "the sleep never started");
+    p.write_stdin(id, typed).unwrap();
+    let shown = type_and_read(p, id, b"echo back-$((1+1))\n", "back-2", rounds);
+    let back = shown.contains("back-2\r\n");
+    p.kill(id).unwrap();
+    assert!(p.wait(id, Some(Duration::from_secs(20))).unwrap().finished());
+    back
+}
+
+/// Ctrl-C and Ctrl-\ at an interactive job-control shell end its
+/// foreground job and the shell prompts again; the sandbox goes on. Under
+/// this gVisor (before release-20230227.0) the guest sends them to the
+/// session leader's group, which misses a foreground job in a group of its
+/// own: there it is reported, not asserted (a known gap, see the README).
+fn ctrl_c_and_ctrl_backslash_interrupt_the_foreground_job_of_an_interactive_shell(kind: Kind) {
+    let (_d, ws) = workspace();
+    let Some(sb) = open(kind, &ws, Limits::default()) else {
+        return;
+    };
+    for typed in [b"\x03", b"\x1c"] {
+        let back = a_control_byte_interrupts_the_foreground_job_of_an_interactive_shell(
+            sb.as_ref(),
+            typed,
+            // Under gVisor a short look: it is reported, not asserted.
+            if matches!(kind, Kind::Runc) { 100 } else { 10 },
+        );
+        if matches!(kind, Kind::Runc) {
+            assert!(back, "{typed:?} did not interrupt the foreground job");
+        } else {
+            eprintln!("{typed:?} interrupted the foreground job under gVisor: {back}");
+        }
     }
     let out = sh(sb.as_ref(), "echo ok");
     assert_eq!(text(&out.stdout), "ok\n");
@@ -693,6 +768,10 @@ macro_rules! escapes_on {
             #[test]
             fn ctrl_d_ends_cat_on_a_terminal_where_the_kernel_delivers_end_of_file() {
                 super::ctrl_d_ends_cat_on_a_terminal_where_the_kernel_delivers_end_of_file($kind)
+            }
+            #[test]
+            fn ctrl_c_and_ctrl_backslash_interrupt_the_foreground_job_of_an_interactive_shell() {
+                super::ctrl_c_and_ctrl_backslash_interrupt_the_foreground_job_of_an_interactive_shell($kind)
             }
             #[test]
             fn a_1_gib_allocation_under_memory_256m_fails() {
