@@ -78,6 +78,9 @@ impl RunPlan {
             mask_dirs: GUEST_FD_DIRS.iter().map(PathBuf::from).collect(),
             seccomp: true,
             guard: true,
+            // Counted by gVisor's kernel (see `Seal::pids_max`), instead
+            // of `--pids-limit`.
+            pids_max: self.limits.pids,
             ..Seal::default()
         })
     }
@@ -190,7 +193,11 @@ fn lockdown_args(engine: &Engine, plan: &RunPlan) -> Vec<String> {
             memory.to_string(),
         ]);
     }
-    if let Some(pids) = limits.pids {
+    // A sealing guest limits processes inside, in gVisor's own pids
+    // controller: the host cgroup `--pids-limit` sets also counts
+    // gVisor's threads, and hitting it ends the whole container. Unsealed
+    // under gVisor only with --best-effort (see `Prepared::new`).
+    if let Some(pids) = limits.pids.filter(|_| !plan.sealed) {
         a.extend(["--pids-limit".into(), pids.to_string()]);
     }
     if let Some(milli) = limits.cpus_milli {
@@ -328,6 +335,7 @@ mod tests {
         let add = argv.iter().position(|a| a == "--cap-add").unwrap();
         assert!(drop < add);
         let seal = p.seal().unwrap();
+        assert_eq!(seal.pids_max, None);
         assert!(seal.seccomp && seal.guard);
         assert_eq!(
             seal.mask_dirs,
@@ -415,6 +423,18 @@ mod tests {
             "--stdio",
         ];
         assert_eq!(argv, expected);
+    }
+
+    #[test]
+    fn a_sealed_gvisor_guest_limits_processes_inside_not_in_the_host_cgroup() {
+        let mut p = plan();
+        p.runtime = Some("runsc".into());
+        p.user = (0, 0);
+        p.sealed = true;
+        p.limits.pids = Some(128);
+        let argv = run_argv(&docker(), &p);
+        assert!(!argv.iter().any(|a| a == "--pids-limit"), "{argv:?}");
+        assert_eq!(p.seal().and_then(|s| s.pids_max), Some(128));
     }
 
     #[test]

@@ -154,6 +154,19 @@ impl Prepared {
                 ),
             });
         }
+        if gvisor && !plan.sealed && plan.limits.pids.is_some() && !spec.best_effort {
+            // Only a sealing guest can limit processes inside gVisor; the
+            // runtime's host cgroup also counts gVisor's own threads, so a
+            // command that reaches the limit ends the whole container.
+            return Err(Error::Backend {
+                backend: NAME.into(),
+                op: "apply limits",
+                message: format!(
+                    "under the gVisor runtime {} --pids is applied inside the sandbox by the guest, which needs the guest started as root; without it the limit would fall on the runtime's host cgroup, which also counts gVisor's own threads (a command reaching it ends the whole sandbox); run hako as root with the guest, use --backend gvisor, or pass --best-effort to take the host cgroup's limit",
+                    plan.runtime.as_deref().unwrap_or("")
+                ),
+            });
+        }
         let isolation = if gvisor {
             Isolation::Kernel
         } else {

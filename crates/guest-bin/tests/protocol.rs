@@ -141,6 +141,7 @@ fn a_seal_that_cannot_be_applied_is_refused_and_nothing_is_served() {
             mask_dirs: vec![file.path().to_path_buf()],
             seccomp: true,
             guard: false,
+            pids_max: None,
         }),
     });
     assert!(message.contains("cannot seal the sandbox"), "{message}");

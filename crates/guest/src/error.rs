@@ -90,6 +90,10 @@ pub enum GuestError {
     /// give it `CAP_SETPCAP`.
     #[error("the bounding set could not be emptied (the guest was not given CAP_SETPCAP)")]
     BoundingSetNotEmptied,
+    /// A sealed guest set its process limit but is not counted by it
+    /// (gVisor's `pids` controller did not take it).
+    #[error("the process limit was set but the guest is not in its group ({0}): the limit would not hold")]
+    PidsNotJoined(String),
     /// `fork` (or `clone`) reported a pid of 0.
     #[error("fork returned pid 0")]
     ZeroPid,

@@ -29,7 +29,8 @@ pub struct BundlePlan {
     pub host_view: bool,
     /// uid and gid commands run as.
     pub user: (u32, u32),
-    /// Limits (memory, pids and CPUs only when they can be enforced).
+    /// Limits (memory and CPUs only when they can be enforced; pids by the
+    /// guest's seal, see [`BundlePlan::seal`]).
     pub limits: Limits,
     /// Size of `/tmp`, bytes.
     pub tmp_size: u64,
@@ -83,6 +84,9 @@ impl BundlePlan {
             mask_dirs,
             seccomp: true,
             guard: true,
+            // Counted by gVisor's kernel, not on the host (see
+            // `Seal::pids_max`): never in the bundle's resources.
+            pids_max: self.limits.pids,
         }
     }
 }
@@ -129,9 +133,9 @@ pub fn config_json(plan: &BundlePlan) -> Value {
     if let Some(memory) = plan.limits.memory {
         resources.insert("memory".into(), json!({"limit": memory, "swap": memory}));
     }
-    if let Some(pids) = plan.limits.pids {
-        resources.insert("pids".into(), json!({"limit": pids}));
-    }
+    // No `pids` here: a host cgroup's limit also counts gVisor's own host
+    // threads, and hitting it ends the whole sandbox. The guest applies
+    // it inside instead (`BundlePlan::seal`).
     if let Some(milli) = plan.limits.cpus_milli {
         resources.insert(
             "cpu".into(),
@@ -377,7 +381,10 @@ mod tests {
         assert!(config["linux"].get("seccomp").is_none());
         let r = &config["linux"]["resources"];
         assert_eq!(r["memory"]["limit"], json!(1u64 << 28));
-        assert_eq!(r["pids"]["limit"], json!(64));
+        // The process limit is the guest's, counted by gVisor's kernel
+        // (a host cgroup's would count gVisor's own threads too).
+        assert!(r.get("pids").is_none(), "{r}");
+        assert_eq!(plan().seal().pids_max, Some(64));
         assert_eq!(r["cpu"]["quota"], json!(50_000));
         let find = |dst: &str| mount_at(&config, dst);
         let ws = find("/w").unwrap_or_else(|| panic!("workspace mount"));
@@ -459,6 +466,7 @@ mod tests {
                 ],
                 seccomp: true,
                 guard: true,
+                pids_max: Some(64),
             }
         );
         // An image has no host secrets to hide, but still gets the filter.
@@ -469,6 +477,7 @@ mod tests {
                 mask_dirs: vec!["/proc/1/fd".into(), "/proc/1/task/1/fd".into()],
                 seccomp: true,
                 guard: true,
+                pids_max: Some(64),
                 ..Seal::default()
             }
         );

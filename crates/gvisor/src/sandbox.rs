@@ -94,16 +94,17 @@ impl GvisorSandbox {
         let guest = locate_static_guest(NAME, config.launch.guest.as_deref())?;
         let rootless = !hako_sys::rustix::process::geteuid().is_root();
         let mut limits = spec.limits;
-        if rootless
-            && (limits.memory.is_some() || limits.pids.is_some() || limits.cpus_milli.is_some())
-        {
+        // --pids is applied inside by the guest's seal (gVisor's own pids
+        // controller), with or without root; memory and CPUs need runsc's
+        // host cgroups.
+        if rootless && (limits.memory.is_some() || limits.cpus_milli.is_some()) {
             if !spec.best_effort {
                 return Err(backend_err(
                     "apply limits",
-                    "--memory, --pids and --cpus need runsc's cgroups, which only root gets; run as root or pass --best-effort",
+                    "--memory and --cpus need runsc's cgroups, which only root gets; run as root or pass --best-effort",
                 ));
             }
-            (limits.memory, limits.pids, limits.cpus_milli) = (None, None, None);
+            (limits.memory, limits.cpus_milli) = (None, None);
         }
         let io = |op: &'static str| move |e: std::io::Error| backend_err(op, e.to_string());
         let owner = Owner::current();
@@ -169,8 +170,7 @@ impl GvisorSandbox {
             .map_err(io("create the bundle"))?;
         let name = hako_container::unique_name("hako");
         let runsc = runsc_path(config.runsc.as_deref());
-        let cgroups =
-            limits.memory.is_some() || limits.pids.is_some() || limits.cpus_milli.is_some();
+        let cgroups = limits.memory.is_some() || limits.cpus_milli.is_some();
         let argv = run_argv(&runsc, &state, dir.path(), &name, rootless, cgroups, &plan);
         let mut cleanup_argv = vec![
             runsc.display().to_string(),

@@ -62,7 +62,25 @@ pub struct Seal {
     /// cannot keep it refuses to serve.
     #[serde(default)]
     pub guard: bool,
+    /// At most this many processes (and threads) in the whole sandbox,
+    /// counted by gVisor's own kernel, not the host's: the guest mounts
+    /// the Sentry's `pids` cgroup controller, creates a group with this
+    /// `pids.max`, joins it (as pid 1, before it forks anything, so every
+    /// process of the sandbox is counted, as on `linux`) and hides the
+    /// hierarchy behind an empty read-only tmpfs ([`PIDS_CGROUP_DIR`]).
+    /// A fork past it fails with `EAGAIN` inside; the sandbox goes on. A
+    /// limit on the runtime's host cgroup would also count gVisor's own
+    /// host threads and end the whole sandbox instead.
+    #[serde(default)]
+    pub pids_max: Option<u64>,
 }
+
+/// Where a sealing guest mounts the `pids` hierarchy for
+/// [`Seal::pids_max`]: a directory it then covers with an empty
+/// read-only tmpfs (a covered hierarchy keeps its limit; an unmounted one
+/// would lose it), and that the seal masks in any case
+/// ([`GUEST_FD_DIRS`]).
+pub const PIDS_CGROUP_DIR: &str = GUEST_FD_DIRS[0];
 
 /// The guest's descriptor directories in `/proc`, which a gVisor guest
 /// hides behind an empty read-only tmpfs when it seals itself
