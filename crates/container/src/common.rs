@@ -182,6 +182,18 @@ pub fn limit_reports(limits: &Limits) -> Vec<LimitReport> {
     hako_driver::sandbox::resource_limit_reports(limits, LimitMechanism::Runtime)
 }
 
+/// [`limit_reports`] for a sandbox whose guest counts `--pids` itself in
+/// the sandbox's own kernel (gVisor, sealed: see `Seal::pids_max`).
+pub fn limit_reports_pids_inside(limits: &Limits) -> Vec<LimitReport> {
+    let mut reports = limit_reports(limits);
+    for r in &mut reports {
+        if r.kind == hako_core::LimitKind::Pids {
+            r.mechanism = LimitMechanism::SandboxKernel;
+        }
+    }
+    reports
+}
+
 /// `cpus_milli` as the decimal the runtimes take (`1500` is `1.5`).
 pub fn cpus_decimal(milli: u64) -> String {
     format!("{}.{:03}", milli / 1000, milli % 1000)

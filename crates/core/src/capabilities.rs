@@ -92,6 +92,10 @@ pub enum LimitMechanism {
     Rlimit,
     /// The container runtime (Docker, Podman, runsc), with its own cgroups.
     Runtime,
+    /// A cgroup of the sandbox's own kernel (gVisor's), set up by the
+    /// guest before it serves: it counts the processes inside, not the
+    /// runtime's own threads on the host.
+    SandboxKernel,
 }
 
 /// One limit in force.

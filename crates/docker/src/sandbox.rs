@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, Once};
 
 use hako_container::runner::{CliRunner, Runner};
 use hako_container::{
-    base_env, limit_reports, locate_static_guest, ContainerLauncher, Engine, EngineKind, Owner,
-    RunNetwork, DEFAULT_TMP_SIZE,
+    base_env, limit_reports, limit_reports_pids_inside, locate_static_guest, ContainerLauncher,
+    Engine, EngineKind, Owner, RunNetwork, DEFAULT_TMP_SIZE,
 };
 use hako_core::{Capabilities, Error, Isolation, NetworkPolicy, Result, SandboxSpec};
 use hako_driver::network::NetworkSetup;
@@ -187,7 +187,11 @@ impl Prepared {
             });
         }
         let mut limits = common_limits(spec.max_output, &fence);
-        limits.extend(limit_reports(&spec.limits));
+        limits.extend(if plan.seal().is_some_and(|s| s.pids_max.is_some()) {
+            limit_reports_pids_inside(&spec.limits)
+        } else {
+            limit_reports(&spec.limits)
+        });
         let caps = Capabilities {
             backend: NAME.into(),
             isolation,

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, Once};
 
 use hako_container::runner::{CliRunner, Runner};
 use hako_container::{
-    base_env, limit_reports, locate_static_guest, ContainerLauncher, Owner, RunNetwork,
+    base_env, limit_reports_pids_inside, locate_static_guest, ContainerLauncher, Owner, RunNetwork,
     DEFAULT_TMP_SIZE,
 };
 use hako_core::{Capabilities, Error, Isolation, NetworkPolicy, Result, SandboxSpec};
@@ -182,7 +182,7 @@ impl GvisorSandbox {
         }
         cleanup_argv.extend(["delete".into(), "--force".into(), name.clone()]);
         let mut reports = common_limits(spec.max_output, &fence);
-        reports.extend(limit_reports(&limits));
+        reports.extend(limit_reports_pids_inside(&limits));
         let caps = Capabilities {
             backend: NAME.into(),
             isolation: Isolation::Kernel,
