@@ -29,6 +29,8 @@ mod allow;
 mod budget;
 mod classify;
 mod decide;
+#[cfg(test)]
+mod fuzz;
 pub mod handoff;
 mod http;
 mod live;
