@@ -617,9 +617,19 @@ fn past_max_sandboxes_a_create_is_refused_429_naming_the_flag_and_a_close_makes_
     let message = body["error"].as_str().unwrap_or_default();
     assert!(message.contains("--max-sandboxes"), "{body}");
     // The open ones are untouched, and closing one makes room for another.
-    let (status, _) = json(s.port, "GET", &format!("/v1/sandboxes/{}", ids[0]), Value::Null);
+    let (status, _) = json(
+        s.port,
+        "GET",
+        &format!("/v1/sandboxes/{}", ids[0]),
+        Value::Null,
+    );
     assert_eq!(status, 200);
-    let (status, _) = json(s.port, "DELETE", &format!("/v1/sandboxes/{}", ids[1]), Value::Null);
+    let (status, _) = json(
+        s.port,
+        "DELETE",
+        &format!("/v1/sandboxes/{}", ids[1]),
+        Value::Null,
+    );
     assert_eq!(status, 200);
     let (status, body) = json(s.port, "POST", "/v1/sandboxes", Value::Null);
     assert_eq!(status, 201, "{body}");
@@ -932,3 +942,6 @@ fn try_health(port: u16) -> Vec<u8> {
     let _ = c.read_to_end(&mut raw);
     raw
 }
+
+#[path = "api/fuzz.rs"]
+mod fuzz;
