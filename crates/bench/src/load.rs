@@ -309,7 +309,10 @@ pub fn run_load(options: &LoadOptions) -> Result<LoadReport, String> {
     let _ = std::fs::remove_dir_all(&scratch);
     let hako = hako_side?;
     let (docker, docker_skipped) = if options.docker_containers == 0 {
-        (None, Some("not asked for (--docker-containers 0)".to_string()))
+        (
+            None,
+            Some("not asked for (--docker-containers 0)".to_string()),
+        )
     } else {
         match load_docker(options) {
             Ok(side) => (Some(side), None),
@@ -545,7 +548,15 @@ fn load_docker(options: &LoadOptions) -> Result<LoadSide, String> {
     let started = Instant::now();
     let ids: Vec<Option<String>> = fan_out(n, options.clients, |_, _| {
         match docker(&[
-            "run", "-d", "--rm", "--label", &label, "--network", "none", &image, "sleep",
+            "run",
+            "-d",
+            "--rm",
+            "--label",
+            &label,
+            "--network",
+            "none",
+            &image,
+            "sleep",
             "infinity",
         ]) {
             Ok(id) => Some(id),

@@ -69,7 +69,10 @@ pub(super) fn spawn_guest(
         backend_err(
             backend,
             "start hako-guest",
-            format!("{}: {what}; hint: set HAKO_GUEST to the hako-guest binary", guest.display()),
+            format!(
+                "{}: {what}; hint: set HAKO_GUEST to the hako-guest binary",
+                guest.display()
+            ),
         )
     };
     let null = std::fs::OpenOptions::new()
