@@ -34,7 +34,7 @@ fn first_seed() -> u64 {
     std::env::var("HAKO_FUZZ_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(0x6d63_70)
+        .unwrap_or(0x006d_6370)
 }
 
 const PIECES: &[&str] = &[

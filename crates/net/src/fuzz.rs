@@ -50,10 +50,10 @@ fn input(rng: &mut fastrand::Rng, pieces: &[&[u8]], max: usize) -> Vec<u8> {
             60..=84 => out.push(rng.u8(..)),
             85..=89 => {
                 let b = if rng.bool() { rng.u8(..) } else { b'a' };
-                out.extend(std::iter::repeat(b).take(rng.usize(0..max.min(70_000))));
+                out.extend(std::iter::repeat_n(b, rng.usize(0..max.min(70_000))));
             }
             90..=94 => out.extend_from_slice(rng.u64(..).to_string().as_bytes()),
-            _ => out.extend(std::iter::repeat(b'9').take(rng.usize(1..40))),
+            _ => out.extend(std::iter::repeat_n(b'9', rng.usize(1..40))),
         }
         if out.len() >= max {
             out.truncate(max);
