@@ -29,10 +29,17 @@
 //! ([`Report::table`]) or as JSON ([`Report::to_json`]); the `hako bench`
 //! subcommand parses its flags and calls it.
 //!
-//! Modules: `measure` (timing and statistics), `reference` (the reference
+//! - **Load** ([`run_load`], `hako bench --load`): many sandboxes opened at
+//!   once through the HTTP API of a `hako serve` it starts on loopback,
+//!   commands run in each from concurrent clients, against the same work
+//!   done with `docker run -d` and `docker exec`.
+//!
+//! Modules: `load` (the load benchmark, and `http` its client), (timing and statistics), `reference` (the reference
 //! tools), `runs` (one backend's cold, warm and fence runs), `proxy` (the
 //! egress proxy's throughput), `report` (the findings and their printing).
 
+mod http;
+mod load;
 mod measure;
 mod proxy;
 mod reference;
@@ -43,6 +50,7 @@ use std::path::PathBuf;
 
 use hako_runtime::{BackendArg, BackendKind};
 
+pub use load::{run_load, LoadOptions, LoadReport, LoadSide};
 pub use measure::Stats;
 pub use report::{Comparison, Reference, Report, Table, Throughput};
 

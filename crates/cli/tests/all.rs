@@ -1546,3 +1546,36 @@ fn hako_serve_warns_about_a_token_file_open_to_others_and_a_listen_address_beyon
     );
     assert!(!said.contains("warning"), "{said}");
 }
+
+#[test]
+fn bench_load_opens_sandboxes_through_serve_runs_commands_in_each_and_closes_them_all() {
+    // The load benchmark's whole code path at a small scale (no figure is
+    // asserted: it is a benchmark; this checks that it works).
+    let out = hako()
+        .args(["bench", "--load", "--backend", "linux", "--sandboxes", "5"])
+        .args([
+            "--clients",
+            "3",
+            "--commands",
+            "2",
+            "--docker-containers",
+            "0",
+            "--json",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let hako = &v["hako"];
+    assert_eq!(hako["opened"], 5, "{v}");
+    assert_eq!(hako["commands"], 10, "{v}");
+    assert_eq!(hako["errors"], 0, "{v}");
+    assert!(hako["pss_per_idle_mib"].as_f64().is_some(), "{v}");
+    assert!(v["docker"].is_null(), "{v}");
+}

@@ -34,6 +34,8 @@
 
 mod exec;
 mod files;
+#[cfg(test)]
+mod fuzz;
 mod http;
 mod ignores;
 mod search;

@@ -30,6 +30,8 @@ mod budget;
 mod classify;
 mod decide;
 mod dns;
+#[cfg(test)]
+mod fuzz;
 pub mod handoff;
 mod http;
 mod live;

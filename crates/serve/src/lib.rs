@@ -75,7 +75,8 @@ const MAX_EXECS: usize = 32;
 /// bytes in memory.
 const MAX_TRANSFERS: usize = 8;
 
-/// The most sandboxes open at once.
+/// The most sandboxes open at once by default
+/// ([`ServeConfig::max_sandboxes`]); past it a create is answered `429`.
 pub const MAX_SANDBOXES: usize = 32;
 
 /// A command's deadline when the request gives none.
@@ -135,6 +136,10 @@ pub struct ServeConfig {
     pub write_timeout: Duration,
     /// The most connections open at once ([`MAX_CONNECTIONS`] by default).
     pub max_connections: usize,
+    /// The most sandboxes open (or being opened) at once
+    /// ([`MAX_SANDBOXES`] by default); one more create is answered `429`
+    /// `too_many_sandboxes`, naming this bound.
+    pub max_sandboxes: usize,
     /// Whether SIGINT and SIGTERM stop the server (closing every sandbox
     /// and the audit log). Off by default: a library must not take a
     /// process's signals unasked.
@@ -156,6 +161,7 @@ impl ServeConfig {
             header_timeout: HEADER_TIMEOUT,
             write_timeout: WRITE_TIMEOUT,
             max_connections: MAX_CONNECTIONS,
+            max_sandboxes: MAX_SANDBOXES,
             stop_on_signals: false,
         }
     }

@@ -1,4 +1,5 @@
-//! The sandboxes a client opens (at most [`MAX_SANDBOXES`]), lists, looks
+//! The sandboxes a client opens (at most
+//! [`ServeConfig::max_sandboxes`](crate::ServeConfig::max_sandboxes)), lists, looks
 //! at and closes, and the shell sessions in them.
 
 use std::sync::atomic::Ordering;
@@ -10,7 +11,6 @@ use serde_json::{json, Value};
 
 use crate::reply::{error, from_error, no_sandbox, reply, Reply};
 use crate::state::{self, audit, table, with_sandbox, State};
-use crate::MAX_SANDBOXES;
 
 /// `POST /v1/sandboxes`: opens one with the server's factory.
 pub(crate) fn create(state: &State) -> Reply {
@@ -18,11 +18,15 @@ pub(crate) fn create(state: &State) -> Reply {
     // concurrent creates cannot pass the limit between check and insert.
     {
         let mut t = table(state);
-        if t.open.len() + t.opening >= MAX_SANDBOXES {
+        let max = state.config.max_sandboxes;
+        if t.open.len() + t.opening >= max {
             return error(
                 429,
                 "too_many_sandboxes",
-                format!("{MAX_SANDBOXES} sandboxes are open; close one first"),
+                format!(
+                    "{max} sandboxes are open, the most this server allows \
+                     (hako serve --max-sandboxes); close one first"
+                ),
             );
         }
         t.opening += 1;

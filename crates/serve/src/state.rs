@@ -30,7 +30,7 @@ pub(crate) struct State {
 }
 
 /// The open sandboxes, and how many are being opened (they count against
-/// [`MAX_SANDBOXES`](crate::MAX_SANDBOXES) already, so that concurrent creates cannot pass it).
+/// [`ServeConfig::max_sandboxes`] already, so that concurrent creates cannot pass it).
 #[derive(Default)]
 pub(crate) struct Table {
     pub(crate) open: HashMap<u64, Arc<dyn Sandbox>>,

@@ -599,6 +599,43 @@ fn concurrent_creates_cannot_open_more_sandboxes_than_the_limit() {
 }
 
 #[test]
+fn past_max_sandboxes_a_create_is_refused_429_naming_the_flag_and_a_close_makes_room() {
+    let s = start_config(
+        |root| Ok(Box::new(HostSandbox::new(HostConfig::new(root))?) as Box<dyn hako_core::Sandbox>),
+        |c| c.max_sandboxes = 3,
+    );
+    let ids: Vec<Value> = (0..3)
+        .map(|_| {
+            let (status, body) = json(s.port, "POST", "/v1/sandboxes", Value::Null);
+            assert_eq!(status, 201, "{body}");
+            body["id"].clone()
+        })
+        .collect();
+    let (status, body) = json(s.port, "POST", "/v1/sandboxes", Value::Null);
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["kind"], "too_many_sandboxes", "{body}");
+    let message = body["error"].as_str().unwrap_or_default();
+    assert!(message.contains("--max-sandboxes"), "{body}");
+    // The open ones are untouched, and closing one makes room for another.
+    let (status, _) = json(
+        s.port,
+        "GET",
+        &format!("/v1/sandboxes/{}", ids[0]),
+        Value::Null,
+    );
+    assert_eq!(status, 200);
+    let (status, _) = json(
+        s.port,
+        "DELETE",
+        &format!("/v1/sandboxes/{}", ids[1]),
+        Value::Null,
+    );
+    assert_eq!(status, 200);
+    let (status, body) = json(s.port, "POST", "/v1/sandboxes", Value::Null);
+    assert_eq!(status, 201, "{body}");
+}
+
+#[test]
 fn a_query_path_that_is_malformed_not_utf8_or_has_a_nul_is_refused_never_rewritten() {
     let s = start();
     let (_, created) = json(s.port, "POST", "/v1/sandboxes", Value::Null);
@@ -1078,3 +1115,6 @@ fn a_sandbox_that_cannot_be_opened_is_recorded_in_the_audit_log() {
         "{records:?}"
     );
 }
+
+#[path = "api/fuzz.rs"]
+mod fuzz;

@@ -27,6 +27,10 @@ pub struct ServeArgs {
     /// Record every effect in this hash-chained audit log.
     #[arg(long, value_name = "FILE")]
     audit: Option<PathBuf>,
+    /// The most sandboxes open at once; one more is refused (429).
+    #[arg(long, value_name = "N", default_value_t = hako_serve::MAX_SANDBOXES as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_sandboxes: u64,
 }
 
 /// Runs `hako serve`.
@@ -102,6 +106,7 @@ pub fn run(args: ServeArgs) -> u8 {
     // SIGINT and SIGTERM stop it: every sandbox is closed, then the audit
     // log gets its closing record.
     config.stop_on_signals = true;
+    config.max_sandboxes = usize::try_from(args.max_sandboxes).unwrap_or(usize::MAX);
     match hako_serve::serve(listener, config) {
         Ok(()) => 0,
         Err(e) => fail(&e),

@@ -5,12 +5,11 @@
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use hako_core::{Error, Result};
-use hako_sys::spawn::{prepare, ChildSetup};
+use hako_sys::vfork::{spawn, ChildStack, SpawnCwd, SpawnSpec};
 
 use super::backend_err;
 use crate::InProcessGuest;
@@ -48,44 +47,58 @@ pub fn locate_guest() -> Result<PathBuf> {
     ))
 }
 
-/// Starts `hako-guest` in `cwd` with an empty environment, the given stdio,
-/// the control socket at fd 3 and nothing else open, in a process group of
-/// its own (Ctrl-C at the terminal goes to hako's group; the guest learns of
-/// hako's end through its control socket instead).
+/// Starts `hako-guest` in `cwd` with an empty environment, stdio on
+/// `/dev/null`, the control socket at fd 3 and nothing else open, in a
+/// session (and so a process group) of its own (Ctrl-C at the terminal goes
+/// to hako's group; the guest learns of hako's end through its control
+/// socket instead).
+///
+/// Started with `clone(CLONE_VM | CLONE_VFORK)` ([`hako_sys::vfork`]), not
+/// `fork`: a server holding many sandboxes is a large process (a thread and
+/// its stack per sandbox, thousands of mappings and descriptors), and a
+/// fork copies its page tables only for `exec` to throw them away, which
+/// made each sandbox opened slower than the last.
 pub(super) fn spawn_guest(
     backend: &'static str,
     guest: &Path,
     cwd: OwnedFd,
     ctl_guest: UnixStream,
-    [stdin, stdout, stderr]: [Stdio; 3],
-) -> Result<std::process::Child> {
-    let mut command = std::process::Command::new(guest);
-    command
-        .env_clear()
-        .stdin(stdin)
-        .stdout(stdout)
-        .stderr(stderr);
-    prepare(
-        &mut command,
-        ChildSetup {
-            cwd: Some(cwd),
-            fd3: Some(OwnedFd::from(ctl_guest)),
-            new_process_group: true,
-            ..ChildSetup::default()
-        },
-    );
-    // The command is dropped on return, which closes the parent's copies of
-    // the guest's ends.
-    command.spawn().map_err(|e| {
+) -> Result<hako_sys::rustix::process::Pid> {
+    use std::os::fd::AsFd;
+    let fail = |what: String| {
         backend_err(
             backend,
             "start hako-guest",
             format!(
-                "{}: {e}; hint: set HAKO_GUEST to the hako-guest binary",
+                "{}: {what}; hint: set HAKO_GUEST to the hako-guest binary",
                 guest.display()
             ),
         )
-    })
+    };
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map_err(|e| fail(format!("cannot open /dev/null: {e}")))?;
+    let mut stack = ChildStack::new().map_err(|e| fail(format!("cannot map a stack: {e}")))?;
+    let argv = [guest.to_string_lossy().into_owned()];
+    let pid = spawn(
+        SpawnSpec {
+            argv: &argv,
+            env: &[],
+            stdio: [null.as_fd(), null.as_fd(), null.as_fd()],
+            cwd: Some(SpawnCwd::Fd(cwd.as_fd())),
+            fd3: Some(ctl_guest.as_fd()),
+            new_session: true,
+            parent_death_kill: false,
+            controlling_tty: false,
+            rlimits: &[],
+        },
+        &mut stack,
+    )
+    .map_err(|e| fail(e.to_string()))?;
+    // The parent's copies of the guest's ends (cwd, ctl_guest) close here.
+    hako_sys::rustix::process::Pid::from_raw(pid).ok_or_else(|| fail("spawned pid 0".into()))
 }
 
 /// Forks this (single-threaded) process; the child becomes the guest: in
@@ -117,9 +130,8 @@ pub(super) fn fork_guest(
 
 /// The guest's process (for `linux`, the launcher outside the namespaces).
 pub(super) enum GuestProcess {
-    /// `hako-guest`, executed.
-    Spawned(std::process::Child),
-    /// A fork of this process running the guest's code.
+    /// A child known by its pid: a fork of this process running the
+    /// guest's code, or `hako-guest` started by [`spawn_guest`].
     Forked(hako_sys::rustix::process::Pid),
     /// A container runtime's client attached to the guest's stdio: it
     /// exits once the container is gone, so closing waits for it.
@@ -129,7 +141,7 @@ pub(super) enum GuestProcess {
 impl GuestProcess {
     pub(super) fn kill(&mut self) {
         match self {
-            GuestProcess::Spawned(child) | GuestProcess::Piped(child) => {
+            GuestProcess::Piped(child) => {
                 let _ = child.kill();
             }
             GuestProcess::Forked(pid) => {
@@ -144,7 +156,7 @@ impl GuestProcess {
     /// Reaps the process if it has ended; whether it had.
     pub(super) fn try_reap(&mut self) -> bool {
         match self {
-            GuestProcess::Spawned(child) | GuestProcess::Piped(child) => {
+            GuestProcess::Piped(child) => {
                 matches!(child.try_wait(), Ok(Some(_)))
             }
             GuestProcess::Forked(pid) => matches!(
@@ -160,7 +172,6 @@ impl GuestProcess {
     /// Waits for the process; whether it exited with status 0.
     pub(super) fn wait(&mut self) -> bool {
         match self {
-            GuestProcess::Spawned(child) => child.wait().is_ok_and(|s| s.success()),
             GuestProcess::Piped(child) => {
                 // A runtime's client waits on its daemon, which may be
                 // wedged: bounded, then killed (the launcher then removes

@@ -6,7 +6,6 @@ use std::io::BufReader;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -78,13 +77,7 @@ impl Connection {
                     Some(path) => path,
                     None => locate_guest()?,
                 };
-                GuestProcess::Spawned(spawn_guest(
-                    backend,
-                    &path,
-                    cwd,
-                    ctl_guest,
-                    [Stdio::null(), Stdio::null(), Stdio::null()],
-                )?)
+                GuestProcess::Forked(spawn_guest(backend, &path, cwd, ctl_guest)?)
             }
         };
         let hello = hello.then_some(Hello {
