@@ -1289,3 +1289,37 @@ fn an_audit_log_beneath_a_bind_mount_of_the_workspace_is_refused() {
     assert!(!d.ws.join("ran").exists(), "the command ran");
     assert!(!d.ws.join("audit.log").exists());
 }
+
+#[test]
+fn an_audit_log_cut_mid_line_by_a_crash_is_named_and_the_next_run_goes_on() {
+    let d = dirs();
+    let log = d.outside.join("audit.log");
+    let log_s = log.to_str().unwrap();
+    let out = run_in(&d.ws, &["--audit", log_s, "--", "echo", "one"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // A crash of hako in the middle of writing a line: the file ends in
+    // part of a record.
+    let mut bytes = std::fs::read(&log).unwrap();
+    bytes.pop();
+    let cut_at = bytes.len() - 15;
+    bytes.truncate(cut_at);
+    std::fs::write(&log, &bytes).unwrap();
+    let kept = bytes.len() - bytes.iter().rposition(|&b| b == b'\n').unwrap() - 1;
+    let out = run_in(&d.ws, &["--audit", log_s, "--", "echo", "two"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "two\n");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!("{kept} bytes of a record cut off by a crash")),
+        "the run says what was cut: {err}"
+    );
+    let verify = hako().args(["audit", "verify"]).arg(&log).output().unwrap();
+    let said = text(&verify.stdout);
+    assert_eq!(verify.status.code(), Some(0), "{said}");
+    assert!(said.contains("1 line cut by a crash"), "{said}");
+    assert!(said.contains("damage: line"), "{said}");
+    let show = hako().args(["audit", "show"]).arg(&log).output().unwrap();
+    let shown = text(&show.stdout);
+    assert_eq!(show.status.code(), Some(0), "{shown}");
+    assert!(shown.contains("cut") && shown.contains("echo"), "{shown}");
+}
