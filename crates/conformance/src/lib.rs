@@ -126,6 +126,7 @@ macro_rules! __hako_with_case_names {
             stdout_flood_is_capped_and_counted,
             stderr_flood_is_capped_and_counted,
             output_at_or_under_the_cap_is_not_truncated,
+            a_ten_gib_output_flood_is_capped_and_counted_exactly,
             // file operations
             write_then_read_round_trips_binary_data,
             overwrite_is_atomic_and_leaves_no_temp_files,

@@ -101,3 +101,22 @@ case! {
         Ok(())
     }
 }
+
+/// Ten GiB: more than hako could ever hold, and more than a 32-bit count.
+const HUGE_FLOOD: u64 = 10 << 30;
+
+case! {
+    /// 10 GiB on stdout, as fast as the kernel makes it, with the default
+    /// cap: the caller keeps the cap and counts all of it exactly, nothing
+    /// crashes, and the sandbox goes on.
+    fn a_ten_gib_output_flood_is_capped_and_counted_exactly(h) {
+        let out = run(h, &Command::shell(format!("head -c {HUGE_FLOOD} /dev/zero")))?;
+        ensure_eq!(out.status, ExitStatus::Code(0), "status of the flood");
+        ensure!(!out.timed_out, "the flood timed out");
+        ensure!(out.stdout_truncated, "stdout not marked truncated");
+        ensure_eq!(out.stdout.len(), hako_core::DEFAULT_MAX_OUTPUT, "bytes kept");
+        ensure!(out.stdout.iter().all(|&b| b == 0), "the bytes kept are not the command's");
+        ensure_eq!(out.stdout_total, HUGE_FLOOD, "stdout total");
+        crate::check::still_works(h, "a 10 GiB flood")
+    }
+}
