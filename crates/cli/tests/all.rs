@@ -1323,3 +1323,34 @@ fn an_audit_log_cut_mid_line_by_a_crash_is_named_and_the_next_run_goes_on() {
     assert_eq!(show.status.code(), Some(0), "{shown}");
     assert!(shown.contains("cut") && shown.contains("echo"), "{shown}");
 }
+
+#[test]
+fn hako_out_of_file_descriptors_says_so_and_does_not_crash() {
+    let d = dirs();
+    for limit in ["8", "12"] {
+        // `ulimit -n` lowers the hard limit too: hako cannot raise it.
+        let out = Command::new("sh")
+            .args([
+                "-c",
+                "ulimit -n \"$1\" && exec \"$2\" run --workspace \"$3\" -- echo hi",
+                "sh",
+                limit,
+            ])
+            .arg(env!("CARGO_BIN_EXE_hako"))
+            .arg(&d.ws)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "limit {limit}: {err}");
+        assert!(
+            err.contains("too few file descriptors left")
+                && err.contains(&format!("its limit is {limit}")),
+            "limit {limit}: the error names the cause: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // And with room, the same command runs.
+    let out = run_in(&d.ws, &["--", "echo", "hi"]);
+    assert_eq!(text(&out.stdout), "hi\n", "{}", text(&out.stderr));
+}
