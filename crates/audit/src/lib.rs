@@ -34,6 +34,16 @@
 //!   another user in a shared directory);
 //! - a line longer than [`MAX_LINE`] while verifying (a log replaced by
 //!   `/dev/zero` is refused, not read without bound).
+//!
+//! A log cut mid-line (hako killed while it wrote a record, a full disk)
+//! is not refused for good, nor is the damage dropped: the next
+//! [`AuditLog::open`] keeps the cut bytes where they are, ends their line,
+//! and writes a record of kind [`CUT`] naming them (their line, length and
+//! SHA-256, and the last whole record before them), chained from that
+//! record; [`AuditLog::repaired`] tells the front end, which says so.
+//! [`verify`] accepts a line that is not a record only when the `cut`
+//! record right after it names exactly those bytes, and reports every
+//! such cut in [`Verified::cuts`].
 
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -52,6 +62,10 @@ pub use record::{
 
 /// The kind of the record a cleanly closed log ends with.
 pub const END: &str = "end";
+
+/// The kind of the record that names a line cut by a crash (see the
+/// crate's documentation).
+pub const CUT: &str = "cut";
 
 /// The longest line (without its newline) a log may hold. A record whose
 /// line would be longer is written as a digest of its fields instead (see
@@ -112,6 +126,33 @@ pub struct Verified {
     /// The last line's hash: kept elsewhere, it also shows whole runs cut
     /// off the end of the log.
     pub head: String,
+    /// The lines cut by a crash and named by the `cut` record after each,
+    /// in order: damage the chain survived, reported, never hidden.
+    pub cuts: Vec<Cut>,
+}
+
+/// A line of the log cut by a crash of its writer: what was kept of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cut {
+    /// The line of the file the cut bytes are on, counting from 1.
+    pub line: u64,
+    /// How many bytes of the record were written before the cut.
+    pub bytes: u64,
+    /// The hex SHA-256 of those bytes.
+    pub sha256: String,
+    /// The `seq` of the last whole record before the cut (0: none): the
+    /// record after it was lost.
+    pub after_seq: u64,
+}
+
+impl std::fmt::Display for Cut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "line {} holds {} bytes of a record cut off by a crash after record {} (sha256 {}); what that record said is lost",
+            self.line, self.bytes, self.after_seq, self.sha256
+        )
+    }
 }
 
 /// A record's line and hash: the record with its `hash` added.
@@ -140,6 +181,7 @@ struct Tail {
 pub struct AuditLog {
     path: PathBuf,
     tail: Mutex<Tail>,
+    repaired: Option<Cut>,
 }
 
 impl std::fmt::Debug for AuditLog {
@@ -161,7 +203,9 @@ impl AuditLog {
     /// Opens `path` for appending, creating it (mode 0600) if missing. An
     /// existing log must verify: its chain continues from its last line. A
     /// log closed before (ending with `end`) is continued after that
-    /// record.
+    /// record. A log whose last line was cut by a crash is continued
+    /// after a [`CUT`] record that names the cut bytes (see
+    /// [`AuditLog::repaired`]).
     ///
     /// `sandbox_writable` lists every directory the sandboxes this log
     /// records can write (their workspace and writable binds): a log that
@@ -170,19 +214,52 @@ impl AuditLog {
     /// crate's documentation).
     pub fn open(path: &Path, sandbox_writable: &[PathBuf]) -> Result<AuditLog, AuditError> {
         let file = open_log_file(path, sandbox_writable)?;
-        let (seq, prev) = {
-            let (_, seq, prev) = walk(path, BufReader::new(&file), false)?;
-            (seq, prev)
-        };
-        Ok(AuditLog {
+        let walked = walk(path, BufReader::new(&file), false, true)?;
+        let mut log = AuditLog {
             path: path.to_path_buf(),
             tail: Mutex::new(Tail {
                 file,
-                seq,
-                prev,
+                seq: walked.seq,
+                prev: walked.prev,
                 ended: false,
             }),
-        })
+            repaired: None,
+        };
+        match walked.end {
+            End::Clean => {}
+            End::Unterminated => {
+                // Cut just before its newline: the record is whole.
+                log.append_after(b"\n", "", Map::new())?;
+            }
+            End::Fragment {
+                line,
+                bytes,
+                terminated,
+            } => {
+                let cut = Cut {
+                    line,
+                    bytes: bytes.len() as u64,
+                    sha256: sha256_hex(&bytes),
+                    after_seq: walked.seq,
+                };
+                let mut fields = Map::new();
+                fields.insert("cut_line".into(), Value::from(cut.line));
+                fields.insert("cut_bytes".into(), Value::from(cut.bytes));
+                fields.insert("cut_sha256".into(), Value::from(cut.sha256.clone()));
+                fields.insert("cut_after_seq".into(), Value::from(cut.after_seq));
+                fields.insert("note".into(), Value::from(cut.to_string()));
+                let prefix: &[u8] = if terminated { b"" } else { b"\n" };
+                log.append_after(prefix, CUT, fields)?;
+                log.repaired = Some(cut);
+            }
+        }
+        Ok(log)
+    }
+
+    /// The cut this open found at the end of the log and recorded (a
+    /// [`CUT`] record), if any: a front end says so.
+    pub fn repaired(&self) -> Option<&Cut> {
+        self.repaired.as_ref()
     }
 
     /// Appends `record` and flushes it.
@@ -195,6 +272,18 @@ impl AuditLog {
     /// it. A line longer than [`MAX_LINE`] is written as a digest of its
     /// fields.
     fn append(&self, kind: &str, fields: Map<String, Value>) -> Result<(), AuditError> {
+        self.append_after(b"", kind, fields)
+    }
+
+    /// [`AuditLog::append`], its line written in one piece after `prefix`
+    /// (the newline that ends a cut line). An empty `kind` writes the
+    /// prefix alone.
+    fn append_after(
+        &self,
+        prefix: &[u8],
+        kind: &str,
+        fields: Map<String, Value>,
+    ) -> Result<(), AuditError> {
         let io = |source| AuditError::Io {
             path: self.path.clone(),
             source,
@@ -205,6 +294,10 @@ impl AuditLog {
             .map_err(|_| io(io::Error::other("the audit log's lock is poisoned")))?;
         if tail.ended {
             return Err(io(io::Error::other("the audit log is closed")));
+        }
+        if kind.is_empty() {
+            tail.file.write_all(prefix).map_err(io)?;
+            return tail.file.flush().map_err(io);
         }
         // What every record has; an oversized one keeps only this.
         let mut head = Map::new();
@@ -230,7 +323,8 @@ impl AuditLog {
             );
             (line, hash) = finish(short);
         }
-        let mut bytes = line.into_bytes();
+        let mut bytes = prefix.to_vec();
+        bytes.extend_from_slice(line.as_bytes());
         bytes.push(b'\n');
         tail.file.write_all(&bytes).map_err(io)?;
         tail.file.flush().map_err(io)?;
@@ -369,14 +463,57 @@ fn open_log_file(path: &Path, sandbox_writable: &[PathBuf]) -> Result<fs::File, 
     Ok(fs::File::from(fd))
 }
 
-/// Walks a log: its records (when `keep`), the next `seq` and the last
-/// hash. Checks each line follows from the one before; no line is read
-/// past [`MAX_LINE`].
+/// How a log's last line ends, as [`walk`] found it when cuts may be
+/// repaired.
+enum End {
+    /// With its newline (or the log is empty).
+    Clean,
+    /// A whole record without its newline.
+    Unterminated,
+    /// Bytes that are no record, at the end, not yet named by a `cut`
+    /// record; `terminated` when their line already has its newline.
+    Fragment {
+        line: u64,
+        bytes: Vec<u8>,
+        terminated: bool,
+    },
+}
+
+/// What [`walk`] found.
+struct Walked {
+    records: Vec<Line>,
+    /// The last record's `seq`.
+    seq: u64,
+    /// The last record's hash.
+    prev: String,
+    cuts: Vec<Cut>,
+    end: End,
+}
+
+/// A line as a JSON object, or why it is none.
+fn parse_line(bytes: &[u8]) -> Result<Map<String, Value>, String> {
+    let line = std::str::from_utf8(bytes).map_err(|_| "the line is not UTF-8".to_string())?;
+    let value: Value =
+        serde_json::from_str(line).map_err(|e| format!("the line is not a JSON record: {e}"))?;
+    match value {
+        Value::Object(obj) => Ok(obj),
+        _ => Err("the line is not a JSON object".into()),
+    }
+}
+
+/// Walks a log: its records (when `keep`), the last `seq` and hash, and
+/// the cuts named in it. Checks each record follows from the one before;
+/// no line is read past [`MAX_LINE`]. A line that is no record is
+/// accepted only when the next record is a `cut` that names its bytes;
+/// with `repair` (opening to append), one at the very end is returned as
+/// [`End::Fragment`] to be named, and a whole last record without its
+/// newline as [`End::Unterminated`].
 fn walk(
     path: &Path,
     mut reader: impl BufRead,
     keep: bool,
-) -> Result<(Vec<Line>, u64, String), AuditError> {
+    repair: bool,
+) -> Result<Walked, AuditError> {
     let broken = |line: u64, reason: String| AuditError::Broken {
         path: path.to_path_buf(),
         line,
@@ -384,8 +521,13 @@ fn walk(
     };
     let mut prev = sha256_hex(b"");
     let mut records = Vec::new();
+    let mut cuts = Vec::new();
+    let mut seq: u64 = 0;
     let mut n: u64 = 0;
     let mut buf = Vec::new();
+    // A line that was no record: (its line, its bytes, why).
+    let mut pending: Option<(u64, Vec<u8>, String)> = None;
+    let mut end = End::Clean;
     loop {
         buf.clear();
         let got = (&mut reader)
@@ -399,26 +541,45 @@ fn walk(
             break;
         }
         n += 1;
-        if buf.last() != Some(&b'\n') {
-            if buf.len() > MAX_LINE {
-                return Err(broken(
-                    n,
-                    format!("the line is longer than {MAX_LINE} bytes: this is not an audit log"),
-                ));
+        let terminated = buf.last() == Some(&b'\n');
+        if terminated {
+            buf.pop();
+        } else if buf.len() > MAX_LINE {
+            return Err(broken(
+                n,
+                format!("the line is longer than {MAX_LINE} bytes: this is not an audit log"),
+            ));
+        }
+        let obj = match parse_line(&buf) {
+            Ok(obj) => obj,
+            Err(reason) => {
+                if let Some((line, _, reason)) = pending {
+                    return Err(broken(line, reason));
+                }
+                if !terminated {
+                    if repair {
+                        end = End::Fragment {
+                            line: n,
+                            bytes: std::mem::take(&mut buf),
+                            terminated: false,
+                        };
+                        break;
+                    }
+                    return Err(broken(
+                        n,
+                        "the line is cut off (the file was truncated)".into(),
+                    ));
+                }
+                pending = Some((n, std::mem::take(&mut buf), reason));
+                continue;
             }
+        };
+        if !terminated && !repair {
             return Err(broken(
                 n,
                 "the line is cut off (the file was truncated)".into(),
             ));
         }
-        buf.pop();
-        let line =
-            std::str::from_utf8(&buf).map_err(|_| broken(n, "the line is not UTF-8".into()))?;
-        let value: Value = serde_json::from_str(line)
-            .map_err(|e| broken(n, format!("the line is not a JSON record: {e}")))?;
-        let Value::Object(obj) = value else {
-            return Err(broken(n, "the line is not a JSON object".into()));
-        };
         let hash = obj.get("hash").and_then(Value::as_str).unwrap_or("");
         if hash != record_hash(&obj) {
             return Err(broken(
@@ -426,14 +587,34 @@ fn walk(
                 "the line does not match its own hash: it was edited".into(),
             ));
         }
-        if obj.get("seq").and_then(Value::as_u64) != Some(n) {
+        if let Some((line, bytes, reason)) = pending.take() {
+            // Only a `cut` record naming exactly these bytes, right after
+            // them, makes them a cut rather than damage.
+            let cut = Cut {
+                line,
+                bytes: bytes.len() as u64,
+                sha256: sha256_hex(&bytes),
+                after_seq: seq,
+            };
+            let names_it = obj.get("kind").and_then(Value::as_str) == Some(CUT)
+                && obj.get("cut_line").and_then(Value::as_u64) == Some(cut.line)
+                && obj.get("cut_bytes").and_then(Value::as_u64) == Some(cut.bytes)
+                && obj.get("cut_sha256").and_then(Value::as_str) == Some(cut.sha256.as_str())
+                && obj.get("cut_after_seq").and_then(Value::as_u64) == Some(cut.after_seq);
+            if !names_it {
+                return Err(broken(line, reason));
+            }
+            cuts.push(cut);
+        }
+        if obj.get("seq").and_then(Value::as_u64) != Some(seq + 1) {
             return Err(broken(
                 n,
                 format!(
-                    "its seq is {} where {n} was due (a line was removed, added or moved)",
+                    "its seq is {} where {} was due (a line was removed, added or moved)",
                     obj.get("seq")
                         .map(Value::to_string)
-                        .unwrap_or_else(|| "missing".into())
+                        .unwrap_or_else(|| "missing".into()),
+                    seq + 1
                 ),
             ));
         }
@@ -443,19 +624,41 @@ fn walk(
                 "it does not follow the line before it (lines were removed, added or reordered, or the line before was rewritten whole)".into(),
             ));
         }
+        seq += 1;
         prev = hash.to_string();
         if keep {
             records.push(obj);
         }
+        if !terminated {
+            end = End::Unterminated;
+        }
     }
-    Ok((records, n, prev))
+    if let Some((line, bytes, reason)) = pending {
+        if !repair {
+            return Err(broken(line, reason));
+        }
+        // Its line was ended, the record naming it never written.
+        end = End::Fragment {
+            line,
+            bytes,
+            terminated: true,
+        };
+    }
+    Ok(Walked {
+        records,
+        seq,
+        prev,
+        cuts,
+        end,
+    })
 }
 
 /// Checks a whole log: `Err(Broken)` names the first line that does not
 /// follow from those before it; a log whose last record is not `end` is
 /// reported as cut off at the line after its last.
 pub fn verify(path: &Path) -> Result<Verified, AuditError> {
-    let (records, n, head) = walk(path, open_for_reading(path)?, true)?;
+    let walked = walk(path, open_for_reading(path)?, true, false)?;
+    let (records, n, head) = (walked.records, walked.seq, walked.prev);
     let closed = records
         .last()
         .and_then(|r| r.get("kind"))
@@ -472,13 +675,14 @@ pub fn verify(path: &Path) -> Result<Verified, AuditError> {
         records: n,
         closed,
         head,
+        cuts: walked.cuts,
     })
 }
 
 /// Every record of a log, in order, after [`verify`]ing the chain (a log
 /// without its closing record is shown too).
 pub fn records(path: &Path) -> Result<Vec<Line>, AuditError> {
-    walk(path, open_for_reading(path)?, true).map(|(records, _, _)| records)
+    walk(path, open_for_reading(path)?, true, false).map(|w| w.records)
 }
 
 fn open_for_reading(path: &Path) -> Result<BufReader<fs::File>, AuditError> {
@@ -768,5 +972,127 @@ mod tests {
         assert_eq!(records[1]["argv"][0], "true");
         // And it is continued after reopening.
         AuditLog::open(&path, &[]).unwrap();
+    }
+
+    /// The first four records of `log()` (its writer killed before `end`)
+    /// and `cut` bytes of the fifth: what a crash mid-write leaves.
+    fn cut_log(cut: usize, newline: bool) -> (tempfile::TempDir, PathBuf, Vec<String>) {
+        let (dir, path, lines) = log();
+        let mut text = lines[..4].join("\n");
+        text.push('\n');
+        text.push_str(&lines[4][..cut]);
+        if newline {
+            text.push('\n');
+        }
+        std::fs::write(&path, text).unwrap();
+        (dir, path, lines)
+    }
+
+    #[test]
+    fn an_audit_log_cut_mid_line_by_a_crash_is_continued_after_a_record_that_names_the_cut() {
+        let (_dir, path, lines) = cut_log(20, false);
+        // Before it is reopened the cut is named, not accepted.
+        let (line, reason) = broken_at(&path);
+        assert_eq!(line, 5, "{reason}");
+        assert!(reason.contains("cut off"), "{reason}");
+        let log = AuditLog::open(&path, &[]).unwrap();
+        let cut = log.repaired().cloned().expect("the open names the cut");
+        assert_eq!(
+            cut,
+            Cut {
+                line: 5,
+                bytes: 20,
+                sha256: sha256_hex(&lines[4].as_bytes()[..20]),
+                after_seq: 4,
+            }
+        );
+        assert!(cut.to_string().contains("20 bytes"), "{cut}");
+        append(&log, "exec", serde_json::json!({"argv": ["true"]})).unwrap();
+        drop(log);
+        // The cut bytes are still there, on their own line, and the chain
+        // verifies, reporting the damage.
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().nth(4), Some(&lines[4][..20]));
+        let v = verify(&path).unwrap();
+        assert_eq!(v.records, 7, "four, the cut, the new one and end");
+        assert_eq!(v.cuts, vec![cut.clone()]);
+        let records = records(&path).unwrap();
+        assert_eq!(records[4]["kind"], CUT);
+        assert_eq!(records[4]["cut_bytes"], 20);
+        assert_eq!(records[4]["seq"], 5);
+        assert_eq!(records[5]["argv"][0], "true");
+        // Reopened again: nothing more to repair, the cut stays reported.
+        let log = AuditLog::open(&path, &[]).unwrap();
+        assert_eq!(log.repaired(), None);
+        drop(log);
+        assert_eq!(verify(&path).unwrap().cuts, vec![cut]);
+    }
+
+    #[test]
+    fn an_audit_log_cut_inside_a_character_is_repaired_the_same() {
+        let (dir, path, lines) = log();
+        let mut text = lines[..4].join("\n").into_bytes();
+        text.extend_from_slice(b"\n{\"seq\":5,\"argv\":[\"\xc3");
+        std::fs::write(&path, &text).unwrap();
+        let log = AuditLog::open(&path, &[]).unwrap();
+        assert_eq!(log.repaired().map(|c| c.bytes), Some(19));
+        drop(log);
+        assert_eq!(verify(&path).unwrap().cuts.len(), 1);
+        drop(dir);
+    }
+
+    #[test]
+    fn an_audit_log_cut_just_before_a_newline_loses_nothing() {
+        let (_dir, path, lines) = cut_log(lines_len(), false);
+        let log = AuditLog::open(&path, &[]).unwrap();
+        assert_eq!(log.repaired(), None);
+        drop(log);
+        let v = verify(&path).unwrap();
+        assert_eq!((v.records, v.cuts.len()), (6, 0));
+        assert_eq!(
+            records(&path).unwrap()[4]["hash"].as_str(),
+            {
+                let obj: Map<String, Value> = serde_json::from_str(&lines[4]).unwrap();
+                obj["hash"].as_str().map(str::to_string)
+            }
+            .as_deref()
+        );
+    }
+
+    /// The length of `log()`'s fifth line (its `end`).
+    fn lines_len() -> usize {
+        log().2[4].len()
+    }
+
+    #[test]
+    fn an_audit_log_cut_after_the_newline_of_a_cut_line_is_repaired() {
+        // A crash between ending the cut line and writing its record.
+        let (_dir, path, _) = cut_log(30, true);
+        let log = AuditLog::open(&path, &[]).unwrap();
+        assert_eq!(log.repaired().map(|c| (c.line, c.bytes)), Some((5, 30)));
+        drop(log);
+        let v = verify(&path).unwrap();
+        assert_eq!(v.records, 6);
+        assert_eq!(v.cuts.len(), 1);
+    }
+
+    #[test]
+    fn a_cut_record_that_does_not_name_the_bytes_before_it_is_refused() {
+        let (_dir, path, _) = cut_log(20, false);
+        drop(AuditLog::open(&path, &[]).unwrap());
+        // Other bytes put in place of the cut ones: the cut record no
+        // longer names them.
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        lines[4] = "x".repeat(20);
+        write(&path, &lines);
+        let (line, reason) = broken_at(&path);
+        assert_eq!(line, 5, "{reason}");
+        assert!(AuditLog::open(&path, &[]).is_err());
+        // And a line that is no record in the middle, with no cut record
+        // after it, stays damage.
+        lines.remove(5);
+        write(&path, &lines);
+        assert_eq!(broken_at(&path).0, 5);
     }
 }

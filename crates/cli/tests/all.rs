@@ -1579,3 +1579,68 @@ fn bench_load_opens_sandboxes_through_serve_runs_commands_in_each_and_closes_the
     assert!(hako["pss_per_idle_mib"].as_f64().is_some(), "{v}");
     assert!(v["docker"].is_null(), "{v}");
 }
+
+#[test]
+fn an_audit_log_cut_mid_line_by_a_crash_is_named_and_the_next_run_goes_on() {
+    let d = dirs();
+    let log = d.outside.join("audit.log");
+    let log_s = log.to_str().unwrap();
+    let out = run_in(&d.ws, &["--audit", log_s, "--", "echo", "one"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // A crash of hako in the middle of writing a line: the file ends in
+    // part of a record.
+    let mut bytes = std::fs::read(&log).unwrap();
+    bytes.pop();
+    let cut_at = bytes.len() - 15;
+    bytes.truncate(cut_at);
+    std::fs::write(&log, &bytes).unwrap();
+    let kept = bytes.len() - bytes.iter().rposition(|&b| b == b'\n').unwrap() - 1;
+    let out = run_in(&d.ws, &["--audit", log_s, "--", "echo", "two"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "two\n");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!("{kept} bytes of a record cut off by a crash")),
+        "the run says what was cut: {err}"
+    );
+    let verify = hako().args(["audit", "verify"]).arg(&log).output().unwrap();
+    let said = text(&verify.stdout);
+    assert_eq!(verify.status.code(), Some(0), "{said}");
+    assert!(said.contains("1 line cut by a crash"), "{said}");
+    assert!(said.contains("damage: line"), "{said}");
+    let show = hako().args(["audit", "show"]).arg(&log).output().unwrap();
+    let shown = text(&show.stdout);
+    assert_eq!(show.status.code(), Some(0), "{shown}");
+    assert!(shown.contains("cut") && shown.contains("echo"), "{shown}");
+}
+
+#[test]
+fn hako_out_of_file_descriptors_says_so_and_does_not_crash() {
+    let d = dirs();
+    for limit in ["8", "12"] {
+        // `ulimit -n` lowers the hard limit too: hako cannot raise it.
+        let out = Command::new("sh")
+            .args([
+                "-c",
+                "ulimit -n \"$1\" && exec \"$2\" run --workspace \"$3\" -- echo hi",
+                "sh",
+                limit,
+            ])
+            .arg(env!("CARGO_BIN_EXE_hako"))
+            .arg(&d.ws)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "limit {limit}: {err}");
+        assert!(
+            err.contains("too few file descriptors left")
+                && err.contains(&format!("its limit is {limit}")),
+            "limit {limit}: the error names the cause: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // And with room, the same command runs.
+    let out = run_in(&d.ws, &["--", "echo", "hi"]);
+    assert_eq!(text(&out.stdout), "hi\n", "{}", text(&out.stderr));
+}

@@ -117,10 +117,16 @@ macro_rules! __hako_with_case_names {
             close_during_exec_kills_the_command,
             stopping_its_supervisor_does_not_let_a_command_outlive_its_deadline,
             stopping_the_idle_supervisors_does_not_hang_the_next_commands,
+            // faults
+            a_supervisor_killed_mid_command_ends_only_that_command,
+            a_supervisor_killed_mid_session_ends_only_that_session,
+            a_supervisor_killed_under_a_long_lived_process_ends_only_that_process,
+            a_full_workspace_fails_writes_with_no_space_and_keeps_the_old_content,
             // output caps
             stdout_flood_is_capped_and_counted,
             stderr_flood_is_capped_and_counted,
             output_at_or_under_the_cap_is_not_truncated,
+            a_ten_gib_output_flood_is_capped_and_counted_exactly,
             // file operations
             write_then_read_round_trips_binary_data,
             overwrite_is_atomic_and_leaves_no_temp_files,

@@ -181,3 +181,52 @@ fn containers_of_a_dead_owner_are_collected_and_a_live_owners_are_not() {
     assert!(containers_named(&stale).is_empty());
     assert_eq!(live_left, [live]);
 }
+
+#[test]
+fn a_container_killed_during_a_session_and_a_process_is_named_and_every_call_fails_cleanly() {
+    use hako_core::{SessionOptions, SpawnOptions};
+    if !docker_ready() {
+        return;
+    }
+    let (_d, ws) = workspace();
+    let sandbox = DockerSandbox::new(DockerConfig::new(&ws)).unwrap();
+    let name = sandbox.container().to_string();
+    let sessions = sandbox.sessions().unwrap();
+    let processes = sandbox.processes().unwrap();
+    let session = sessions.open_session(&SessionOptions::default()).unwrap();
+    let process = processes
+        .spawn(&Command::shell("sleep 600"), &SpawnOptions::default())
+        .unwrap();
+    let err = std::thread::scope(|scope| {
+        let run = scope.spawn(|| {
+            sandbox
+                .sessions()
+                .unwrap()
+                .session_exec(session, &Command::shell("sleep 600"), None)
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        let killed = Process::new("docker")
+            .args(["kill", &name])
+            .output()
+            .unwrap();
+        assert!(killed.status.success(), "{killed:?}");
+        error_of(run.join().unwrap())
+    });
+    assert!(
+        err.contains(&name),
+        "the session's error names the container: {err}"
+    );
+    // The process is reported ended, not running, and every further call
+    // fails at once with an error, none hangs.
+    let start = Instant::now();
+    match processes.wait(process, Some(Duration::from_secs(30))) {
+        Ok(state) => assert!(state.finished(), "{state:?}"),
+        Err(e) => assert!(e.to_string().contains(&name), "{e}"),
+    }
+    error_of(sessions.session_exec(session, &Command::shell("true"), None));
+    error_of(processes.spawn(&Command::shell("true"), &SpawnOptions::default()));
+    error_of(sandbox.exec(&Command::new(["true"])));
+    assert!(start.elapsed() < Duration::from_secs(30), "a call hung");
+    sandbox.close().unwrap();
+    assert!(containers_named(&name).is_empty(), "the container is gone");
+}

@@ -42,6 +42,21 @@ pub fn raise_open_files_limit() -> io::Result<OpenFilesLimit> {
     })
 }
 
+/// This process's open descriptors and its soft limit on them, when the
+/// limit is finite: what a failure to start something may be owed to. A
+/// process at its limit cannot open `/proc/self/fd` to count: it then has
+/// as many open as its limit.
+pub fn open_files() -> Option<(u64, u64)> {
+    let limit = getrlimit(Resource::Nofile).current?;
+    let open = match std::fs::read_dir("/proc/self/fd") {
+        // Less the descriptor reading the directory.
+        Ok(dir) => (dir.count() as u64).saturating_sub(1),
+        Err(e) if e.raw_os_error() == Some(libc::EMFILE) => limit,
+        Err(_) => return None,
+    };
+    Some((open, limit))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -41,12 +41,22 @@ pub fn run(args: AuditArgs) -> u8 {
     match args.op {
         AuditOp::Verify { file } => match hako_audit::verify(&file) {
             Ok(v) => {
+                let damage = match v.cuts.len() {
+                    0 => String::new(),
+                    1 => ", 1 line cut by a crash (named by the cut record after it)".into(),
+                    n => format!(
+                        ", {n} lines cut by crashes (each named by the cut record after it)"
+                    ),
+                };
                 println!(
-                    "{}: {} records, chain intact, closed; head {}",
+                    "{}: {} records, chain intact{damage}, closed; head {}",
                     escaped(file.as_os_str().as_bytes()),
                     v.records,
                     v.head
                 );
+                for cut in &v.cuts {
+                    println!("  damage: {cut}");
+                }
                 0
             }
             Err(e @ AuditError::Broken { .. }) => {

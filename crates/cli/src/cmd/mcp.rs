@@ -73,7 +73,12 @@ pub fn run(args: McpArgs) -> u8 {
     };
     let audit = match &args.audit {
         Some(path) => match hako_audit::AuditLog::open(path, &opener.spec().writable()) {
-            Ok(log) => Some(Arc::new(log)),
+            Ok(log) => {
+                if let Some(cut) = log.repaired() {
+                    eprintln!("hako mcp: audit log: {cut}; recorded and continued");
+                }
+                Some(Arc::new(log))
+            }
             Err(e) => return fail(&e),
         },
         None => None,

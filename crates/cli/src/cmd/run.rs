@@ -105,7 +105,12 @@ pub fn run(args: RunArgs) -> u8 {
         .map(|path| AuditLog::open(path, &writable))
     {
         None => None,
-        Some(Ok(log)) => Some(log),
+        Some(Ok(log)) => {
+            if let Some(cut) = log.repaired() {
+                eprintln!("hako: audit log: {cut}; recorded and continued");
+            }
+            Some(log)
+        }
         // A log that does not verify, or lies where the sandbox could
         // reach it, is not written to: fail closed.
         Some(Err(e)) => return fail(json, None, &e, exit::SANDBOX_FAILED),

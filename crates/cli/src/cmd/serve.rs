@@ -83,7 +83,12 @@ pub fn run(args: ServeArgs) -> u8 {
         .map(|path| hako_audit::AuditLog::open(path, &writable))
     {
         None => None,
-        Some(Ok(log)) => Some(Arc::new(log)),
+        Some(Ok(log)) => {
+            if let Some(cut) = log.repaired() {
+                eprintln!("hako serve: audit log: {cut}; recorded and continued");
+            }
+            Some(Arc::new(log))
+        }
         Some(Err(e)) => return fail(&e),
     };
     let listener = match std::net::TcpListener::bind(&args.listen) {

@@ -20,6 +20,7 @@ macro_rules! case {
 mod cwd;
 mod env;
 mod exec;
+mod faults;
 mod fence;
 mod files;
 mod lifecycle;
@@ -33,6 +34,7 @@ mod tree;
 pub(crate) use cwd::*;
 pub(crate) use env::*;
 pub(crate) use exec::*;
+pub(crate) use faults::*;
 pub(crate) use fence::*;
 pub(crate) use files::*;
 pub(crate) use lifecycle::*;

@@ -101,3 +101,24 @@ case! {
         Ok(())
     }
 }
+
+/// Ten GiB: more than hako could ever hold, and more than a 32-bit count.
+const HUGE_FLOOD: u64 = 10 << 30;
+
+case! {
+    /// 10 GiB on stdout, as fast as a command can write, with the default
+    /// cap: the caller keeps the cap and counts all of it exactly, nothing
+    /// crashes, and the sandbox goes on.
+    fn a_ten_gib_output_flood_is_capped_and_counted_exactly(h) {
+        // In writes of a MiB: the writer's own cost is not what is tested
+        // (busybox's `head -c` writes a few KiB at a time).
+        let out = run(h, &Command::shell(format!("dd if=/dev/zero bs=1M count={} 2>/dev/null", HUGE_FLOOD >> 20)))?;
+        ensure_eq!(out.status, ExitStatus::Code(0), "status of the flood");
+        ensure!(!out.timed_out, "the flood timed out");
+        ensure!(out.stdout_truncated, "stdout not marked truncated");
+        ensure_eq!(out.stdout.len(), hako_core::DEFAULT_MAX_OUTPUT, "bytes kept");
+        ensure!(out.stdout.iter().all(|&b| b == 0), "the bytes kept are not the command's");
+        ensure_eq!(out.stdout_total, HUGE_FLOOD, "stdout total");
+        crate::check::still_works(h, "a 10 GiB flood")
+    }
+}

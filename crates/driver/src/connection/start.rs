@@ -169,7 +169,10 @@ impl Connection {
                 return failed(
                     wire,
                     child,
-                    format!("hako-guest ended without a reply: {e}"),
+                    format!(
+                        "hako-guest ended without a reply: {e}{}",
+                        descriptors_hint()
+                    ),
                 );
             }
         }
@@ -236,6 +239,28 @@ impl Connection {
             child.kill();
         }
         drop(connection);
-        Err(backend_err(backend, "start the sandbox", why))
+        Err(backend_err(
+            backend,
+            "start the sandbox",
+            format!("{why}{}", descriptors_hint()),
+        ))
+    }
+}
+
+/// How many more descriptors than it has open this process needs to start
+/// a sandbox: the guest's channel and pipes, its pool of supervisors, a
+/// command's stdio.
+const DESCRIPTORS_TO_START: u64 = 32;
+
+/// When this process has fewer descriptors left than a sandbox needs to
+/// start, the likely reason a start failed, to add to its error: the
+/// guest, which inherits the limit, cannot open what it must and ends
+/// without a word.
+pub(crate) fn descriptors_hint() -> String {
+    match hako_sys::rlimit::open_files() {
+        Some((open, limit)) if limit.saturating_sub(open) < DESCRIPTORS_TO_START => format!(
+            "; hako has too few file descriptors left to start a sandbox ({open} open, its limit is {limit}, RLIMIT_NOFILE): raise the limit (ulimit -n) or run fewer sandboxes in this process"
+        ),
+        _ => String::new(),
     }
 }

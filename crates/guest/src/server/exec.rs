@@ -278,7 +278,12 @@ impl Server<'_> {
                 if let Some(sup) = exec.sup.take() {
                     exec.reply = proto::read_frame(&sup).ok();
                     match exec.reply {
-                        None => exec.supervisor_gone = true,
+                        None => {
+                            // Killed before it replied: its command's tree
+                            // comes here, to be killed.
+                            exec.supervisor_gone = true;
+                            self.orphans = true;
+                        }
                         Some(RunReply::Finished { .. } | RunReply::SpawnFailed { .. }) => {
                             exec.reusable = Some(sup);
                         }

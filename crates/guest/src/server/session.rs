@@ -291,6 +291,12 @@ impl Server<'_> {
                 let session = &mut self.sessions[i];
                 if let Some(sup) = session.sup.take() {
                     let reply = proto::read_frame::<RunReply>(&sup).ok();
+                    if reply.is_none() {
+                        // It died without a word: what its shell started
+                        // comes here, to be killed (its reaping no longer
+                        // sees a socket to read and would not know).
+                        self.orphans = true;
+                    }
                     session.shell_ended(reply);
                 }
             }
