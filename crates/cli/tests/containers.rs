@@ -126,6 +126,11 @@ fn containers_killing_hako_with_sigkill_leaves_no_container() {
     }
     // Give the command time to start its sleeps.
     std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        profiles_of(pid).len(),
+        1,
+        "its seccomp profile, named after it"
+    );
     child.kill().unwrap();
     child.wait().unwrap();
     // The client's death closes the guest's stdin: the guest kills
@@ -139,6 +144,28 @@ fn containers_killing_hako_with_sigkill_leaves_no_container() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // The seccomp profile it wrote for the runtime outlived it (nothing
+    // runs in a process killed outright); `hako gc` (or the next sandbox
+    // any hako opens) removes it.
+    let out = hako().arg("gc").output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        profiles_of(pid),
+        Vec::<String>::new(),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+/// The seccomp profiles in hako's private directory that process `pid`
+/// wrote (they are named after it).
+fn profiles_of(pid: u32) -> Vec<String> {
+    let dir = hako_container::private::private_dir().unwrap();
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&format!("hako-seccomp-{pid}-")))
+        .collect()
 }
 
 #[test]

@@ -79,11 +79,71 @@ pub fn collect(engine: &Engine, runner: &dyn Runner) -> Result<Vec<String>> {
     Ok(stale)
 }
 
+/// How the seccomp profiles hako writes for the runtime are named in its
+/// private directory: `hako-seccomp-PID-START-XXXXXX.json`, after the
+/// process that wrote it (its pid and start time).
+pub const PROFILE_PREFIX: &str = "hako-seccomp-";
+
+/// The owner a profile's file name gives, if it is one of hako's.
+fn profile_owner(name: &str) -> Option<Owner> {
+    let rest = name.strip_prefix(PROFILE_PREFIX)?.strip_suffix(".json")?;
+    let mut parts = rest.splitn(3, '-');
+    let pid = parts.next()?.parse().ok()?;
+    let start = parts.next()?.parse().ok()?;
+    parts.next()?;
+    Some(Owner { pid, start })
+}
+
+/// Removes from hako's private directory the seccomp profiles whose
+/// writer no longer runs (a hako killed outright never removed its own);
+/// returns what it removed. A plain file of this user's only (the
+/// directory is this user's, mode 0700; a symlink or anything else is
+/// left alone). A profile of a live process is in use and kept.
+pub fn collect_profiles() -> Vec<std::path::PathBuf> {
+    let Ok(dir) = hako_container::private::private_dir() else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let me = hako_sys::rustix::process::geteuid().as_raw();
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(owner) = name.to_str().and_then(profile_owner) else {
+            continue;
+        };
+        let plain = entry.metadata().is_ok_and(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.file_type().is_file() && m.uid() == me
+        });
+        if plain && !owner.alive() && std::fs::remove_file(entry.path()).is_ok() {
+            removed.push(entry.path());
+        }
+    }
+    removed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use hako_container::runner::{Recorder, RunOutput};
     use hako_container::EngineKind;
+
+    #[test]
+    fn a_profile_names_its_owner_and_nothing_else_is_taken_for_one() {
+        let owner = profile_owner("hako-seccomp-123-456-AbC9xz.json").unwrap();
+        assert_eq!((owner.pid, owner.start), (123, 456));
+        for other in [
+            "hako-seccomp-AbC9xz.json",
+            "hako-seccomp-123-AbC9xz.json",
+            "hako-seccomp-123-456-AbC9xz",
+            "hako-gvisor-123-456",
+            "other-123-456-x.json",
+        ] {
+            assert!(profile_owner(other).is_none(), "{other}");
+        }
+    }
 
     #[test]
     fn only_containers_of_dead_owners_are_removed() {

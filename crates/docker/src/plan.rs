@@ -231,9 +231,16 @@ pub fn write_seccomp_profile(gvisor: bool, sealed: bool) -> Result<tempfile::Nam
         source,
     };
     // In hako's private directory, like every file hako leaves for a
-    // runtime to read.
+    // runtime to read, named after its owner so that what a hako killed
+    // outright leaves is collected (see `gc::collect_profiles`).
+    let owner = hako_container::Owner::current();
     let mut file = tempfile::Builder::new()
-        .prefix("hako-seccomp-")
+        .prefix(&format!(
+            "{}{}-{}-",
+            crate::gc::PROFILE_PREFIX,
+            owner.pid,
+            owner.start
+        ))
         .suffix(".json")
         .tempfile_in(hako_container::private::private_dir()?)
         .map_err(io)?;

@@ -452,6 +452,7 @@ fn collect_once(engine: &Arc<Engine>, runner: &Arc<dyn Runner>) {
                 if let Err(e) = crate::gc::collect(&engine, runner.as_ref()) {
                     tracing::debug!("docker: collecting stale containers: {e}");
                 }
+                crate::gc::collect_profiles();
             });
         if let Err(e) = spawned {
             tracing::debug!("docker: cannot start collecting stale containers: {e}");

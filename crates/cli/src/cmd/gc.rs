@@ -1,6 +1,6 @@
 //! `hako gc`: removes what hako processes that no longer run left behind
-//! (containers after a `kill -9`, gVisor bundles, egress proxies' socket
-//! directories). Each sandbox opening does the same once per process.
+//! (containers after a `kill -9` and the seccomp profiles written for
+//! them, gVisor bundles, egress proxies' socket directories). Each sandbox opening does the same once per process.
 //! gVisor bundles are looked for in hako's private directory only, and an
 //! entry there that is not this user's plain directory is reported as
 //! skipped, never acted on (see `hako_docker::gc` and `hako_gvisor::gc`).
@@ -30,6 +30,9 @@ pub fn run(_args: GcArgs) -> u8 {
             }
         },
         Err(e) => tracing::info!("no container runtime to collect from: {e}"),
+    }
+    for profile in hako_docker::gc::collect_profiles() {
+        println!("removed seccomp profile {}", profile.display());
     }
     for dir in hako_net::remove_stale_dirs(None) {
         println!("removed egress proxy directory {}", dir.display());
