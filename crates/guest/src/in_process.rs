@@ -44,5 +44,5 @@ pub fn spawn_linux_pid1(
     ctl: &UnixStream,
     proof: &SingleThreaded,
 ) -> Result<i32, Box<dyn Error + Send + Sync>> {
-    crate::linux::spawn_pid1(spec, ctl, proof).map_err(Into::into)
+    crate::namespaces::spawn_pid1(spec, ctl, proof).map_err(Into::into)
 }

@@ -14,12 +14,12 @@
 //! in a `Refused` or `Failed` frame); how each of the guest's processes
 //! exits is a [`GuestExit`].
 
-mod confine;
 mod error;
 mod exit;
 mod forward;
 pub mod in_process;
-mod linux;
+mod lockdown;
+mod namespaces;
 /// The wire protocol, shared with hako's side (the `hako-proto` crate).
 pub use hako_proto as proto;
 mod seal;
@@ -88,7 +88,7 @@ fn serve_link(ctl: server::Link) -> GuestExit {
     let init = std::process::id() == 1;
     match &hello.linux {
         Some(spec) => match ctl.into_socket() {
-            Some(stream) => linux::start(spec, stream, &proof),
+            Some(stream) => namespaces::start(spec, stream, &proof),
             None => GuestExit::Handshake,
         },
         None => {

@@ -42,7 +42,7 @@ pub(crate) fn apply(seal: &Seal) -> Result<(), GuestError> {
     }
     let null = std::path::Path::new("/dev/null");
     for dir in &seal.mask_dirs {
-        crate::linux::mount_if_present(dir, || {
+        crate::namespaces::mount_if_present(dir, || {
             m::mount(
                 Some(std::path::Path::new("tmpfs")),
                 dir,
@@ -54,8 +54,10 @@ pub(crate) fn apply(seal: &Seal) -> Result<(), GuestError> {
         .map_err(failed_on("mask", dir))?;
     }
     for file in &seal.mask_files {
-        crate::linux::mount_if_present(file, || m::mount(Some(null), file, None, m::MS_BIND, None))
-            .map_err(failed_on("mask", file))?;
+        crate::namespaces::mount_if_present(file, || {
+            m::mount(Some(null), file, None, m::MS_BIND, None)
+        })
+        .map_err(failed_on("mask", file))?;
     }
     hako_sys::confine::set_no_new_privs().map_err(failed("set no_new_privs"))?;
     let guard = if seal.guard {
@@ -72,7 +74,7 @@ pub(crate) fn apply(seal: &Seal) -> Result<(), GuestError> {
         return Err(GuestError::BoundingSetNotEmptied);
     }
     if seal.seccomp {
-        let program = crate::confine::default_seccomp()?;
+        let program = crate::lockdown::default_seccomp()?;
         hako_seccomp::apply(&program).map_err(failed("install the seccomp filter"))?;
     }
     Ok(())

@@ -53,8 +53,8 @@ use hako_sys::rustix::pipe::{pipe_with, PipeFlags};
 use hako_sys::rustix::process::{self as rproc, Pid, Signal};
 use hako_sys::signal::{signum, SignalFd};
 
-use crate::confine::Confinement;
 use crate::error::failed;
+use crate::lockdown::Confinement;
 use crate::proto::{self, Cwd, Decoded, Decoder, Frame, FromGuest, ToGuest, MAX_CHUNK};
 use crate::zygote::Zygote;
 use crate::{GuestError, GuestExit};

@@ -22,8 +22,8 @@ use hako_sys::rustix::process::{self as rproc, Pid, Signal, WaitOptions};
 use hako_sys::signal::{signum as libc_sig, SignalFd};
 use hako_sys::vfork::{self, ChildStack, SpawnCwd, SpawnSpec, SpawnStep};
 
-use crate::confine::Confinement;
 use crate::error::failed;
+use crate::lockdown::Confinement;
 use crate::proto::{self, Cwd, Frame, RunReply, SpawnFailure};
 use crate::server::Mode;
 use crate::{GuestError, GuestExit};

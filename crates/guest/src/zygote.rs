@@ -30,8 +30,8 @@ use std::time::Duration;
 use hako_sys::ns::{self, Forked, SingleThreaded};
 use hako_sys::rustix::process::{self as rproc, Pid, Signal};
 
-use crate::confine::Confinement;
 use crate::error::failed;
+use crate::lockdown::Confinement;
 use crate::proto;
 use crate::server::{dev_null, Mode};
 use crate::supervise::spare;

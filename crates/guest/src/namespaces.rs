@@ -29,8 +29,8 @@ use hako_sys::rustix::fs::{self as rfs, Mode, OFlags};
 use hako_sys::rustix::process::{self as rproc, Pid, Signal, WaitOptions};
 use hako_sys::signal::{signum, SignalFd};
 
-use crate::confine::Confinement;
 use crate::error::{failed, failed_on};
+use crate::lockdown::Confinement;
 use crate::proto::{FromGuest, LinuxSpec, MountOp};
 use crate::server::Mode as ServeMode;
 use crate::{GuestError, GuestExit};
