@@ -479,83 +479,6 @@ fn stealing_the_guests_link_while_a_terminal_is_typed_at_is_refused() {
     }
 }
 
-/// Types `text` at process `id`'s terminal and returns its output read
-/// until `want` shows (or the process ends, or `rounds` reads of up to
-/// 200 ms each came back without it).
-fn type_and_read(
-    p: &dyn hako_core::Processes,
-    id: hako_core::ProcessId,
-    text: &[u8],
-    want: &str,
-    rounds: usize,
-) -> String {
-    p.write_stdin(id, text).unwrap();
-    let mut got = Vec::new();
-    let mut offset = 0;
-    for _ in 0..rounds {
-        let slice = p
-            .read_output(
-                id,
-                hako_core::Stream::Stdout,
-                offset,
-                1 << 16,
-                Some(Duration::from_millis(200)),
-            )
-            .unwrap();
-        got.extend_from_slice(&slice.data);
-        offset = slice.next;
-        if String::from_utf8_lossy(&got).contains(want) || slice.ended {
-            break;
-        }
-    }
-    String::from_utf8_lossy(&got).into_owned()
-}
-
-/// `cat` on a terminal, a line typed, then Ctrl-D at the start of the
-/// next line: whether `cat` saw end of file and ended (and the shell after
-/// it said so). The process is killed if it did not.
-fn ctrl_d_ends_cat(sb: &dyn Sandbox, wait: Duration) -> bool {
-    let p = sb.processes().unwrap();
-    let id = p
-        .spawn(
-            &Command::shell("cat; echo cat-ended-$((1+1))"),
-            &hako_core::SpawnOptions {
-                pty: Some(hako_core::TermSize { rows: 24, cols: 80 }),
-                ..hako_core::SpawnOptions::default()
-            },
-        )
-        .unwrap();
-    // Echoed once by the terminal, once by cat.
-    let shown = type_and_read(p, id, b"abc\n", "abc\r\nabc\r\n", 100);
-    assert!(shown.contains("abc\r\nabc\r\n"), "{shown:?}");
-    p.write_stdin(id, b"\x04").unwrap();
-    let end = p.wait(id, Some(wait)).unwrap();
-    if !end.finished() {
-        p.kill(id).unwrap();
-        assert!(p
-            .wait(id, Some(Duration::from_secs(20)))
-            .unwrap()
-            .finished());
-        return false;
-    }
-    let mut out = Vec::new();
-    let mut offset = 0;
-    loop {
-        let slice = p
-            .read_output(id, hako_core::Stream::Stdout, offset, 1 << 16, None)
-            .unwrap();
-        out.extend_from_slice(&slice.data);
-        offset = slice.next;
-        if slice.ended || slice.data.is_empty() {
-            break;
-        }
-    }
-    let out = String::from_utf8_lossy(&out).into_owned();
-    assert!(out.contains("cat-ended-2"), "{out:?}");
-    assert_eq!(end.status, Some(ExitStatus::Code(0)), "{end:?}");
-    true
-}
-
 /// Ctrl-D at the start of a line ends a canonical-mode reader on a
 /// terminal (the kernel delivers end of file; the guest does nothing).
 #[test]
@@ -563,59 +486,11 @@ fn ctrl_d_ends_cat_on_a_terminal() {
     let (_d, ws) = workspace();
     let sb = sandbox(&ws);
     assert!(
-        ctrl_d_ends_cat(&sb, Duration::from_secs(30)),
+        hako_conformance::terminal::ctrl_d_ends_cat(&sb, Duration::from_secs(30)).unwrap(),
         "Ctrl-D did not end cat"
     );
     let out = sh(&sb, "echo ok");
     assert_eq!(text(&out.stdout), "ok\n");
-}
-
-/// An interactive job-control shell on a terminal runs `sleep` in the
-/// foreground; `typed` (Ctrl-C or Ctrl-\) is typed once the sleep runs.
-/// Whether the shell prompted again and ran the next line while the sleep
-/// would still run (it sleeps for hours). The process is killed after.
-fn a_control_byte_interrupts_the_foreground_job_of_an_interactive_shell(
-    sb: &dyn Sandbox,
-    typed: &[u8],
-    rounds: usize,
-) -> bool {
-    let p = sb.processes().unwrap();
-    let marker = format!("{}", 70_000_000 + std::process::id());
-    let id = p
-        .spawn(
-            &Command::new(["sh", "-i"]),
-            &hako_core::SpawnOptions {
-                pty: Some(hako_core::TermSize { rows: 24, cols: 80 }),
-                ..hako_core::SpawnOptions::default()
-            },
-        )
-        .unwrap();
-    p.write_stdin(id, format!("sleep {marker}\n").as_bytes())
-        .unwrap();
-    // The pattern does not match its own command line.
-    let pattern = format!("[{}]{}", &marker[..1], &marker[1..]);
-    let mut started = false;
-    for _ in 0..200 {
-        let out = sh(
-            sb,
-            &format!("grep -l '{pattern}' /proc/[0-9]*/cmdline 2>/dev/null | wc -l"),
-        );
-        if text(&out.stdout).trim() != "0" {
-            started = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(started, "the sleep never started");
-    p.write_stdin(id, typed).unwrap();
-    let shown = type_and_read(p, id, b"echo back-$((1+1))\n", "back-2", rounds);
-    let back = shown.contains("back-2\r\n");
-    p.kill(id).unwrap();
-    assert!(p
-        .wait(id, Some(Duration::from_secs(20)))
-        .unwrap()
-        .finished());
-    back
 }
 
 /// Ctrl-C and Ctrl-\ at an interactive job-control shell end its
@@ -626,7 +501,7 @@ fn ctrl_c_and_ctrl_backslash_interrupt_the_foreground_job_of_an_interactive_shel
     let sb = sandbox(&ws);
     for typed in [b"\x03", b"\x1c"] {
         assert!(
-            a_control_byte_interrupts_the_foreground_job_of_an_interactive_shell(&sb, typed, 100),
+            hako_conformance::terminal::a_control_byte_interrupts_the_foreground_job_of_an_interactive_shell(&sb, typed, 100).unwrap(),
             "{typed:?} did not interrupt the foreground job"
         );
     }
