@@ -224,7 +224,11 @@ fn lockdown_args(engine: &Engine, plan: &RunPlan) -> Vec<String> {
 
 /// hako's seccomp policy as a profile file the runtime's CLI reads (see
 /// [`hako_container::seccomp_profile`] for what changes under gVisor).
-pub fn write_seccomp_profile(gvisor: bool, sealed: bool) -> Result<tempfile::NamedTempFile> {
+pub fn write_seccomp_profile(
+    gvisor: bool,
+    sealed: bool,
+    owner: &hako_container::Owner,
+) -> Result<tempfile::NamedTempFile> {
     let profile = hako_container::seccomp_profile(gvisor, sealed);
     let io = |source| Error::Io {
         op: "write the seccomp profile",
@@ -233,7 +237,6 @@ pub fn write_seccomp_profile(gvisor: bool, sealed: bool) -> Result<tempfile::Nam
     // In hako's private directory, like every file hako leaves for a
     // runtime to read, named after its owner so that what a hako killed
     // outright leaves is collected (see `gc::collect_profiles`).
-    let owner = hako_container::Owner::current();
     let mut file = tempfile::Builder::new()
         .prefix(&format!(
             "{}{}-{}-",
@@ -515,7 +518,8 @@ mod tests {
 
     #[test]
     fn the_seccomp_profile_is_the_linux_policy_rendered() {
-        let file = write_seccomp_profile(false, false).unwrap_or_else(|e| panic!("{e}"));
+        let file = write_seccomp_profile(false, false, &hako_container::Owner::current())
+            .unwrap_or_else(|e| panic!("{e}"));
         let text = std::fs::read_to_string(file.path()).unwrap_or_else(|e| panic!("{e}"));
         let profile: serde_json::Value =
             serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));

@@ -120,10 +120,11 @@ impl Prepared {
         let sealed = with_guest && RunPlan::seals(user, runtime.as_deref());
         // A sealing guest mounts its masks, then installs the whole
         // policy itself; the runtime's profile lets it mount until then.
-        let profile = write_seccomp_profile(gvisor, sealed)?;
+        let owner = Owner::current();
+        let profile = write_seccomp_profile(gvisor, sealed, &owner)?;
         let plan = RunPlan {
             name: hako_container::unique_name("hako"),
-            owner: Owner::current(),
+            owner,
             workspace: fence.workdir().to_path_buf(),
             guest,
             seccomp_profile: profile.path().to_path_buf(),

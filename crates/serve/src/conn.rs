@@ -235,6 +235,24 @@ impl<S> WriteTimeout<S> {
             .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
         sleep.as_mut().poll(cx).is_ready()
     }
+
+    /// What a write or flush that returned `polled` answers: its own
+    /// result once it moved (the clock disarmed), `Pending` while it
+    /// waits, and the stall's error once the clock has run out.
+    fn watch<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        match polled {
+            Poll::Pending if self.timed_out(cx) => Poll::Ready(Err(stalled_error(self.limit))),
+            Poll::Pending => Poll::Pending,
+            ready => {
+                self.stalled = None;
+                ready
+            }
+        }
+    }
 }
 
 fn stalled_error(limit: Duration) -> std::io::Error {
@@ -263,35 +281,13 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteTimeout<S>
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        match Pin::new(&mut self.inner).poll_write(cx, buf) {
-            Poll::Pending => {
-                if self.timed_out(cx) {
-                    Poll::Ready(Err(stalled_error(self.limit)))
-                } else {
-                    Poll::Pending
-                }
-            }
-            ready => {
-                self.stalled = None;
-                ready
-            }
-        }
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.watch(cx, polled)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match Pin::new(&mut self.inner).poll_flush(cx) {
-            Poll::Pending => {
-                if self.timed_out(cx) {
-                    Poll::Ready(Err(stalled_error(self.limit)))
-                } else {
-                    Poll::Pending
-                }
-            }
-            ready => {
-                self.stalled = None;
-                ready
-            }
-        }
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.watch(cx, polled)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
