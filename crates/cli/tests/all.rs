@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod serve;
 mod terminal;
 
 fn hako() -> Command {
@@ -1096,86 +1097,6 @@ fn audit_log_records_runs_and_verify_names_an_edited_removed_or_reordered_line()
     reordered.swap(0, 1);
     check(&reordered, 1);
     check(&lines[..lines.len() - 1], lines.len());
-}
-
-#[test]
-fn serve_refuses_requests_without_the_token_and_runs_commands_on_linux_with_it() {
-    let d = dirs();
-    let token_file = d.ws.join("token");
-    std::fs::write(&token_file, "s3cret-token\n").unwrap();
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let mut server = hako()
-        .args([
-            "serve",
-            "--backend",
-            "linux",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-        ])
-        .arg("--workspace")
-        .arg(&d.ws)
-        .arg("--token-file")
-        .arg(&token_file)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let call = |method: &str, path: &str, token: Option<&str>, body: &str| -> (u16, String) {
-        use std::io::Read;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let mut s = loop {
-            match std::net::TcpStream::connect(("127.0.0.1", port)) {
-                Ok(s) => break s,
-                Err(_) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                Err(e) => panic!("hako serve never listened: {e}"),
-            }
-        };
-        let auth = token
-            .map(|t| format!("Authorization: Bearer {t}\r\n"))
-            .unwrap_or_default();
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).unwrap();
-        let status = raw.split_whitespace().nth(1).unwrap().parse().unwrap();
-        (
-            status,
-            raw.split("\r\n\r\n").nth(1).unwrap_or("").to_string(),
-        )
-    };
-    let (status, _) = call("POST", "/v1/sandboxes", None, "");
-    assert_eq!(status, 401);
-    let (status, _) = call("POST", "/v1/sandboxes", Some("s3cret-tokeN"), "");
-    assert_eq!(status, 401);
-    let (status, body) = call("GET", "/v1/sandboxes", Some("s3cret-token"), "");
-    assert_eq!(status, 200);
-    assert!(body.contains("\"sandboxes\":[]"), "{body}");
-    let (status, body) = call("POST", "/v1/sandboxes", Some("s3cret-token"), "");
-    assert_eq!(status, 201, "{body}");
-    let created: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(created["capabilities"]["isolation"], "process");
-    let id = created["id"].as_u64().unwrap();
-    let (status, body) = call(
-        "POST",
-        &format!("/v1/sandboxes/{id}/exec"),
-        Some("s3cret-token"),
-        r#"{"command":"echo in-sandbox; ls /home | wc -l"}"#,
-    );
-    assert_eq!(status, 200, "{body}");
-    let out: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(out["stdout"], "in-sandbox\n0\n", "{out}");
-    server.kill().unwrap();
-    server.wait().unwrap();
 }
 
 #[test]

@@ -281,6 +281,18 @@ pub enum Error {
         /// What to do.
         hint: &'static str,
     },
+    /// The machine, or this process, has run out of something a sandbox
+    /// needs (processes, descriptors, memory); nothing was started.
+    /// Closing sandboxes, or raising the limit named, makes room.
+    #[error("cannot {op}: out of {resource}: {message}")]
+    OutOfResources {
+        /// What was being done.
+        op: &'static str,
+        /// What ran out: `processes`, `descriptors` or `memory`.
+        resource: &'static str,
+        /// The limit, how much of it is used, and what raises it.
+        message: String,
+    },
     /// The backend does not offer this optional capability.
     #[error("the {backend} backend does not support {capability}")]
     Unsupported {

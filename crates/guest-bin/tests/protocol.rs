@@ -108,7 +108,7 @@ fn refused_at_handshake(hello: Hello) -> String {
     let (mut child, ctl) = start();
     proto::write_frame(&ctl, &ToGuest::Hello(Box::new(hello))).unwrap();
     let message = match proto::read_frame::<FromGuest>(&ctl).unwrap() {
-        FromGuest::Refused { message } => message,
+        FromGuest::Refused { message, .. } => message,
         other => panic!("{other:?}"),
     };
     assert!(!child.wait().unwrap().success());
@@ -229,6 +229,7 @@ fn bad_requests_name_the_command_and_change_nothing() {
             FromGuest::Failed {
                 id: Some(i),
                 message,
+                ..
             } if i == id => message,
             other => panic!("{other:?}"),
         }
@@ -339,6 +340,7 @@ fn the_guest_serves_over_its_stdin_and_stdout_too() {
         FromGuest::Failed {
             id: Some(2),
             message,
+            ..
         } => {
             assert!(message.contains("not accepted"), "{message}")
         }
@@ -399,7 +401,7 @@ fn a_guest_over_pipes_refuses_to_build_a_linux_sandbox() {
     )
     .unwrap();
     match proto::read_frame::<FromGuest>(&mut from).unwrap() {
-        FromGuest::Refused { message } => assert!(message.contains("socket"), "{message}"),
+        FromGuest::Refused { message, .. } => assert!(message.contains("socket"), "{message}"),
         other => panic!("{other:?}"),
     }
     assert!(!child.wait().unwrap().success());

@@ -201,6 +201,25 @@ pub enum GuestError {
     Usage(String),
 }
 
+impl GuestError {
+    /// The OS error number at the root of this error, if there is one.
+    pub(crate) fn errno(&self) -> Option<i32> {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(e) = cause {
+            if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                if let Some(n) = io.raw_os_error() {
+                    return Some(n);
+                }
+            }
+            if let Some(n) = e.downcast_ref::<hako_sys::rustix::io::Errno>() {
+                return Some(n.raw_os_error());
+            }
+            cause = e.source();
+        }
+        None
+    }
+}
+
 /// For `map_err`: `op` failed with the error given ("cannot {op}: {e}").
 pub(crate) fn failed<E: Into<Source>>(op: &'static str) -> impl FnOnce(E) -> GuestError {
     move |e| GuestError::Failed {

@@ -69,6 +69,7 @@ fn serve_link(ctl: server::Link) -> GuestExit {
     let refuse = |ctl: &server::Link, err: GuestError| {
         let _ = ctl.write_frame(&proto::FromGuest::Refused {
             message: err.to_string(),
+            errno: err.errno(),
         });
         GuestExit::Handshake
     };

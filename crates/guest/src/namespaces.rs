@@ -239,7 +239,8 @@ fn set_up(
 /// well as the connection allows.
 fn refuse(ctl: &UnixStream, err: &GuestError) {
     let message = err.to_string();
-    let _ = crate::proto::write_frame(ctl, &FromGuest::Refused { message });
+    let errno = err.errno();
+    let _ = crate::proto::write_frame(ctl, &FromGuest::Refused { message, errno });
 }
 
 /// The launcher: wait for pid 1; on a stop signal, kill it (and with it the

@@ -167,8 +167,10 @@ pub(crate) fn serve(ctl: Link, proof: &SingleThreaded, mode: Mode) -> GuestExit 
     let signals = match SignalFd::new(watched) {
         Ok(s) => s,
         Err(err) => {
+            let err = failed("open signalfd")(err);
             let _ = ctl.write_frame(&FromGuest::Refused {
-                message: failed("open signalfd")(err).to_string(),
+                message: err.to_string(),
+                errno: err.errno(),
             });
             return GuestExit::Failed;
         }
@@ -180,6 +182,7 @@ pub(crate) fn serve(ctl: Link, proof: &SingleThreaded, mode: Mode) -> GuestExit 
         Err(err) => {
             let _ = ctl.write_frame(&FromGuest::Refused {
                 message: err.to_string(),
+                errno: err.errno(),
             });
             return GuestExit::Failed;
         }
@@ -396,7 +399,11 @@ impl Server<'_> {
         loop {
             match self.decoder.next_frame::<ToGuest>() {
                 Decoded::Incomplete => break,
-                Decoded::Bad(message) => self.send(&FromGuest::Failed { id: None, message }),
+                Decoded::Bad(message) => self.send(&FromGuest::Failed {
+                    id: None,
+                    message,
+                    errno: None,
+                }),
                 Decoded::Frame(frame) => self.request(frame),
             }
         }
@@ -440,11 +447,13 @@ impl Server<'_> {
             Frame::Message(ToGuest::Hello(_)) => self.send(&FromGuest::Failed {
                 id: None,
                 message: "the handshake was already done".into(),
+                errno: None,
             }),
             Frame::Stdin { id, data } => self.stdin(id, &data),
             Frame::Output { .. } => self.send(&FromGuest::Failed {
                 id: None,
                 message: "output frames go from the guest to hako, not back".into(),
+                errno: None,
             }),
         }
     }
@@ -454,6 +463,7 @@ impl Server<'_> {
         self.send(&FromGuest::Failed {
             id: Some(id),
             message: err.to_string(),
+            errno: err.errno(),
         });
     }
 

@@ -286,6 +286,7 @@ mod tests {
             FromGuest::Ready { version: VERSION },
             FromGuest::Refused {
                 message: "m".into(),
+                errno: Some(11),
             },
             FromGuest::Exited {
                 id: 1,
@@ -309,6 +310,7 @@ mod tests {
             FromGuest::Failed {
                 id: None,
                 message: "m".into(),
+                errno: None,
             },
         ];
         for msg in from {

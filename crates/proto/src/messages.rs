@@ -244,6 +244,10 @@ pub enum FromGuest {
     Refused {
         /// Why.
         message: String,
+        /// The OS error number behind it, if there was one (hako names
+        /// the limit when it means the machine ran out of something).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        errno: Option<i32>,
     },
     /// A command ended and every process it started is gone; all of its
     /// output was sent before this.
@@ -294,6 +298,10 @@ pub enum FromGuest {
         id: Option<u64>,
         /// Why.
         message: String,
+        /// The OS error number behind it, if there was one (hako names
+        /// the limit when it means the machine ran out of something).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        errno: Option<i32>,
     },
 }
 

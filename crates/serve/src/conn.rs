@@ -68,6 +68,9 @@ pub(crate) async fn accept_loop(
             drop(stream);
             continue;
         };
+        // Answers go out at once: with Nagle's algorithm a reply written
+        // in two parts waits for the client's delayed ACK of the first.
+        let _ = stream.set_nodelay(true);
         let state = Arc::clone(&state);
         tokio::spawn(async move {
             let _slot = slot;

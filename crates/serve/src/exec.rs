@@ -112,10 +112,12 @@ pub(crate) async fn exec(
         sandbox: id,
         session: req.session,
     };
+    let turn = state.starts.enter().await;
     if !req.stream {
         return response(
             blocking(move || {
                 let _slot = slot;
+                let _turn = turn;
                 let result = run_command(&state, sb.as_ref(), &prepared, None);
                 match result {
                     Ok(out) => reply(200, output_json(&out)),
@@ -138,6 +140,7 @@ pub(crate) async fn exec(
     };
     let spawned = tokio::task::spawn_blocking(move || {
         let _slot = slot;
+        let _turn = turn;
         stream_command(&state, sb.as_ref(), &prepared, &tx, &queued);
     });
     drop(spawned);

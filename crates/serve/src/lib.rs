@@ -24,6 +24,7 @@ mod auth;
 mod conn;
 mod exec;
 mod files;
+mod gate;
 mod reply;
 mod routes;
 mod sandboxes;
@@ -213,6 +214,7 @@ pub fn serve(listener: std::net::TcpListener, config: ServeConfig) -> std::io::R
         next: AtomicU64::new(1),
         requests: Arc::new(Slots::new(MAX_REQUESTS)),
         execs: Arc::new(Slots::new(MAX_EXECS)),
+        starts: gate::StartGate::new(gate::width(), gate::WINDOW),
         transfers: Arc::new(Slots::new(MAX_TRANSFERS)),
     });
     let result = runtime.block_on(accept_loop(listener, Arc::clone(&state)));

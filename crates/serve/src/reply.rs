@@ -46,6 +46,7 @@ pub(crate) fn from_error(e: &Error) -> Reply {
         Error::Closed => (410, "closed"),
         Error::Unsupported { .. } => (501, "unsupported"),
         Error::LimitReached { .. } => (429, "too_many"),
+        Error::OutOfResources { .. } => (503, "out_of_resources"),
         Error::IsolationTooWeak { .. }
         | Error::NetworkUnavailable { .. }
         | Error::BadNetworkPolicy { .. } => (403, "policy"),

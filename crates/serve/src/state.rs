@@ -25,6 +25,8 @@ pub(crate) struct State {
     pub(crate) next: AtomicU64,
     pub(crate) requests: Arc<Slots>,
     pub(crate) execs: Arc<Slots>,
+    /// Commands start in turn (see [`crate::gate`]).
+    pub(crate) starts: crate::gate::StartGate,
     pub(crate) transfers: Arc<Slots>,
     pub(crate) connections: Arc<Slots>,
 }

@@ -11,6 +11,7 @@
 pub use rustix;
 
 pub mod confine;
+pub mod exhaust;
 pub mod mount;
 pub mod netif;
 pub mod ns;

@@ -221,7 +221,7 @@ impl Connection {
                 },
                 SpawnFailure::Other => backend_err(self.backend, "start command", message),
             }),
-            FromGuest::Failed { message, .. } | FromGuest::Refused { message } => {
+            FromGuest::Failed { message, .. } | FromGuest::Refused { message, .. } => {
                 Err(backend_err(self.backend, "run command", message))
             }
             other => Err(backend_err(

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use hako_core::{Error, Result};
 use hako_sys::vfork::{spawn, ChildStack, SpawnCwd, SpawnSpec};
 
-use super::backend_err;
+use super::{backend_err, unless_exhausted};
 use crate::InProcessGuest;
 
 /// How long closing waits for a container runtime's client to exit after
@@ -79,8 +79,16 @@ pub(super) fn spawn_guest(
         .read(true)
         .write(true)
         .open("/dev/null")
-        .map_err(|e| fail(format!("cannot open /dev/null: {e}")))?;
-    let mut stack = ChildStack::new().map_err(|e| fail(format!("cannot map a stack: {e}")))?;
+        .map_err(|e| {
+            unless_exhausted("start hako-guest", e, |e| {
+                fail(format!("cannot open /dev/null: {e}"))
+            })
+        })?;
+    let mut stack = ChildStack::new().map_err(|e| {
+        unless_exhausted("start hako-guest", e, |e| {
+            fail(format!("cannot map a stack: {e}"))
+        })
+    })?;
     let argv = [guest.to_string_lossy().into_owned()];
     let pid = spawn(
         SpawnSpec {
@@ -96,7 +104,10 @@ pub(super) fn spawn_guest(
         },
         &mut stack,
     )
-    .map_err(|e| fail(e.to_string()))?;
+    .map_err(|e| {
+        let text = e.to_string();
+        unless_exhausted("start hako-guest", e.error, |_| fail(text))
+    })?;
     // The parent's copies of the guest's ends (cwd, ctl_guest) close here.
     hako_sys::rustix::process::Pid::from_raw(pid).ok_or_else(|| fail("spawned pid 0".into()))
 }

@@ -48,6 +48,24 @@ fn backend_err(backend: &str, op: &'static str, message: impl Into<String>) -> E
     }
 }
 
+/// `err` as [`Error::OutOfResources`] when it means the machine or this
+/// process ran out of something (processes, descriptors, memory), naming
+/// the limit; else `otherwise`.
+pub(crate) fn unless_exhausted(
+    op: &'static str,
+    err: std::io::Error,
+    otherwise: impl FnOnce(std::io::Error) -> Error,
+) -> Error {
+    match hako_sys::exhaust::diagnose(&err) {
+        Some(found) => Error::OutOfResources {
+            op,
+            resource: found.resource,
+            message: found.message,
+        },
+        None => otherwise(err),
+    }
+}
+
 /// The id the guest's first reply ([`FromGuest::Ready`] or
 /// [`FromGuest::Refused`]) is delivered under.
 const HELLO_ID: u64 = 0;

@@ -450,6 +450,7 @@ mod tests {
         shared.table.lock().unwrap().waiting.insert(HELLO_ID, tx);
         let mut input = frames(&[Frame::Message(FromGuest::Refused {
             message: "no".into(),
+            errno: None,
         })]);
         read_one(&mut input, &shared).unwrap();
         assert!(matches!(

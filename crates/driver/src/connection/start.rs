@@ -15,7 +15,7 @@ use hako_core::{Error, Result};
 use super::guest_process::{fork_guest, join_reapers, locate_guest, spawn_guest, GuestProcess};
 use super::reader::{read_events, Event, ReadBy, ReaderEnd, Shared};
 use super::wire::Wire;
-use super::{backend_err, Connection, HELLO_ID, READ_BUF};
+use super::{backend_err, unless_exhausted, Connection, HELLO_ID, READ_BUF};
 use crate::proto::{self, Frame, FromGuest, Hello, LinuxSpec, ToGuest};
 use crate::InProcessGuest;
 
@@ -40,9 +40,11 @@ impl Connection {
         in_process: Option<&InProcessGuest>,
         read_on_caller: bool,
     ) -> Result<Connection> {
-        let (ctl, ctl_guest) = UnixStream::pair().map_err(|source| Error::Io {
-            op: "create control socket",
-            source,
+        let (ctl, ctl_guest) = UnixStream::pair().map_err(|source| {
+            unless_exhausted("create control socket", source, |source| Error::Io {
+                op: "create control socket",
+                source,
+            })
         })?;
         // A closed sandbox's guest still being reaped is a thread of ours:
         // let it finish, so that a single-threaded caller can fork again.
@@ -195,7 +197,9 @@ impl Connection {
                 match spawned {
                     Ok(reader) => (Some(reader), ReadBy::Thread),
                     Err(e) => {
-                        return failed(wire, child, format!("cannot start the guest reader: {e}"))
+                        let why = format!("cannot start the guest reader: {e}");
+                        return failed(wire, child, why)
+                            .map_err(|other| unless_exhausted("start the sandbox", e, |_| other));
                     }
                 }
             }
@@ -221,9 +225,13 @@ impl Connection {
         // Building a sandbox takes milliseconds (a container, under a
         // second); a guest that says nothing for this long is stuck, and
         // the caller must not hang with it.
+        let mut errno = None;
         let why = match connection.next_event(&rx, Some(START_TIMEOUT)) {
             Ok(Event::Done(FromGuest::Ready { .. })) => return Ok(connection),
-            Ok(Event::Done(FromGuest::Refused { message })) => message,
+            Ok(Event::Done(FromGuest::Refused { message, errno: e })) => {
+                errno = e;
+                message
+            }
             Ok(Event::Done(other)) => format!("unexpected first reply {other:?}"),
             Ok(Event::Gone(why)) => format!("hako-guest ended without a reply: {why}"),
             Ok(Event::Output { .. }) => "unexpected output before the sandbox was ready".into(),
@@ -239,11 +247,19 @@ impl Connection {
             child.kill();
         }
         drop(connection);
-        Err(backend_err(
-            backend,
-            "start the sandbox",
-            format!("{why}{}", descriptors_hint()),
-        ))
+        // The guest could not make a process, a namespace's or a
+        // descriptor: when the machine is out of one, say which limit.
+        let failure = || {
+            backend_err(
+                backend,
+                "start the sandbox",
+                format!("{why}{}", descriptors_hint()),
+            )
+        };
+        match errno.map(std::io::Error::from_raw_os_error) {
+            Some(err) => Err(unless_exhausted("start the sandbox", err, |_| failure())),
+            None => Err(failure()),
+        }
     }
 }
 

@@ -179,10 +179,12 @@ impl Exec {
             Some(RunReply::Refused { message }) => FromGuest::Failed {
                 id: Some(self.id),
                 message: message.clone(),
+                errno: None,
             },
             None => FromGuest::Failed {
                 id: Some(self.id),
                 message: "the command's supervisor was killed before it reported; its processes were killed".into(),
+                errno: None,
             },
         }
     }
@@ -313,6 +315,7 @@ impl Server<'_> {
                 message: format!(
                     "more than {MAX_PENDING_STDIN} bytes of stdin queued; stdin closed"
                 ),
+                errno: None,
             }),
             Input::Queued => {
                 self.execs[i].feed_stdin();
@@ -528,11 +531,12 @@ mod tests {
             FromGuest::Failed {
                 id: Some(3),
                 message: "refused".into(),
+                errno: None,
             }
         );
         exec.reply = None;
         match exec.report() {
-            FromGuest::Failed { id, message } => {
+            FromGuest::Failed { id, message, .. } => {
                 assert_eq!(id, Some(3));
                 assert!(message.contains("supervisor was killed"), "{message}");
             }

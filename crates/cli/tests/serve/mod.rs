@@ -1,0 +1,229 @@
+//! `hako serve` run as its users run it: a process of its own, spoken to
+//! over HTTP on loopback.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use super::dirs;
+
+/// One request on a connection of its own; the status and the body.
+fn call(port: u16, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut s = loop {
+        match std::net::TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => break s,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("hako serve never listened: {e}"),
+        }
+    };
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let status = raw.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (
+        status,
+        raw.split("\r\n\r\n").nth(1).unwrap_or("").to_string(),
+    )
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// `hako serve --backend linux` on `port`, run by `sh -c PRELUDE; exec
+/// hako serve ...` (a prelude can move it into a cgroup before it starts).
+fn serve(ws: &Path, token_file: &Path, port: u16, prelude: &str) -> Child {
+    let hako_bin = env!("CARGO_BIN_EXE_hako");
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "{prelude} exec \"$0\" serve --backend linux --listen 127.0.0.1:{port} \
+             --workspace \"$1\" --token-file \"$2\""
+        ))
+        .arg(hako_bin)
+        .arg(ws)
+        .arg(token_file)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn serve_refuses_requests_without_the_token_and_runs_commands_on_linux_with_it() {
+    let d = dirs();
+    let token_file = d.ws.join("token");
+    std::fs::write(&token_file, "s3cret-token\n").unwrap();
+    let port = free_port();
+    let mut server = serve(&d.ws, &token_file, port, "");
+    let call = |method: &str, path: &str, token: Option<&str>, body: &str| {
+        call(port, method, path, token, body)
+    };
+    let (status, _) = call("POST", "/v1/sandboxes", None, "");
+    assert_eq!(status, 401);
+    let (status, _) = call("POST", "/v1/sandboxes", Some("s3cret-tokeN"), "");
+    assert_eq!(status, 401);
+    let (status, body) = call("GET", "/v1/sandboxes", Some("s3cret-token"), "");
+    assert_eq!(status, 200);
+    assert!(body.contains("\"sandboxes\":[]"), "{body}");
+    let (status, body) = call("POST", "/v1/sandboxes", Some("s3cret-token"), "");
+    assert_eq!(status, 201, "{body}");
+    let created: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(created["capabilities"]["isolation"], "process");
+    let id = created["id"].as_u64().unwrap();
+    let (status, body) = call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some("s3cret-token"),
+        r#"{"command":"echo in-sandbox; ls /home | wc -l"}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let out: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(out["stdout"], "in-sandbox\n0\n", "{out}");
+    server.kill().unwrap();
+    server.wait().unwrap();
+}
+
+/// A cgroup with the pids controller, removed when dropped (once the
+/// processes in it are gone).
+struct PidsCgroup(PathBuf);
+
+impl PidsCgroup {
+    /// A new one under v1's pids hierarchy or the v2 root (when it
+    /// delegates pids); `None` where neither is writable.
+    fn new(name: &str) -> Option<PidsCgroup> {
+        let v1 = Path::new("/sys/fs/cgroup/pids");
+        let v2 = Path::new("/sys/fs/cgroup");
+        let parent = if v1.join("cgroup.procs").exists() {
+            v1
+        } else if std::fs::read_to_string(v2.join("cgroup.subtree_control"))
+            .is_ok_and(|c| c.split_whitespace().any(|c| c == "pids"))
+        {
+            v2
+        } else {
+            return None;
+        };
+        let dir = parent.join(name);
+        std::fs::create_dir(&dir).ok()?;
+        Some(PidsCgroup(dir))
+    }
+}
+
+impl PidsCgroup {
+    fn read(&self, file: &str) -> u64 {
+        let text = std::fs::read_to_string(self.0.join(file)).unwrap();
+        text.trim().parse().unwrap()
+    }
+}
+
+impl Drop for PidsCgroup {
+    /// Kills what is left in it (a test that failed half-way), then
+    /// removes it.
+    fn drop(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::remove_dir(&self.0).is_err() && Instant::now() < deadline {
+            let procs = std::fs::read_to_string(self.0.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.lines() {
+                let _ = std::process::Command::new("kill").args(["-9", pid]).status();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A server killed when the test ends, whatever its outcome.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn serve_out_of_processes_refuses_a_sandbox_naming_the_limit_and_goes_on() {
+    let Some(cgroup) = PidsCgroup::new(&format!("hako-test-pids-{}", std::process::id())) else {
+        assert!(
+            std::env::var_os("HAKO_MUST_WORK").is_none_or(|v| v != "1"),
+            "no writable cgroup with the pids controller and HAKO_MUST_WORK=1"
+        );
+        eprintln!("skipped: no writable cgroup with the pids controller");
+        return;
+    };
+    // Room for the server and a few sandboxes (a guest is a few processes
+    // and the server a thread for each), not for many.
+    std::fs::write(cgroup.0.join("pids.max"), "48").unwrap();
+    let d = dirs();
+    let token_file = d.ws.join("token");
+    std::fs::write(&token_file, "t0ken\n").unwrap();
+    let port = free_port();
+    let procs = cgroup.0.join("cgroup.procs");
+    let prelude = format!("echo $$ > '{}' &&", procs.display());
+    let _server = Killed(serve(&d.ws, &token_file, port, &prelude));
+    let call = |method: &str, path: &str, body: &str| call(port, method, path, Some("t0ken"), body);
+
+    let mut open = Vec::new();
+    let refusal = loop {
+        assert!(
+            open.len() < 40,
+            "48 processes held {} sandboxes",
+            open.len()
+        );
+        let (status, body) = call("POST", "/v1/sandboxes", "");
+        if status != 201 {
+            break (status, body);
+        }
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        open.push(v["id"].as_u64().unwrap());
+    };
+    // Refused, typed, naming what ran out and the limit.
+    let (status, body) = refusal;
+    assert_eq!(status, 503, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["kind"], "out_of_resources", "{body}");
+    let message = v["error"].as_str().unwrap();
+    assert!(
+        message.contains("out of processes") && message.contains("pids.max"),
+        "{message}"
+    );
+    assert!(!open.is_empty(), "not even one sandbox opened: {message}");
+
+    // The server goes on: closing a sandbox makes room, the others run
+    // commands, and a new one opens.
+    let (status, body) = call(
+        "DELETE",
+        &format!("/v1/sandboxes/{}", open.pop().unwrap()),
+        "",
+    );
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = call(
+        "DELETE",
+        &format!("/v1/sandboxes/{}", open.pop().unwrap_or(0)),
+        "",
+    );
+    assert!(status == 200 || open.is_empty(), "{body}");
+    if let Some(first) = open.first() {
+        let (status, body) = call(
+            "POST",
+            &format!("/v1/sandboxes/{first}/exec"),
+            r#"{"argv":["echo","still-here"]}"#,
+        );
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("still-here"), "{body}");
+    }
+    let (status, body) = call("POST", "/v1/sandboxes", "");
+    assert_eq!(status, 201, "{body}");
+}
