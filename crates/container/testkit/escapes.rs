@@ -520,6 +520,16 @@ fn a_50_mb_file_under_max_file_size_10m_is_cut(kind: Kind) {
     sb.close().unwrap();
 }
 
+fn limits_hit_inside_end_only_the_command_that_hit_them(kind: Kind) {
+    let (_d, ws) = workspace();
+    let Some(sb) = open(kind, &ws, hako_conformance::limits::limits()) else {
+        return;
+    };
+    hako_conformance::limits::each_limit_hit_inside_ends_only_that_command(sb.as_ref(), &ws)
+        .unwrap();
+    sb.close().unwrap();
+}
+
 fn a_setsid_orphan_does_not_survive_its_command(kind: Kind) {
     let (_d, ws) = workspace();
     let Some(sb) = open(kind, &ws, Limits::default()) else {
@@ -677,6 +687,10 @@ macro_rules! escapes_on {
             #[test]
             fn a_50_mb_file_under_max_file_size_10m_is_cut() {
                 super::a_50_mb_file_under_max_file_size_10m_is_cut($kind)
+            }
+            #[test]
+            fn limits_hit_inside_end_only_the_command_that_hit_them() {
+                super::limits_hit_inside_end_only_the_command_that_hit_them($kind)
             }
             #[test]
             fn a_setsid_orphan_does_not_survive_its_command() {

@@ -136,7 +136,9 @@ impl Drop for PidsCgroup {
         while std::fs::remove_dir(&self.0).is_err() && Instant::now() < deadline {
             let procs = std::fs::read_to_string(self.0.join("cgroup.procs")).unwrap_or_default();
             for pid in procs.lines() {
-                let _ = std::process::Command::new("kill").args(["-9", pid]).status();
+                let _ = std::process::Command::new("kill")
+                    .args(["-9", pid])
+                    .status();
             }
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -245,6 +245,15 @@ fn a_sandbox_under_pids_40_runs_echo_ok() {
     assert_eq!(text(&out.stdout), "ok\n", "{}", text(&out.stderr));
 }
 
+/// Open files, a file's size and processes, each hit in turn: only the
+/// command that hit it fails; a session and a long-lived process go on.
+#[test]
+fn limits_hit_inside_end_only_the_command_that_hit_them() {
+    let (_d, ws) = workspace();
+    let sb = limited(&ws, hako_conformance::limits::limits());
+    hako_conformance::limits::each_limit_hit_inside_ends_only_that_command(&sb, &ws).unwrap();
+}
+
 #[test]
 fn a_1_gib_allocation_under_memory_256m_fails() {
     let (_d, ws) = workspace();
