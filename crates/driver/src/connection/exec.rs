@@ -9,7 +9,7 @@ use std::time::Instant;
 use hako_core::{Command, Error, Output, OutputSink, Result, Stream};
 
 use super::reader::Event;
-use super::{backend_err, Connection};
+use super::{backend_err, guest_could_not, Connection};
 use crate::proto::{
     Cwd, ExecRequest, Frame, FromGuest, SpawnFailure, StreamId, ToGuest, MAX_CHUNK,
 };
@@ -219,10 +219,14 @@ impl Connection {
                         std::io::Error::from_raw_os_error,
                     ),
                 },
-                SpawnFailure::Other => backend_err(self.backend, "start command", message),
+                SpawnFailure::Other => guest_could_not("start command", errno, || {
+                    backend_err(self.backend, "start command", message)
+                }),
             }),
-            FromGuest::Failed { message, .. } | FromGuest::Refused { message, .. } => {
-                Err(backend_err(self.backend, "run command", message))
+            FromGuest::Failed { message, errno, .. } | FromGuest::Refused { message, errno } => {
+                Err(guest_could_not("run command", errno, || {
+                    backend_err(self.backend, "run command", message)
+                }))
             }
             other => Err(backend_err(
                 self.backend,

@@ -66,6 +66,32 @@ pub(crate) fn unless_exhausted(
     }
 }
 
+/// What the guest could not start (a command, a session's shell), with
+/// the OS error behind it: [`Error::OutOfResources`] when that error means
+/// something ran out (the machine's limit is named; a sandbox's own
+/// `--pids` or `--max-open-files` may be the one reached instead), else
+/// `otherwise`.
+pub(crate) fn guest_could_not(
+    op: &'static str,
+    errno: Option<i32>,
+    otherwise: impl FnOnce() -> Error,
+) -> Error {
+    let found = errno
+        .map(std::io::Error::from_raw_os_error)
+        .and_then(|err| hako_sys::exhaust::diagnose(&err));
+    match found {
+        Some(found) => Error::OutOfResources {
+            op,
+            resource: found.resource,
+            message: format!(
+                "{}; or the sandbox's own limit (--pids, --max-open-files), if it has one",
+                found.message
+            ),
+        },
+        None => otherwise(),
+    }
+}
+
 /// The id the guest's first reply ([`FromGuest::Ready`] or
 /// [`FromGuest::Refused`]) is delivered under.
 const HELLO_ID: u64 = 0;

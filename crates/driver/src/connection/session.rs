@@ -6,7 +6,7 @@ use std::time::Instant;
 use hako_core::{Command, Error, Output, OutputSink, Result};
 
 use super::exec::{timeout_ms, ExecCwd};
-use super::{backend_err, Connection};
+use super::{backend_err, guest_could_not, Connection};
 use crate::proto::{Frame, FromGuest, SessionExecRequest, SessionRequest, ToGuest};
 
 impl Connection {
@@ -33,8 +33,10 @@ impl Connection {
         drop(fd);
         match self.reply(&rx, "open a session")? {
             FromGuest::SessionOpened { .. } => Ok(id),
-            FromGuest::Failed { message, .. } => {
-                Err(backend_err(self.backend, "open a session", message))
+            FromGuest::Failed { message, errno, .. } => {
+                Err(guest_could_not("open a session", errno, || {
+                    backend_err(self.backend, "open a session", message)
+                }))
             }
             other => Err(backend_err(
                 self.backend,
