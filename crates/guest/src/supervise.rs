@@ -289,10 +289,10 @@ fn terminal_signal(byte: u8) -> Option<TtySignal> {
 /// answers `TIOCGPGRP` only to a process whose controlling terminal it
 /// is).
 fn lead_terminal(tty: &OwnedFd) -> Result<OwnedFd, GuestError> {
-    let me = rproc::getpid();
-    if rproc::getsid(None).ok() != Some(me) {
-        rproc::setsid().map_err(failed("start a session for the terminal"))?;
-    }
+    // Never a session leader before: one that led a terminal's session
+    // retires with it (see `spare`). (No `getsid`: in a `linux` sandbox
+    // the guest's own session lies outside its pid namespace, numbered 0.)
+    rproc::setsid().map_err(failed("start a session for the terminal"))?;
     rproc::ioctl_tiocsctty(tty).map_err(failed("take the command's terminal"))?;
     tty.try_clone()
         .map_err(failed("duplicate the command's terminal"))
