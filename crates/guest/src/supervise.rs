@@ -8,6 +8,14 @@
 //! reads it); [`spare`] is the supervisor's loop. Each command's process
 //! starts with `clone(CLONE_VM | CLONE_VFORK)` (see [`vfork`]): no page
 //! table is copied for it.
+//!
+//! A command on a terminal runs in a session its supervisor leads, with
+//! the terminal as the supervisor's controlling terminal, in a group of
+//! its own that is the foreground one ([`lead_terminal`]): where the
+//! kernel sends no terminal signal (gVisor before 2023), the guest asks
+//! the supervisor to ([`terminal_signal_byte`]), the one process such a
+//! kernel tells which group is in the foreground. That supervisor ends
+//! with its command.
 
 use std::cell::RefCell;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
