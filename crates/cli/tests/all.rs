@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 
 mod serve;
 mod terminal;
+#[path = "support/tmux.rs"]
+mod tmux;
+use tmux::Tmux;
 
 fn hako() -> Command {
     Command::new(env!("CARGO_BIN_EXE_hako"))
@@ -606,78 +609,6 @@ fn pid_1_shows_neither_hakos_arguments_nor_its_environment() {
         "HAKO_TEST_SECRET",
     ] {
         assert!(!shown.contains(leak), "{leak} visible inside: {shown}");
-    }
-}
-
-/// A tmux server of the test's own, with one window running `sh`.
-struct Tmux {
-    socket: String,
-}
-
-impl Tmux {
-    fn start() -> Option<Tmux> {
-        if Command::new("tmux").arg("-V").output().is_err() {
-            assert!(
-                std::env::var_os("HAKO_MUST_WORK").is_none_or(|v| v != "1"),
-                "tmux is not installed and HAKO_MUST_WORK=1"
-            );
-            eprintln!("SKIPPED: tmux is not installed");
-            return None;
-        }
-        let tmux = Tmux {
-            socket: format!("hako-test-{}", std::process::id()),
-        };
-        let ok = tmux
-            .cmd(&["new-session", "-d", "-s", "t", "-x", "80", "-y", "24", "sh"])
-            .success();
-        assert!(ok, "tmux new-session failed");
-        Some(tmux)
-    }
-
-    fn cmd(&self, args: &[&str]) -> std::process::ExitStatus {
-        Command::new("tmux")
-            .args(["-L", &self.socket])
-            .args(args)
-            .env("TERM", "xterm")
-            .status()
-            .unwrap()
-    }
-
-    fn send(&self, keys: &[&str]) {
-        let mut args = vec!["send-keys", "-t", "t"];
-        args.extend_from_slice(keys);
-        assert!(self.cmd(&args).success());
-    }
-
-    fn screen(&self) -> String {
-        let out = Command::new("tmux")
-            .args(["-L", &self.socket, "capture-pane", "-p", "-t", "t"])
-            .output()
-            .unwrap();
-        text(&out.stdout)
-    }
-
-    /// Waits until the screen shows `needle` (from a computed echo, so the
-    /// typed command line does not count).
-    fn wait_for(&self, needle: &str) -> String {
-        let start = Instant::now();
-        loop {
-            let screen = self.screen();
-            if screen.contains(needle) {
-                return screen;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "{needle:?} never showed on the terminal:\n{screen}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = self.cmd(&["kill-server"]);
     }
 }
 

@@ -9,6 +9,10 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "support/tmux.rs"]
+mod tmux;
+use tmux::Tmux;
+
 fn hako() -> Command {
     Command::new(env!("CARGO_BIN_EXE_hako"))
 }
@@ -384,4 +388,97 @@ fn containers_a_gvisor_run_leaves_no_bundle_even_when_hako_is_killed() {
     child.kill().unwrap();
     child.wait().unwrap();
     assert_eq!(bundles_left_by(pid), Vec::<std::path::PathBuf>::new());
+}
+
+/// `hako shell` with `backend` (its flags) on a real terminal: Ctrl-C and
+/// Ctrl-\\ end the interactive shell's foreground job, Ctrl-Z stops it,
+/// and each time the shell prompts again and runs the next line; the shell
+/// then ends as asked and hako exits with its status. (gVisor before
+/// release-20230227.0 sends no terminal signal: the guest has the
+/// command's supervisor, which leads the terminal's session, signal the
+/// foreground group.)
+fn ctrl_c_ctrl_backslash_and_ctrl_z_reach_the_foreground_job_of_hako_shell(backend: &[&str]) {
+    let Some(tmux) = Tmux::start() else { return };
+    let ws = tempfile::tempdir().unwrap();
+    let line = format!(
+        "{} shell {} --workspace {}",
+        env!("CARGO_BIN_EXE_hako"),
+        backend.join(" "),
+        ws.path().display()
+    );
+    tmux.send(&[&line, "Enter"]);
+    tmux.send(&["echo READY-$((6*7))", "Enter"]);
+    tmux.wait_for("READY-42");
+    // Each job is in the foreground when its key is typed (the line shows
+    // `started` first); the shell runs the next line only once the sleep
+    // (of hours) has ended, and after Ctrl-C, not the rest of its line.
+    for (n, key) in [(1, "C-c"), (2, "C-\\")] {
+        let rest = if n == 1 { "; echo slept1-$((1+1))" } else { "" };
+        tmux.send(&[
+            &format!("echo started{n}-$((1+{n})); sleep 1000{rest}"),
+            "Enter",
+        ]);
+        tmux.wait_for(&format!("started{n}-{}", 1 + n));
+        std::thread::sleep(Duration::from_millis(300));
+        tmux.send(&[key]);
+        tmux.send(&[&format!("echo after{n}-$((2+3))"), "Enter"]);
+        let screen = tmux.wait_for(&format!("after{n}-5"));
+        assert!(!screen.contains("slept1-2"), "{key}: {screen}");
+    }
+    tmux.send(&["echo started3-$((1+3)); sleep 1002", "Enter"]);
+    tmux.wait_for("started3-4");
+    std::thread::sleep(Duration::from_millis(300));
+    tmux.send(&["C-z"]);
+    tmux.send(&["jobs; echo after3-$((2+3))", "Enter"]);
+    let screen = tmux.wait_for("after3-5");
+    assert!(screen.contains("Stopped"), "Ctrl-Z: {screen}");
+    // The stopped job is killed, and the shell ends with the status asked.
+    tmux.send(&["kill -9 %1; wait; echo killed-$((1+1))", "Enter"]);
+    tmux.wait_for("killed-2");
+    tmux.send(&["exit 7", "Enter"]);
+    let start = Instant::now();
+    while hako_shell_runs(&line) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "hako shell did not exit:\n{}",
+            tmux.screen()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Typed only once hako is gone (before, hako would relay it inside).
+    tmux.send(&["echo code-$?-$((1+1))", "Enter"]);
+    let screen = tmux.wait_for("-2\n");
+    assert!(screen.contains("code-7-2"), "{screen}");
+}
+
+/// Whether a process runs with the command line `line` (words joined by
+/// spaces).
+fn hako_shell_runs(line: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        std::fs::read(e.path().join("cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).replace('\0', " ").trim_end() == line)
+    })
+}
+
+#[test]
+fn containers_ctrl_c_ctrl_backslash_and_ctrl_z_reach_the_foreground_job_of_hako_shell_on_gvisor() {
+    if works("gvisor") {
+        ctrl_c_ctrl_backslash_and_ctrl_z_reach_the_foreground_job_of_hako_shell(&[
+            "--backend",
+            "gvisor",
+        ]);
+    }
+}
+
+#[test]
+fn containers_ctrl_c_ctrl_backslash_and_ctrl_z_reach_the_foreground_job_of_hako_shell_on_docker_runsc(
+) {
+    if works("docker") {
+        ctrl_c_ctrl_backslash_and_ctrl_z_reach_the_foreground_job_of_hako_shell(&[
+            "--backend",
+            "docker",
+            "--runtime",
+            "runsc",
+        ]);
+    }
 }

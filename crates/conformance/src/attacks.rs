@@ -89,10 +89,10 @@ pub fn stealing_the_guests_link_from_a_fresh_supervisor(
     still_usable(sb)
 }
 
-/// Runs `hako-probe --catch-forks` (at `probe`, inside) while a line is
-/// typed at a terminal process of the same sandbox: the first input to a
-/// terminal makes the guest find out whether the kernel signals Ctrl-C
-/// itself, which forks. The fork must hold nothing of hako's channel. `Err`
+/// Runs `hako-probe --catch-forks` (at `probe`, inside) while Ctrl-C is
+/// typed at a terminal process of the same sandbox: the first signal
+/// character typed at a terminal makes the guest find out whether the
+/// kernel signals Ctrl-C itself, which forks. The fork must hold nothing of hako's channel. `Err`
 /// names each descriptor that opened, or what failed.
 pub fn stealing_the_guests_link_while_a_terminal_is_typed_at(
     sb: &dyn Sandbox,
@@ -117,8 +117,8 @@ pub fn stealing_the_guests_link_while_a_terminal_is_typed_at(
             &SpawnOptions::default(),
         )
         .map_err(|e| format!("spawn the probe: {e}"))?;
-    // Once the probe watches (it says so on stderr), the first line typed
-    // at the terminal.
+    // Once the probe watches (it says so on stderr), the first Ctrl-C
+    // typed at the terminal.
     let until = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let said = p
@@ -137,8 +137,8 @@ pub fn stealing_the_guests_link_while_a_terminal_is_typed_at(
             return Err("the probe did not start watching within 30 s".into());
         }
     }
-    p.write_stdin(tty, b"\n")
-        .map_err(|e| format!("type at the terminal: {e}"))?;
+    p.write_stdin(tty, b"\x03")
+        .map_err(|e| format!("type Ctrl-C at the terminal: {e}"))?;
     let end = p
         .wait(catcher, Some(Duration::from_secs(60)))
         .map_err(|e| format!("wait for the probe: {e}"))?;

@@ -114,16 +114,28 @@ pub fn ctrl_d_ends_cat(sb: &dyn Sandbox, wait: Duration) -> Result<bool, String>
     Ok(true)
 }
 
-/// An interactive job-control shell on a terminal runs `sleep` in the
-/// foreground; `typed` (Ctrl-C or Ctrl-\) is typed once the sleep runs.
-/// Whether the shell prompted again and ran the next line while the sleep
-/// would still run (it sleeps for hours), looked for in up to `rounds`
-/// reads of 200 ms. The process is killed after.
-pub fn a_control_byte_interrupts_the_foreground_job_of_an_interactive_shell(
-    sb: &dyn Sandbox,
-    typed: &[u8],
-    rounds: usize,
-) -> Result<bool, String> {
+/// How many processes have `marker` on their command line (the pattern
+/// does not match its own).
+fn count_marked(sb: &dyn Sandbox, marker: &str) -> Result<usize, String> {
+    let pattern = format!("[{}]{}", &marker[..1], &marker[1..]);
+    let out = sb
+        .exec(
+            &Command::shell(format!(
+                "grep -l '{pattern}' /proc/[0-9]*/cmdline 2>/dev/null | wc -l"
+            ))
+            .timeout(Duration::from_secs(60)),
+        )
+        .map_err(|e| format!("look for the sleep: {e}"))?;
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .map_err(|e| format!("count the sleeps: {e}: {:?}", out.stdout))
+}
+
+/// An interactive job-control shell (`sh -i`) on a terminal, running
+/// `sleep MARKER` (hours) in the foreground: its process id and the
+/// marker, once the sleep runs.
+fn shell_running_a_sleep(sb: &dyn Sandbox) -> Result<(ProcessId, String), String> {
     let p = processes(sb)?;
     let marker = format!("{}", 70_000_000 + std::process::id());
     let id = p
@@ -131,31 +143,65 @@ pub fn a_control_byte_interrupts_the_foreground_job_of_an_interactive_shell(
         .map_err(|e| format!("spawn sh -i on a terminal: {e}"))?;
     p.write_stdin(id, format!("sleep {marker}\n").as_bytes())
         .map_err(|e| format!("type at the terminal: {e}"))?;
-    // The pattern does not match its own command line.
-    let pattern = format!("[{}]{}", &marker[..1], &marker[1..]);
-    let mut started = false;
     for _ in 0..200 {
-        let out = sb
-            .exec(
-                &Command::shell(format!(
-                    "grep -l '{pattern}' /proc/[0-9]*/cmdline 2>/dev/null | wc -l"
-                ))
-                .timeout(Duration::from_secs(60)),
-            )
-            .map_err(|e| format!("look for the sleep: {e}"))?;
-        if String::from_utf8_lossy(&out.stdout).trim() != "0" {
-            started = true;
-            break;
+        if count_marked(sb, &marker)? > 0 {
+            return Ok((id, marker));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    if !started {
-        kill(p, id)?;
-        return Err("the sleep never started".into());
+    kill(p, id)?;
+    Err("the sleep never started".into())
+}
+
+/// Kills the shell `id` and checks that its job, `sleep MARKER`, is gone
+/// with it (soon: under gVisor the guest kills a command's orphans once
+/// nothing else runs).
+fn end_shell(sb: &dyn Sandbox, id: ProcessId, marker: &str) -> Result<(), String> {
+    kill(processes(sb)?, id)?;
+    for _ in 0..100 {
+        if count_marked(sb, marker)? == 0 {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
+    Err("the shell's job outlived it".into())
+}
+
+/// An interactive job-control shell on a terminal runs `sleep` in the
+/// foreground; `typed` (Ctrl-C or Ctrl-\\) is typed once the sleep runs.
+/// Whether the shell prompted again and ran the next line while the sleep
+/// would still run (it sleeps for hours), looked for in up to `rounds`
+/// reads of 200 ms; either way the shell is killed after, and its job must
+/// be gone with it.
+pub fn a_control_byte_interrupts_the_foreground_job_of_an_interactive_shell(
+    sb: &dyn Sandbox,
+    typed: &[u8],
+    rounds: usize,
+) -> Result<bool, String> {
+    let p = processes(sb)?;
+    let (id, marker) = shell_running_a_sleep(sb)?;
     p.write_stdin(id, typed)
         .map_err(|e| format!("type {typed:?}: {e}"))?;
     let shown = type_and_read(p, id, b"echo back-$((1+1))\n", "back-2", rounds)?;
-    kill(p, id)?;
+    end_shell(sb, id, &marker)?;
     Ok(shown.contains("back-2\r\n"))
+}
+
+/// As [`a_control_byte_interrupts_the_foreground_job_of_an_interactive_shell`]
+/// with Ctrl-Z: whether the foreground job was stopped (the shell lists it
+/// as stopped) and the shell prompted again and ran the next line.
+pub fn ctrl_z_stops_the_foreground_job_of_an_interactive_shell(
+    sb: &dyn Sandbox,
+    rounds: usize,
+) -> Result<bool, String> {
+    let p = processes(sb)?;
+    let (id, marker) = shell_running_a_sleep(sb)?;
+    p.write_stdin(id, b"\x1a")
+        .map_err(|e| format!("type Ctrl-Z: {e}"))?;
+    let shown = type_and_read(p, id, b"jobs; echo back-$((1+1))\n", "back-2", rounds)?;
+    // The sleep is still there, stopped, until the shell ends.
+    let still = count_marked(sb, &marker)?;
+    end_shell(sb, id, &marker)?;
+    let stopped = shown.to_lowercase().contains("stopped");
+    Ok(shown.contains("back-2\r\n") && stopped && still > 0)
 }

@@ -8,6 +8,14 @@
 //! reads it); [`spare`] is the supervisor's loop. Each command's process
 //! starts with `clone(CLONE_VM | CLONE_VFORK)` (see [`vfork`]): no page
 //! table is copied for it.
+//!
+//! A command on a terminal runs in a session its supervisor leads, with
+//! the terminal as the supervisor's controlling terminal, in a group of
+//! its own that is the foreground one ([`lead_terminal`]): where the
+//! kernel sends no terminal signal (gVisor before 2023), the guest asks
+//! the supervisor to ([`terminal_signal_byte`]), the one process such a
+//! kernel tells which group is in the foreground. That supervisor ends
+//! with its command.
 
 use std::cell::RefCell;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -20,6 +28,7 @@ use hako_sys::rustix::event::{poll, PollFd, PollFlags, Timespec};
 use hako_sys::rustix::io::Errno;
 use hako_sys::rustix::process::{self as rproc, Pid, Signal, WaitOptions};
 use hako_sys::signal::{signum as libc_sig, SignalFd};
+use hako_sys::tty::TtySignal;
 use hako_sys::vfork::{self, ChildStack, SpawnCwd, SpawnSpec, SpawnStep};
 
 use crate::error::failed;
@@ -232,9 +241,16 @@ pub(crate) fn spare(mode: &Mode) -> GuestExit {
             Ok(got) => got,
             Err(_) => return GuestExit::Success,
         };
+        // A supervisor that ran a command on a terminal leads that
+        // terminal's session for good: it ends once it has replied (the
+        // guest does not keep it).
+        let mut retire = false;
         let reply = match (&supervisor, &unfit) {
             (Some(supervisor), None) => match take_handoff(&payload, fds) {
-                Ok((job, fds)) => supervise_one(supervisor, &job, fds, &sock, mode),
+                Ok((job, fds)) => {
+                    retire = job.tty;
+                    supervise_one(supervisor, &job, fds, &sock, mode)
+                }
                 Err(why) => refuse(why.to_string()),
             },
             (_, Some(why)) => refuse(why.to_string()),
@@ -243,6 +259,83 @@ pub(crate) fn spare(mode: &Mode) -> GuestExit {
         if proto::write_frame(&sock, &reply).is_err() {
             return GuestExit::ReportLost;
         }
+        if retire {
+            return GuestExit::Success;
+        }
+    }
+}
+
+/// What the guest may write on a supervisor's socket while its command
+/// runs, one byte each: a signal for the foreground group of the
+/// command's terminal, typed at it where the kernel does not send it
+/// (gVisor before 2023). Any other byte, and end of file, mean "stop".
+pub(crate) fn terminal_signal_byte(signal: TtySignal) -> u8 {
+    match signal {
+        TtySignal::Interrupt => b'I',
+        TtySignal::Quit => b'Q',
+        TtySignal::Suspend => b'Z',
+    }
+}
+
+/// The signal a byte of [`terminal_signal_byte`] stands for.
+fn terminal_signal(byte: u8) -> Option<TtySignal> {
+    match byte {
+        b'I' => Some(TtySignal::Interrupt),
+        b'Q' => Some(TtySignal::Quit),
+        b'Z' => Some(TtySignal::Suspend),
+        _ => None,
+    }
+}
+
+/// Makes the terminal `tty` (a command's stdin) this supervisor's
+/// controlling terminal, in a session it leads, and returns a descriptor
+/// of it to ask its foreground group by. The command then runs in that
+/// session, not leading it, in a group of its own that is the
+/// terminal's foreground (see [`SpawnSpec::foreground_group`]): a
+/// job-control shell works as on any terminal, and the supervisor, whose
+/// terminal it is, can ask which group is in the foreground (gVisor
+/// answers `TIOCGPGRP` only to a process whose controlling terminal it
+/// is).
+fn lead_terminal(tty: &OwnedFd) -> Result<OwnedFd, GuestError> {
+    // Never a session leader before: one that led a terminal's session
+    // retires with it (see `spare`). (No `getsid`: in a `linux` sandbox
+    // the guest's own session lies outside its pid namespace, numbered 0.)
+    rproc::setsid().map_err(failed("start a session for the terminal"))?;
+    rproc::ioctl_tiocsctty(tty).map_err(failed("take the command's terminal"))?;
+    tty.try_clone()
+        .map_err(failed("duplicate the command's terminal"))
+}
+
+/// Sends `signal` to the foreground group of `tty`, this supervisor's
+/// controlling terminal: never to the supervisor's own group (a command
+/// that put it in the foreground must not stop or kill it).
+fn signal_foreground(tty: &OwnedFd, signal: TtySignal) {
+    if let Ok(group) = hako_sys::rustix::termios::tcgetpgrp(tty) {
+        if group != rproc::getpgrp() {
+            let _ = rproc::kill_process_group(group, signal.signal());
+        }
+    }
+}
+
+/// Reads what the guest wrote on `ctl` while a command runs: signals for
+/// the foreground group of `tty` are sent; `false` means "stop" (end of
+/// file, an error, or anything else).
+fn take_requests(ctl: &UnixStream, tty: Option<&OwnedFd>) -> bool {
+    use hako_sys::rustix::net::{recv, RecvFlags};
+    let mut buf = [0u8; 64];
+    match recv(ctl, &mut buf, RecvFlags::DONTWAIT) {
+        Ok((0, _)) => false,
+        Ok((n, _)) => buf[..n.min(buf.len())]
+            .iter()
+            .all(|&b| match (terminal_signal(b), tty) {
+                (Some(signal), Some(tty)) => {
+                    signal_foreground(tty, signal);
+                    true
+                }
+                _ => false,
+            }),
+        Err(Errno::AGAIN | Errno::INTR) => true,
+        Err(_) => false,
     }
 }
 
@@ -314,12 +407,21 @@ impl Supervisor {
         // Blocked before the first fork so no exit is missed, and so that a
         // signal meant to stop the guest makes it clean up instead of dying
         // and leaving the command's tree behind.
+        // The terminal's stop signals are taken too, and ignored: a
+        // supervisor that leads a command's terminal must not be stopped
+        // (or killed, by SIGQUIT) should a command put its group in the
+        // foreground. (Blocked, not ignored: an ignored signal would stay
+        // ignored in the commands it starts.)
         let watched: &[i32] = if stop_signals {
             &[
                 libc_sig::SIGCHLD,
                 libc_sig::SIGINT,
                 libc_sig::SIGTERM,
                 libc_sig::SIGHUP,
+                libc_sig::SIGQUIT,
+                libc_sig::SIGTSTP,
+                libc_sig::SIGTTIN,
+                libc_sig::SIGTTOU,
             ]
         } else {
             &[libc_sig::SIGCHLD]
@@ -335,8 +437,9 @@ impl Supervisor {
 
     /// Runs `job` as this process's child, with the descriptors `fds` (and
     /// `rlimits` applied just before exec), and returns the outcome once
-    /// every process of the command is gone. Anything on `ctl` (data or end
-    /// of file) means "stop": the whole tree is killed.
+    /// every process of the command is gone. End of file on `ctl`, or
+    /// anything on it but a terminal's signal (see
+    /// [`terminal_signal_byte`]), means "stop": the whole tree is killed.
     pub(crate) fn run(
         &self,
         job: &Job,
@@ -349,6 +452,16 @@ impl Supervisor {
         }
         let Some(spawn_cwd) = fds.spawn_cwd(job) else {
             return refuse("the working directory did not come with the job");
+        };
+        // A command on a terminal: the supervisor leads the terminal's
+        // session (see `lead_terminal`).
+        let tty = if job.tty {
+            match lead_terminal(&fds.stdio[0]) {
+                Ok(tty) => Some(tty),
+                Err(why) => return refuse(why.to_string()),
+            }
+        } else {
+            None
         };
         // Exits of an earlier command's processes, all reaped already.
         let _ = self.signals.drain();
@@ -364,11 +477,11 @@ impl Supervisor {
                     stdio: [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()],
                     cwd: Some(spawn_cwd),
                     fd3: fds.fd3.as_ref().map(AsFd::as_fd),
-                    new_session: true,
+                    new_session: tty.is_none(),
                     // If the supervisor is killed outright, its direct
                     // child goes with it.
                     parent_death_kill: true,
-                    controlling_tty: job.tty,
+                    foreground_group: tty.is_some(),
                     rlimits: rlimits.as_deref().map_or(&[], Vec::as_slice),
                 },
                 &mut stack,
@@ -430,12 +543,12 @@ impl Supervisor {
                 }
             }
             let ctl_event = fds[1].revents();
-            let stop = self
-                .signals
-                .drain()
-                .into_iter()
-                .any(|sig| sig != libc_sig::SIGCHLD);
-            if stop || !ctl_event.is_empty() {
+            let stop =
+                self.signals.drain().into_iter().any(|sig| {
+                    [libc_sig::SIGINT, libc_sig::SIGTERM, libc_sig::SIGHUP].contains(&sig)
+                });
+            let asked_to_stop = !ctl_event.is_empty() && !take_requests(ctl, tty.as_ref());
+            if stop || asked_to_stop {
                 // hako closed the socket, asked to cancel, or someone
                 // signalled the supervisor to stop: kill everything.
                 kill_tree(main, &mut status);

@@ -17,6 +17,14 @@ pub mod signum {
     pub const SIGHUP: i32 = libc::SIGHUP;
     /// The terminal's window changed size.
     pub const SIGWINCH: i32 = libc::SIGWINCH;
+    /// Quit (Ctrl-\\).
+    pub const SIGQUIT: i32 = libc::SIGQUIT;
+    /// Stop from the terminal (Ctrl-Z).
+    pub const SIGTSTP: i32 = libc::SIGTSTP;
+    /// A background process read its terminal.
+    pub const SIGTTIN: i32 = libc::SIGTTIN;
+    /// A background process wrote to (or set) its terminal.
+    pub const SIGTTOU: i32 = libc::SIGTTOU;
 }
 
 /// Blocks every signal whose default action ends the process (SIGKILL and

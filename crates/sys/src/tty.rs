@@ -1,7 +1,8 @@
 //! Terminal signals for kernels that do not generate them: gVisor before
 //! 2023 delivers no SIGINT when Ctrl-C is written to a pseudo-terminal's
-//! master. The guest asks once whether the kernel does it, and if not, does
-//! it itself.
+//! master. The guest asks once whether the kernel does it
+//! ([`kernel_sends_tty_signals`]), and if not, reads what the typed
+//! characters stand for ([`typed_at`]) and has the signals sent itself.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -92,43 +93,116 @@ pub fn kernel_sends_tty_signals(proof: &SingleThreaded) -> io::Result<bool> {
     }
 }
 
-/// Does what a terminal's line discipline does with `typed` when the
-/// kernel does not: for each interrupt, quit or suspend character (with
-/// ISIG on), signals the terminal's foreground process group, or, where
-/// the kernel will not tell it (gVisor answers ENOTTY), `session_group`:
-/// the group of the session's leader.
-pub fn send_tty_signals(
-    master: BorrowedFd<'_>,
-    typed: &[u8],
-    session_group: Option<i32>,
-) -> io::Result<()> {
-    // SAFETY: tcgetattr and tcgetpgrp write into locals; kill takes
-    // integers.
-    unsafe {
-        let mut termios: libc::termios = std::mem::zeroed();
-        if libc::tcgetattr(master.as_raw_fd(), &mut termios) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if termios.c_lflag & libc::ISIG == 0 {
-            return Ok(());
-        }
-        let cc = termios.c_cc;
-        for &b in typed {
-            let signal = match b {
-                0 => continue,
-                b if b == cc[libc::VINTR] => libc::SIGINT,
-                b if b == cc[libc::VQUIT] => libc::SIGQUIT,
-                b if b == cc[libc::VSUSP] => libc::SIGTSTP,
-                _ => continue,
-            };
-            let group = match libc::tcgetpgrp(master.as_raw_fd()) {
-                g if g > 0 => g,
-                _ => session_group.unwrap_or(0),
-            };
-            if group > 0 {
-                libc::kill(-group, signal);
-            }
+/// A signal a terminal's line discipline sends its foreground group for a
+/// character typed at it (with `ISIG` on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TtySignal {
+    /// `VINTR` (Ctrl-C): SIGINT.
+    Interrupt,
+    /// `VQUIT` (Ctrl-\\): SIGQUIT.
+    Quit,
+    /// `VSUSP` (Ctrl-Z): SIGTSTP.
+    Suspend,
+}
+
+impl TtySignal {
+    /// The signal sent.
+    pub fn signal(self) -> rustix::process::Signal {
+        use rustix::process::Signal;
+        match self {
+            TtySignal::Interrupt => Signal::INT,
+            TtySignal::Quit => Signal::QUIT,
+            TtySignal::Suspend => Signal::TSTP,
         }
     }
-    Ok(())
+}
+
+/// What a line discipline makes of `typed` under a terminal's settings.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Typed {
+    /// The signals its characters stand for, in order.
+    pub signals: Vec<TtySignal>,
+    /// The input left once those characters are taken out (a line
+    /// discipline does not pass them on).
+    pub input: Vec<u8>,
+}
+
+/// What `typed` means at the terminal `fd` (either side of it), under its
+/// current settings: with `ISIG` on, each interrupt, quit or suspend
+/// character is a signal for the foreground group, not input.
+pub fn typed_at(fd: BorrowedFd<'_>, typed: &[u8]) -> io::Result<Typed> {
+    // SAFETY: tcgetattr writes into a local.
+    let termios = unsafe {
+        let mut termios: libc::termios = std::mem::zeroed();
+        if libc::tcgetattr(fd.as_raw_fd(), &mut termios) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        termios
+    };
+    Ok(split_typed(&termios, typed))
+}
+
+/// [`typed_at`] under `termios`.
+fn split_typed(termios: &libc::termios, typed: &[u8]) -> Typed {
+    if termios.c_lflag & libc::ISIG == 0 {
+        return Typed {
+            signals: Vec::new(),
+            input: typed.to_vec(),
+        };
+    }
+    let cc = termios.c_cc;
+    // A special character set to 0 (`_POSIX_VDISABLE`) is disabled.
+    let is = |b: u8, i: usize| b != 0 && b == cc[i];
+    let mut out = Typed::default();
+    for &b in typed {
+        if is(b, libc::VINTR) {
+            out.signals.push(TtySignal::Interrupt);
+        } else if is(b, libc::VQUIT) {
+            out.signals.push(TtySignal::Quit);
+        } else if is(b, libc::VSUSP) {
+            out.signals.push(TtySignal::Suspend);
+        } else {
+            out.input.push(b);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn termios(isig: bool) -> libc::termios {
+        // SAFETY: termios is plain data.
+        let mut t: libc::termios = unsafe { std::mem::zeroed() };
+        if isig {
+            t.c_lflag = libc::ISIG;
+        }
+        t.c_cc[libc::VINTR] = 0x03;
+        t.c_cc[libc::VQUIT] = 0x1c;
+        t.c_cc[libc::VSUSP] = 0x1a;
+        t
+    }
+
+    #[test]
+    fn with_isig_the_signal_characters_are_signals_and_not_input() {
+        let got = split_typed(&termios(true), b"ab\x03c\x1c\x1a\r");
+        assert_eq!(
+            got.signals,
+            [TtySignal::Interrupt, TtySignal::Quit, TtySignal::Suspend]
+        );
+        assert_eq!(got.input, b"abc\r");
+    }
+
+    #[test]
+    fn without_isig_or_with_a_disabled_character_everything_is_input() {
+        let got = split_typed(&termios(false), b"\x03\x1c");
+        assert!(got.signals.is_empty());
+        assert_eq!(got.input, b"\x03\x1c");
+        let mut t = termios(true);
+        t.c_cc[libc::VSUSP] = 0;
+        let got = split_typed(&t, b"\x00\x1a");
+        assert!(got.signals.is_empty());
+        assert_eq!(got.input, b"\x00\x1a");
+    }
 }

@@ -99,7 +99,7 @@ pub(super) fn spawn_guest(
             fd3: Some(ctl_guest.as_fd()),
             new_session: true,
             parent_death_kill: false,
-            controlling_tty: false,
+            foreground_group: false,
             rlimits: &[],
         },
         &mut stack,

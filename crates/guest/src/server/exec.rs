@@ -308,7 +308,8 @@ impl Server<'_> {
     /// Input for command `id` (typed input, for one on a terminal).
     pub(super) fn stdin(&mut self, id: u64, data: &[u8]) {
         let Some(i) = self.position(id) else { return };
-        match self.execs[i].queue_stdin(data, MAX_PENDING_STDIN) {
+        let (data, signals) = self.typed(i, data);
+        match self.execs[i].queue_stdin(&data, MAX_PENDING_STDIN) {
             Input::Dropped => {}
             Input::Overflow => self.send(&FromGuest::Failed {
                 id: Some(id),
@@ -317,11 +318,9 @@ impl Server<'_> {
                 ),
                 errno: None,
             }),
-            Input::Queued => {
-                self.execs[i].feed_stdin();
-                self.tty_signals(i, data);
-            }
+            Input::Queued => self.execs[i].feed_stdin(),
         }
+        self.send_tty_signals(i, &signals);
     }
 
     /// No more input for command `id`: its stdin closes once what is queued
@@ -370,8 +369,9 @@ impl Server<'_> {
             }
             let mut exec = self.execs.swap_remove(i);
             // Its supervisor has nothing left to watch: it may take the
-            // next command (a killed one's socket is shut, so it ends).
-            if let (Some(sock), false) = (exec.reusable.take(), exec.killed) {
+            // next command (a killed one's socket is shut, so it ends; one
+            // that led a terminal's session ends on its own).
+            if let (Some(sock), false, None) = (exec.reusable.take(), exec.killed, &exec.pty) {
                 self.keep_idle(exec.supervisor, sock);
             }
             if let Some(RunReply::Finished {

@@ -1,16 +1,21 @@
 //! Commands on a pseudo-terminal: opening one, resizing it, and the Ctrl-C
-//! (Ctrl-\\, Ctrl-Z) typed at it, signalled here where the kernel does not
-//! (gVisor before 2023). Whether it does is found out by the zygote, once,
-//! at the first control byte typed at a terminal: finding out forks, and
-//! no fork of pid 1 may be alive while a command runs (see
-//! [`zygote`](crate::zygote)).
+//! (Ctrl-\\, Ctrl-Z) typed at it, signalled by the command's supervisor
+//! where the kernel does not (gVisor before 2023): the supervisor leads the
+//! terminal's session, so that it may ask which group is in the
+//! foreground (see [`supervise`](crate::supervise)). Whether the kernel
+//! does is found out by the zygote, once, at the first signal character
+//! typed at a terminal: finding out forks, and no fork of pid 1 may be
+//! alive while a command runs (see [`zygote`](crate::zygote)).
 
+use std::borrow::Cow;
 use std::os::fd::{AsFd, OwnedFd};
 
 use hako_sys::rustix::termios::Winsize;
+use hako_sys::tty::TtySignal;
 
 use super::Server;
 use crate::error::failed;
+use crate::supervise::terminal_signal_byte;
 use crate::GuestError;
 
 impl Server<'_> {
@@ -22,35 +27,52 @@ impl Server<'_> {
         }
     }
 
-    /// Where the kernel does not (gVisor before 2023), signals a terminal's
-    /// foreground group for the Ctrl-C (and Ctrl-\\, Ctrl-Z) typed at it.
-    pub(super) fn tty_signals(&mut self, i: usize, typed: &[u8]) {
-        if self.execs[i].pty.is_none() || !has_control_byte(typed) {
-            return;
-        }
-        // Found out by the zygote: finding out forks, and no fork of this
-        // process may be alive while a command runs (see `zygote`).
+    /// What typed `input` at command `i`'s terminal is to be written: all
+    /// of it, but where the kernel does not send a terminal's signals
+    /// (gVisor before 2023), the signal characters (with `ISIG` on) are
+    /// taken out, as a line discipline does, and returned to be sent by
+    /// [`Server::send_tty_signals`].
+    pub(super) fn typed<'a>(
+        &mut self,
+        i: usize,
+        input: &'a [u8],
+    ) -> (Cow<'a, [u8]>, Vec<TtySignal>) {
+        let Some(master) = self.execs[i].pty.as_ref() else {
+            return (Cow::Borrowed(input), Vec::new());
+        };
+        let typed = match hako_sys::tty::typed_at(master.as_fd(), input) {
+            Ok(typed) if !typed.signals.is_empty() => typed,
+            _ => return (Cow::Borrowed(input), Vec::new()),
+        };
+        // Found out by the zygote, at the first signal character typed:
+        // finding out forks, and no fork of this process may be alive
+        // while a command runs (see `zygote`).
         if self.kernel_tty_signals.is_none() {
             self.kernel_tty_signals = self
                 .zygote
                 .as_ref()
                 .and_then(|z| z.kernel_sends_tty_signals().ok());
         }
-        let by_kernel = self.kernel_tty_signals.unwrap_or(true);
-        if let (false, Some(master)) = (by_kernel, self.execs[i].pty.as_ref()) {
-            // The command is the supervisor's child and leads its session.
-            let leader = hako_sys::proc::children_of(self.execs[i].supervisor)
-                .ok()
-                .and_then(|c| c.first().map(|p| p.as_raw_nonzero().get()));
-            let _ = hako_sys::tty::send_tty_signals(master.as_fd(), typed, leader);
+        if self.kernel_tty_signals.unwrap_or(true) {
+            return (Cow::Borrowed(input), Vec::new());
+        }
+        (Cow::Owned(typed.input), typed.signals)
+    }
+
+    /// Has command `i`'s supervisor, which leads its terminal's session,
+    /// send `signals` to the terminal's foreground group (only it may ask
+    /// gVisor which group that is). Never blocks: a supervisor a command
+    /// stopped, with its socket full, misses them.
+    pub(super) fn send_tty_signals(&mut self, i: usize, signals: &[TtySignal]) {
+        use hako_sys::rustix::net::{send, SendFlags};
+        let Some(sup) = self.execs[i].sup.as_ref() else {
+            return;
+        };
+        let bytes: Vec<u8> = signals.iter().map(|&s| terminal_signal_byte(s)).collect();
+        if !bytes.is_empty() {
+            let _ = send(sup, &bytes, SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
         }
     }
-}
-
-/// Whether `typed` holds a control byte (one that may be Ctrl-C, Ctrl-\\
-/// or Ctrl-Z under the terminal's settings).
-fn has_control_byte(typed: &[u8]) -> bool {
-    typed.iter().any(|&b| b < 0x20)
 }
 
 fn winsize(rows: u16, cols: u16) -> Winsize {
@@ -87,14 +109,6 @@ pub(super) fn open_pty(rows: u16, cols: u16) -> Result<(OwnedFd, OwnedFd), Guest
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_control_bytes_can_be_a_terminals_signal() {
-        assert!(has_control_byte(b"\x03"), "Ctrl-C");
-        assert!(has_control_byte(b"ls\r"), "Enter is a control byte too");
-        assert!(!has_control_byte(b"plain text"));
-        assert!(!has_control_byte(b""));
-    }
 
     #[test]
     fn a_new_terminal_has_the_size_asked_for() {

@@ -517,3 +517,20 @@ fn ctrl_c_and_ctrl_backslash_interrupt_the_foreground_job_of_an_interactive_shel
     let out = sh(&sb, "echo ok");
     assert_eq!(text(&out.stdout), "ok\n");
 }
+
+/// Ctrl-Z at an interactive job-control shell stops its foreground job
+/// and the shell prompts again; the stopped job ends with the shell.
+#[test]
+fn ctrl_z_stops_the_foreground_job_of_an_interactive_shell() {
+    let (_d, ws) = workspace();
+    let sb = sandbox(&ws);
+    assert!(
+        hako_conformance::terminal::ctrl_z_stops_the_foreground_job_of_an_interactive_shell(
+            &sb, 100
+        )
+        .unwrap(),
+        "Ctrl-Z did not stop the foreground job"
+    );
+    let out = sh(&sb, "echo ok");
+    assert_eq!(text(&out.stdout), "ok\n");
+}

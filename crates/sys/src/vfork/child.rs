@@ -70,6 +70,15 @@ fn child_setup_and_exec(args: &mut ChildArgs<'_>) -> ! {
                 }
             }
         }
+        // A group of its own, the terminal's foreground one: while every
+        // signal is still blocked (since the clone), so that setting the
+        // foreground from a background group raises no SIGTTOU (a blocked
+        // SIGTTOU lets it through, on Linux and on gVisor).
+        if args.foreground_group
+            && (libc::setpgid(0, 0) != 0 || libc::tcsetpgrp(0, libc::getpid()) != 0)
+        {
+            fail(args, SpawnStep::Terminal, last_errno());
+        }
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         if libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) != 0 {
@@ -80,17 +89,6 @@ fn child_setup_and_exec(args: &mut ChildArgs<'_>) -> ! {
         }
         if args.new_session && libc::setsid() == -1 {
             fail(args, SpawnStep::Session, last_errno());
-        }
-        if args.controlling_tty {
-            if libc::ioctl(0, libc::TIOCSCTTY, 0) != 0 {
-                fail(args, SpawnStep::Terminal, last_errno());
-            }
-            // Linux makes the new session's group the terminal's foreground
-            // group with TIOCSCTTY; gVisor does not, and Ctrl-C would then
-            // signal no one. Say it explicitly.
-            if libc::tcsetpgrp(0, libc::getpgrp()) != 0 {
-                fail(args, SpawnStep::Terminal, last_errno());
-            }
         }
         if let Some(fd) = args.cwd_fd {
             if libc::fchdir(fd) != 0 {

@@ -114,8 +114,11 @@ pub struct SpawnSpec<'a> {
     pub new_session: bool,
     /// SIGKILL the child when the parent thread ends.
     pub parent_death_kill: bool,
-    /// Make stdin (a terminal) the controlling terminal of the new session.
-    pub controlling_tty: bool,
+    /// Start a process group of its own in the caller's session and make
+    /// it the foreground group of stdin, the caller's controlling terminal
+    /// (the caller leads the session: see `hako-guest`'s supervisor). Not
+    /// with `new_session`.
+    pub foreground_group: bool,
     /// Set last, just before exec (see [`crate::confine::apply_rlimits`]).
     pub rlimits: &'a [crate::confine::Rlimit],
 }
@@ -230,7 +233,7 @@ mod tests {
                 fd3: r.fd3.as_ref().map(AsFd::as_fd),
                 new_session: true,
                 parent_death_kill: true,
-                controlling_tty: false,
+                foreground_group: false,
                 rlimits: &r.rlimits,
             },
             &mut stack,
@@ -428,7 +431,7 @@ mod tests {
                 fd3: None,
                 new_session: false,
                 parent_death_kill: false,
-                controlling_tty: false,
+                foreground_group: false,
                 rlimits: &[],
             },
             &mut stack,

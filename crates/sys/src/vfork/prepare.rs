@@ -17,7 +17,7 @@ pub(super) struct ChildArgs<'a> {
     pub(super) fd3: Option<RawFd>,
     pub(super) new_session: bool,
     pub(super) parent_death_kill: bool,
-    pub(super) controlling_tty: bool,
+    pub(super) foreground_group: bool,
     pub(super) rlimits: &'a [crate::confine::Rlimit],
     /// The paths to try, in order.
     pub(super) candidates: Vec<CString>,
@@ -171,7 +171,7 @@ pub(super) fn child_args<'a>(spec: &SpawnSpec<'a>) -> Result<ChildArgs<'a>, Spaw
         fd3,
         new_session: spec.new_session,
         parent_death_kill: spec.parent_death_kill,
-        controlling_tty: spec.controlling_tty,
+        foreground_group: spec.foreground_group,
         rlimits: spec.rlimits,
         candidates,
         argv,
@@ -239,7 +239,7 @@ mod tests {
             fd3: None,
             new_session: true,
             parent_death_kill: false,
-            controlling_tty: false,
+            foreground_group: false,
             rlimits: &[],
         };
         let child = child_args(&spec).unwrap_or_else(|e| panic!("{e}"));
@@ -274,7 +274,7 @@ mod tests {
             fd3: None,
             new_session: false,
             parent_death_kill: false,
-            controlling_tty: false,
+            foreground_group: false,
             rlimits: &[],
         };
         child_args(&spec).err().map(|e| e.step)
