@@ -239,8 +239,9 @@ pub fn prepare(command: &mut Command, setup: ChildSetup) {
                     return Err(io::Error::last_os_error());
                 }
                 // Linux makes the new session's group the terminal's
-                // foreground group with TIOCSCTTY; gVisor does not, and
-                // Ctrl-C would then signal no one. Say it explicitly.
+                // foreground group with TIOCSCTTY, and so does gVisor;
+                // said explicitly all the same, so that no kernel that
+                // leaves it unset makes Ctrl-C signal no one.
                 if libc::tcsetpgrp(0, libc::getpgrp()) != 0 {
                     return Err(io::Error::last_os_error());
                 }
