@@ -102,6 +102,14 @@ pub enum GuestError {
     /// `zygote`).
     #[error("the supervisors' zygote was killed from inside the sandbox; a new one starts once no command runs")]
     ZygoteGone,
+    /// The zygote could not fork a supervisor (out of processes or
+    /// descriptors); it stays, and a later command may find room.
+    #[error("cannot fork a supervisor for the command: {source}")]
+    NoSupervisor {
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The guest is not single-threaded, or cannot tell that it is (it
     /// forks, which only a single-threaded process may do safely).
     #[error("{0}")]

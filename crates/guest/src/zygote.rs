@@ -92,6 +92,15 @@ impl Zygote {
         let pid = <[u8; 4]>::try_from(payload.as_slice())
             .ok()
             .and_then(|b| Pid::from_raw(i32::from_be_bytes(b)));
+        if fds.is_empty() {
+            // The zygote could not fork one (the sandbox or the machine is
+            // out of processes or descriptors); it is still there.
+            if let Ok(errno) = <[u8; 4]>::try_from(payload.as_slice()) {
+                return Err(GuestError::NoSupervisor {
+                    source: std::io::Error::from_raw_os_error(i32::from_be_bytes(errno)),
+                });
+            }
+        }
         match (pid, fds.pop(), fds.is_empty()) {
             (Some(pid), Some(sock), true) => Ok((pid, UnixStream::from(sock))),
             _ => {
@@ -211,9 +220,19 @@ fn serve(proof: &SingleThreaded, mode: &Mode) -> GuestExit {
             }
             continue;
         }
-        let (Ok((guests, theirs)), Ok(null)) = (UnixStream::pair(), dev_null()) else {
-            // Nothing sent: the guest counts the zygote as gone.
-            return GuestExit::Failed;
+        let made = UnixStream::pair().and_then(|pair| {
+            std::fs::File::open("/dev/null").map(|null| (pair, OwnedFd::from(null)))
+        });
+        let ((guests, theirs), null) = match made {
+            Ok(made) => made,
+            Err(err) => {
+                // Out of descriptors, say: the guest is told why, and the
+                // zygote stays for the next request.
+                if could_not_fork(&sock, &err).is_err() {
+                    return GuestExit::Success;
+                }
+                continue;
+            }
         };
         // Through an intermediate that exits at once: the supervisor is
         // then an orphan, and orphans go to the guest (the sandbox's init,
@@ -221,7 +240,12 @@ fn serve(proof: &SingleThreaded, mode: &Mode) -> GuestExit {
         // is the parent a supervisor that cannot be a subreaper relies on.
         // (`CLONE_PARENT` would save the fork, but gVisor ignores it.)
         match ns::fork_single_threaded(proof) {
-            Err(_) => return GuestExit::Failed,
+            Err(err) => {
+                // Out of processes, say: as above.
+                if could_not_fork(&sock, &err).is_err() {
+                    return GuestExit::Success;
+                }
+            }
             Ok(Forked::Child) => {
                 let code = intermediate(
                     proof,
@@ -255,6 +279,18 @@ fn serve(proof: &SingleThreaded, mode: &Mode) -> GuestExit {
     }
 }
 
+/// Answers a request for a supervisor that could not be forked: the OS
+/// error's number (4 bytes, big-endian) and no descriptor, which tells it
+/// from a supervisor's pid (which comes with one).
+fn could_not_fork(sock: &UnixStream, err: &std::io::Error) -> std::io::Result<()> {
+    let errno = err
+        .raw_os_error()
+        .unwrap_or(hako_sys::rustix::io::Errno::AGAIN.raw_os_error());
+    let mut frame = 4u32.to_be_bytes().to_vec();
+    frame.extend(errno.to_be_bytes());
+    proto::send_with_fds(sock, &frame, &[])
+}
+
 /// The intermediate: forks the supervisor, tells the guest its pid (with
 /// the guest's end of its socket) and exits.
 fn intermediate(
@@ -268,7 +304,10 @@ fn intermediate(
 ) -> GuestExit {
     let me = rproc::getpid();
     match ns::fork_single_threaded(proof) {
-        Err(_) => GuestExit::Failed,
+        Err(err) => {
+            let _ = could_not_fork(sock, &err);
+            GuestExit::Failed
+        }
         Ok(Forked::Child) => {
             // The guest's child once the intermediate is gone.
             let until = std::time::Instant::now() + REPLY_WITHIN;

@@ -136,6 +136,7 @@ impl Drop for PidsCgroup {
             for pid in procs.lines() {
                 let _ = std::process::Command::new("kill")
                     .args(["-9", pid])
+                    .stderr(Stdio::null())
                     .status();
             }
             std::thread::sleep(Duration::from_millis(50));

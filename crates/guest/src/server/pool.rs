@@ -182,9 +182,12 @@ impl Server<'_> {
             Some(zygote) => zygote.fork_supervisor(),
             None => Err(GuestError::ZygoteGone),
         };
-        if got.is_err() {
-            // Killed by `fork_supervisor`, or dead already: reaped later.
-            self.zygote = None;
+        if let Err(err) = &got {
+            // Killed by `fork_supervisor`, or dead already: reaped later;
+            // one that could not fork stays.
+            if !matches!(err, GuestError::NoSupervisor { .. }) {
+                self.zygote = None;
+            }
             self.spare_failed_at = Some(Instant::now());
         }
         got
