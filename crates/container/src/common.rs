@@ -194,6 +194,38 @@ pub fn limit_reports_pids_inside(limits: &Limits) -> Vec<LimitReport> {
     reports
 }
 
+/// The least memory a gVisor sandbox's host cgroup gets beyond `--memory`:
+/// that cgroup holds gVisor's own kernel (about 15 MiB idle, measured with
+/// runsc 2022-12) as well as the memory of the commands, and a command
+/// past the limit is stopped inside, by the guest's watch (see
+/// [`memory_watch`]), before the host's limit ends the whole sandbox.
+pub const GVISOR_MEMORY_HEADROOM: u64 = 64 << 20;
+
+/// The host cgroup's memory limit of a gVisor sandbox given `--memory
+/// limit`: the limit, plus a quarter of it or [`GVISOR_MEMORY_HEADROOM`],
+/// whichever is more. It stays the backstop: an allocation that outruns
+/// the guest's watch through the headroom ends the sandbox, and hako then
+/// names the memory limit as the cause.
+pub fn gvisor_host_memory(limit: u64) -> u64 {
+    limit.saturating_add((limit / 4).max(GVISOR_MEMORY_HEADROOM))
+}
+
+/// How a container's guest tells that `--memory` killed a command: under
+/// runc the kernel's kill count, in the container's own memory cgroup as
+/// the container sees it (v1 or v2); under gVisor, whose memory cgroup
+/// inside does not enforce, the guest's own watch.
+pub fn memory_watch(limits: &Limits, gvisor: bool) -> Option<hako_proto::MemoryWatch> {
+    let limit = limits.memory?;
+    Some(if gvisor {
+        hako_proto::MemoryWatch::Watch { limit }
+    } else {
+        hako_proto::MemoryWatch::Counter(vec![
+            "/sys/fs/cgroup/memory/memory.oom_control".into(),
+            "/sys/fs/cgroup/memory.events".into(),
+        ])
+    })
+}
+
 /// `cpus_milli` as the decimal the runtimes take (`1500` is `1.5`).
 pub fn cpus_decimal(milli: u64) -> String {
     format!("{}.{:03}", milli / 1000, milli % 1000)
@@ -285,6 +317,8 @@ pub struct ContainerLauncher {
     /// What the guest does to itself before it serves, where the runtime
     /// leaves it to the guest (gVisor's masks).
     pub seal: Option<hako_proto::Seal>,
+    /// How the guest tells that the memory limit killed a command.
+    pub memory: Option<hako_proto::MemoryWatch>,
     /// Whether a process of its own removes what `keep` holds once the
     /// client exits (gVisor's bundle: see `hako_gvisor::host_view`).
     pub self_cleaning: bool,
@@ -338,6 +372,7 @@ impl Launcher for ContainerLauncher {
             describe,
             network: self.network.clone(),
             seal: self.seal.clone(),
+            memory: self.memory.clone(),
         })
     }
 

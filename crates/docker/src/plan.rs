@@ -6,11 +6,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use hako_container::{
-    cpus_decimal, Engine, EngineKind, Owner, RunNetwork, GUEST_INSIDE, LABEL_PID, LABEL_START,
+    cpus_decimal, gvisor_host_memory, memory_watch, Engine, EngineKind, Owner, RunNetwork, GUEST_INSIDE, LABEL_PID, LABEL_START,
 };
 use hako_core::{Error, Limits, Result};
 use hako_driver::network::NET_DIR;
-use hako_proto::{Seal, GUEST_FD_DIRS};
+use hako_proto::{MemoryWatch, Seal, GUEST_FD_DIRS};
 
 use crate::NAME;
 
@@ -69,6 +69,13 @@ impl RunPlan {
     /// runtime: see `Prepared::new` for what is refused then.
     pub fn seals(user: (u32, u32), runtime: Option<&str>) -> bool {
         user.0 == 0 && is_gvisor_runtime(runtime)
+    }
+
+    /// How the guest tells that `--memory` killed a command (under
+    /// gVisor, it enforces the limit itself: see
+    /// [`hako_container::memory_watch`]).
+    pub fn memory_watch(&self) -> Option<MemoryWatch> {
+        memory_watch(&self.limits, is_gvisor_runtime(self.runtime.as_deref()))
     }
 
     /// What the guest does to itself before it serves, when
@@ -185,6 +192,13 @@ fn lockdown_args(engine: &Engine, plan: &RunPlan) -> Vec<String> {
     }
     let limits = &plan.limits;
     if let Some(memory) = limits.memory {
+        // Under gVisor the container's cgroup also holds gVisor's own
+        // kernel: room for it, the guest enforcing the limit inside.
+        let memory = if is_gvisor_runtime(plan.runtime.as_deref()) {
+            gvisor_host_memory(memory)
+        } else {
+            memory
+        };
         // No swap beyond the memory limit.
         a.extend([
             "--memory".into(),

@@ -285,6 +285,7 @@ impl DockerSandbox {
             keep: Mutex::new(vec![Box::new(profile)]),
             network: network.spec.clone(),
             seal: plan.seal(),
+            memory: plan.memory_watch(),
             self_cleaning: false,
         };
         let mut env = base_env(&config.spec.env);

@@ -206,6 +206,7 @@ impl GvisorSandbox {
             keep: Mutex::new(vec![Box::new(dir)]),
             network: network.spec.clone(),
             seal: Some(plan.seal()),
+            memory: hako_container::memory_watch(&limits, true),
             self_cleaning: true,
         };
         let mut env = base_env(&spec.env);
