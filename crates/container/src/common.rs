@@ -198,16 +198,19 @@ pub fn limit_reports_pids_inside(limits: &Limits) -> Vec<LimitReport> {
 /// that cgroup holds gVisor's own kernel (about 15 MiB idle, measured with
 /// runsc 2022-12) as well as the memory of the commands, and a command
 /// past the limit is stopped inside, by the guest's watch (see
-/// [`memory_watch`]), before the host's limit ends the whole sandbox.
-pub const GVISOR_MEMORY_HEADROOM: u64 = 64 << 20;
+/// [`memory_watch`]), before the host's limit ends the whole sandbox. The
+/// watch looks every few milliseconds, but a single system call (a
+/// `read` into a 256 MiB buffer) fills memory before gVisor delivers the
+/// kill: the headroom is what such a burst may take.
+pub const GVISOR_MEMORY_HEADROOM: u64 = 256 << 20;
 
 /// The host cgroup's memory limit of a gVisor sandbox given `--memory
-/// limit`: the limit, plus a quarter of it or [`GVISOR_MEMORY_HEADROOM`],
+/// limit`: the limit, plus the limit again or [`GVISOR_MEMORY_HEADROOM`],
 /// whichever is more. It stays the backstop: an allocation that outruns
 /// the guest's watch through the headroom ends the sandbox, and hako then
-/// names the memory limit as the cause.
+/// names the memory limit as the likely cause.
 pub fn gvisor_host_memory(limit: u64) -> u64 {
-    limit.saturating_add((limit / 4).max(GVISOR_MEMORY_HEADROOM))
+    limit.saturating_add(limit.max(GVISOR_MEMORY_HEADROOM))
 }
 
 /// How a container's guest tells that `--memory` killed a command: under
@@ -324,6 +327,17 @@ pub struct ContainerLauncher {
     pub self_cleaning: bool,
 }
 
+/// What a gVisor sandbox's end is put down to when it has a memory limit:
+/// the one way a command ends the whole sandbox by design (see
+/// [`gvisor_host_memory`]).
+fn memory_hint(limit: u64) -> String {
+    format!(
+        "; the sandbox's memory limit (--memory {} MiB) is the likely cause: under gVisor a command past it is killed by hako's watch inside, but one that fills memory faster than the watch can stop it (a single huge read or allocation) reaches the host's limit, {} MiB, which ends the whole sandbox; give it a larger --memory or make the command use less",
+        limit >> 20,
+        gvisor_host_memory(limit) >> 20
+    )
+}
+
 fn spawn_error(backend: &str, argv: &[String], e: &std::io::Error) -> Error {
     let program = argv.first().map(String::as_str).unwrap_or("");
     let message = if e.kind() == std::io::ErrorKind::NotFound {
@@ -350,6 +364,10 @@ impl Launcher for ContainerLauncher {
         };
         let name = self.name.clone();
         let program = self.program;
+        let memory_hint = match &self.memory {
+            Some(hako_proto::MemoryWatch::Watch { limit }) => memory_hint(*limit),
+            _ => String::new(),
+        };
         let describe = Box::new(move || {
             // The client exits (and closes stderr) right after the
             // container: give it a moment to say why.
@@ -362,9 +380,9 @@ impl Launcher for ContainerLauncher {
                 .collect::<Vec<_>>()
                 .join("; ");
             if said.is_empty() {
-                format!("container {name} ended ({program} said nothing)")
+                format!("container {name} ended ({program} said nothing){memory_hint}")
             } else {
-                format!("container {name} ended; {program} said: {said}")
+                format!("container {name} ended; {program} said: {said}{memory_hint}")
             }
         });
         Ok(GuestStart::Piped {

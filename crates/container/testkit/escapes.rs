@@ -503,6 +503,38 @@ fn a_1_gib_allocation_under_memory_256m_fails(kind: Kind) {
     sb.close().unwrap();
 }
 
+/// A command over `--memory 64M` is reported killed for memory, and the
+/// sandbox, a second command and an open session go on (under gVisor the
+/// guest enforces the limit inside, the host cgroup having room for
+/// gVisor's own kernel).
+fn a_command_over_the_memory_limit_is_reported_killed_for_memory_and_the_sandbox_goes_on(
+    kind: Kind,
+) {
+    let (_d, ws) = workspace();
+    let limits = Limits {
+        memory: Some(hako_conformance::memory::LIMIT),
+        ..Limits::default()
+    };
+    let Some(sb) = open(kind, &ws, limits) else {
+        return;
+    };
+    hako_conformance::memory::a_command_over_the_memory_limit_is_reported_killed_for_memory_and_the_sandbox_goes_on(sb.as_ref()).unwrap();
+    sb.close().unwrap();
+}
+
+fn a_plain_kill_9_under_a_memory_limit_is_not_reported_as_memory(kind: Kind) {
+    let (_d, ws) = workspace();
+    let limits = Limits {
+        memory: Some(hako_conformance::memory::LIMIT),
+        ..Limits::default()
+    };
+    let Some(sb) = open(kind, &ws, limits) else {
+        return;
+    };
+    hako_conformance::memory::a_plain_kill_9_is_not_reported_as_memory(sb.as_ref()).unwrap();
+    sb.close().unwrap();
+}
+
 fn a_50_mb_file_under_max_file_size_10m_is_cut(kind: Kind) {
     let (_d, ws) = workspace();
     let limits = Limits {
@@ -673,6 +705,14 @@ macro_rules! escapes_on {
             #[test]
             fn a_1_gib_allocation_under_memory_256m_fails() {
                 super::a_1_gib_allocation_under_memory_256m_fails($kind)
+            }
+            #[test]
+            fn a_command_over_the_memory_limit_is_reported_killed_for_memory_and_the_sandbox_goes_on() {
+                super::a_command_over_the_memory_limit_is_reported_killed_for_memory_and_the_sandbox_goes_on($kind)
+            }
+            #[test]
+            fn a_plain_kill_9_under_a_memory_limit_is_not_reported_as_memory() {
+                super::a_plain_kill_9_under_a_memory_limit_is_not_reported_as_memory($kind)
             }
             #[test]
             fn a_50_mb_file_under_max_file_size_10m_is_cut() {
