@@ -18,6 +18,7 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use hako_core::ExitStatus;
 use hako_sys::rustix::process::{self as rproc, Pid, Signal};
@@ -36,8 +37,16 @@ pub(crate) enum Oom {
         limit: u64,
         /// Kills made so far.
         kills: u64,
+        /// When the last kill was made, until the sandbox is back under
+        /// its limit: gVisor gives a killed process's memory back a little
+        /// later, and the next process must not be killed for it.
+        killed_at: Option<Instant>,
     },
 }
+
+/// How long after a kill the watch waits for the memory to come back
+/// before it kills again (while still over the limit).
+const AFTER_A_KILL: Duration = Duration::from_secs(1);
 
 impl Oom {
     /// Opens what `watch` names; a counter that cannot be opened fails
@@ -49,6 +58,7 @@ impl Oom {
             MemoryWatch::Watch { limit } => Ok(Oom::Watch {
                 limit: *limit,
                 kills: 0,
+                killed_at: None,
             }),
         }
     }
@@ -99,7 +109,12 @@ impl Oom {
     /// the process that uses the most memory, none of `spared` (the
     /// guest's own), and counts the kill.
     pub(crate) fn enforce(&mut self, spared: &[Pid]) {
-        let Oom::Watch { limit, kills } = self else {
+        let Oom::Watch {
+            limit,
+            kills,
+            killed_at,
+        } = self
+        else {
             return;
         };
         let Some(used) = std::fs::read_to_string("/proc/meminfo")
@@ -109,11 +124,16 @@ impl Oom {
             return;
         };
         if used <= *limit {
+            *killed_at = None;
+            return;
+        }
+        if killed_at.is_some_and(|at| at.elapsed() < AFTER_A_KILL) {
             return;
         }
         if let Some(pid) = largest_process(spared) {
             if rproc::kill_process(pid, Signal::KILL).is_ok() {
                 *kills += 1;
+                *killed_at = Some(Instant::now());
             }
         }
     }
