@@ -47,7 +47,11 @@ pub fn a_command_over_the_memory_limit_is_reported_killed_for_memory_and_the_san
     };
     if let (Some(s), Some(id)) = (sessions, session) {
         let out = s
-            .session_exec(id, &Command::shell("x=before; echo $x").timeout(GUARD), None)
+            .session_exec(
+                id,
+                &Command::shell("x=before; echo $x").timeout(GUARD),
+                None,
+            )
             .map_err(|e| format!("a session command before the overrun: {e}"))?;
         if text(&out.stdout) != "before\n" {
             return Err(format!("the session said {out:?}"));

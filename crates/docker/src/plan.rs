@@ -6,7 +6,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use hako_container::{
-    cpus_decimal, gvisor_host_memory, memory_watch, Engine, EngineKind, Owner, RunNetwork, GUEST_INSIDE, LABEL_PID, LABEL_START,
+    cpus_decimal, gvisor_host_memory, memory_watch, Engine, EngineKind, Owner, RunNetwork,
+    GUEST_INSIDE, LABEL_PID, LABEL_START,
 };
 use hako_core::{Error, Limits, Result};
 use hako_driver::network::NET_DIR;

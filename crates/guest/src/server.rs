@@ -27,7 +27,9 @@
 //!   signal it;
 //! - [`pool`]: the supervisors as pid 1 sees them: idle ones, spares forked
 //!   through the zygote, handing each its job;
-//! - [`reap`]: the guest's children that end, and orphans of commands.
+//! - [`reap`]: the guest's children that end, and orphans of commands;
+//! - [`memory`]: the memory limit's kills, which tell a command killed for
+//!   memory (and, under gVisor, the watch that kills past the limit).
 
 mod exec;
 mod link;

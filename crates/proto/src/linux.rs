@@ -6,9 +6,9 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::NetSpec;
 #[cfg(doc)]
 use crate::MemoryWatch;
+use crate::NetSpec;
 
 /// How the guest builds a `linux` sandbox: new namespaces, a filesystem view
 /// on a fresh tmpfs root, and the confinement applied to the command.

@@ -78,12 +78,8 @@ impl Oom {
                 Err(err) => last = Some((path.clone(), err)),
             }
         }
-        let (path, err) = last.unwrap_or_else(|| {
-            (
-                PathBuf::from("(none)"),
-                std::io::ErrorKind::NotFound.into(),
-            )
-        });
+        let (path, err) =
+            last.unwrap_or_else(|| (PathBuf::from("(none)"), std::io::ErrorKind::NotFound.into()));
         Err(failed_on("open the memory limit's kill count", &path)(err))
     }
 
@@ -166,7 +162,11 @@ fn used_bytes(meminfo: &str) -> Option<u64> {
 fn largest_process(spared: &[Pid]) -> Option<Pid> {
     let mut best: Option<(u64, Pid)> = None;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(raw) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+        let Some(raw) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
             continue;
         };
         let Some(pid) = Pid::from_raw(raw) else {
@@ -224,10 +224,26 @@ mod tests {
     fn only_a_sigkill_while_the_count_rose_and_not_by_hako_is_for_memory() {
         let kill = ExitStatus::Signal(9);
         assert!(killed_for_memory(Some(0), Some(1), kill, false));
-        assert!(killed_for_memory(Some(0), Some(1), ExitStatus::Code(137), false));
-        assert!(!killed_for_memory(Some(1), Some(1), kill, false), "plain kill -9");
-        assert!(!killed_for_memory(Some(0), Some(1), kill, true), "hako killed it");
-        assert!(!killed_for_memory(Some(0), Some(1), ExitStatus::Code(0), false));
+        assert!(killed_for_memory(
+            Some(0),
+            Some(1),
+            ExitStatus::Code(137),
+            false
+        ));
+        assert!(
+            !killed_for_memory(Some(1), Some(1), kill, false),
+            "plain kill -9"
+        );
+        assert!(
+            !killed_for_memory(Some(0), Some(1), kill, true),
+            "hako killed it"
+        );
+        assert!(!killed_for_memory(
+            Some(0),
+            Some(1),
+            ExitStatus::Code(0),
+            false
+        ));
         assert!(!killed_for_memory(None, None, kill, false), "no limit");
     }
 }

@@ -296,7 +296,8 @@ fn under_memory_64m(ws: &Path, name: &str) -> Option<LinuxSandbox> {
 #[test]
 fn a_command_over_the_memory_limit_is_reported_killed_for_memory_and_the_sandbox_goes_on() {
     let (_d, ws) = workspace();
-    let name = "a_command_over_the_memory_limit_is_reported_killed_for_memory_and_the_sandbox_goes_on";
+    let name =
+        "a_command_over_the_memory_limit_is_reported_killed_for_memory_and_the_sandbox_goes_on";
     let Some(sb) = under_memory_64m(&ws, name) else {
         return;
     };
