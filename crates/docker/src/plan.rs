@@ -463,6 +463,33 @@ mod tests {
     }
 
     #[test]
+    fn the_memory_limit_is_the_kernels_under_runc_and_the_guests_under_gvisor() {
+        let mut p = plan();
+        p.limits.memory = Some(64 << 20);
+        let argv = run_argv(&docker(), &p).join(" ");
+        assert!(
+            argv.contains("--memory 67108864 --memory-swap 67108864"),
+            "{argv}"
+        );
+        assert!(
+            matches!(p.memory_watch(), Some(MemoryWatch::Counter(files)) if files.iter().any(|f| f.ends_with("memory.oom_control"))),
+            "{:?}",
+            p.memory_watch()
+        );
+        p.runtime = Some("runsc".into());
+        let argv = run_argv(&docker(), &p).join(" ");
+        let host = gvisor_host_memory(64 << 20);
+        assert!(host >= (64 << 20) + hako_container::GVISOR_MEMORY_HEADROOM);
+        assert!(argv.contains(&format!("--memory {host} ")), "{argv}");
+        assert_eq!(
+            p.memory_watch(),
+            Some(MemoryWatch::Watch { limit: 64 << 20 })
+        );
+        p.limits.memory = None;
+        assert_eq!(p.memory_watch(), None);
+    }
+
+    #[test]
     fn limits_runtime_and_binds_reach_the_argv() {
         let mut p = plan();
         p.limits = Limits {
@@ -479,7 +506,9 @@ mod tests {
         for part in [
             "--mount type=bind,src=/data,dst=/data,readonly",
             "--mount type=bind,src=/cache,dst=/cache ",
-            "--memory 268435456 --memory-swap 268435456",
+            // Under gVisor: room for its own kernel above --memory, which
+            // the guest enforces inside.
+            "--memory 536870912 --memory-swap 536870912",
             "--pids-limit 128",
             "--cpus 1.500",
             "--ulimit fsize=10000000:10000000",
