@@ -16,16 +16,17 @@ pub const LIMIT: u64 = 64 << 20;
 const GUARD: Duration = Duration::from_secs(60);
 
 /// busybox `dd` allocates its block (256 MiB, four times [`LIMIT`]) and
-/// reads into it, touching every page, four times over: the memory stays
-/// in use for a while, as a program's that grows past its limit does
-/// (under gVisor the guest's watch, which looks every few milliseconds,
-/// may miss a burst that is over at once).
+/// reads into it, touching every page, sixteen times over: the memory
+/// stays in use for a while (about 2 s under gVisor, if nothing kills it),
+/// as a program's that grows past its limit does. Under gVisor the guest's
+/// watch looks every 5 ms, but a loaded machine may not run it for a few
+/// hundred: it may miss a burst that is over at once.
 const ALLOCATE: [&str; 5] = [
     "dd",
     "if=/dev/zero",
     "of=/dev/null",
     "bs=268435456",
-    "count=4",
+    "count=16",
 ];
 
 fn text(b: &[u8]) -> String {
