@@ -659,6 +659,47 @@ mod tests {
     }
 
     #[test]
+    fn run_command_says_a_command_over_the_memory_limit_was_killed_for_memory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut config = hako_linux::LinuxConfig::new(tmp.path());
+        config.spec.limits.memory = Some(64 << 20);
+        let sb = hako_linux::LinuxSandbox::new(config).unwrap();
+        let state = State::new(Box::new(|| Err(hako_core::Error::Closed)), None);
+        let owner = Owner::default();
+        let run = |command: &str| {
+            run_command(
+                &state,
+                &owner,
+                &sb,
+                RunRequest {
+                    command: command.into(),
+                    cwd: None,
+                    timeout: Duration::from_secs(60),
+                    wait: Duration::from_secs(60),
+                    session: None,
+                    keep_stdin_open: false,
+                },
+            )
+            .unwrap()
+        };
+        let reply = run("exec dd if=/dev/zero of=/dev/null bs=256M count=1");
+        assert!(reply.is_error, "{}", reply.text);
+        assert!(
+            reply.text.contains("killed by the sandbox's memory limit"),
+            "{}",
+            reply.text
+        );
+        let reply = run("kill -9 $$");
+        assert!(!reply.text.contains("memory"), "{}", reply.text);
+        let reply = run("echo again");
+        assert!(
+            !reply.is_error && reply.text.contains("again"),
+            "{}",
+            reply.text
+        );
+    }
+
+    #[test]
     fn one_client_cannot_use_the_process_or_shell_handles_of_another() {
         let tmp = tempfile::tempdir().unwrap();
         let sb = HostSandbox::new(HostConfig::new(tmp.path())).unwrap();
