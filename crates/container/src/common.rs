@@ -194,6 +194,17 @@ pub fn limit_reports_pids_inside(limits: &Limits) -> Vec<LimitReport> {
     reports
 }
 
+/// Says that the memory limit is the guest's (its watch, under gVisor:
+/// see [`memory_watch`]); the runtime's cgroup, set higher, is only the
+/// backstop.
+pub fn memory_by_the_guest(reports: &mut [LimitReport]) {
+    for r in reports {
+        if r.kind == hako_core::LimitKind::Memory {
+            r.mechanism = LimitMechanism::Supervisor;
+        }
+    }
+}
+
 /// The least memory a gVisor sandbox's host cgroup gets beyond `--memory`:
 /// that cgroup holds gVisor's own kernel (about 15 MiB idle, measured with
 /// runsc 2022-12) as well as the memory of the commands, and a command

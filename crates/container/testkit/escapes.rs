@@ -518,6 +518,20 @@ fn a_command_over_the_memory_limit_is_reported_killed_for_memory_and_the_sandbox
     let Some(sb) = open(kind, &ws, limits) else {
         return;
     };
+    // What enforces it, as reported: the runtime's cgroup under runc, the
+    // guest's watch under gVisor (the host cgroup, set higher, is the
+    // backstop).
+    let mechanism = sb
+        .capabilities()
+        .limits
+        .iter()
+        .find(|l| l.kind == hako_core::LimitKind::Memory)
+        .map(|l| l.mechanism);
+    let enforced_by = match kind {
+        Kind::Runc => hako_core::LimitMechanism::Runtime,
+        Kind::Runsc | Kind::Gvisor => hako_core::LimitMechanism::Supervisor,
+    };
+    assert_eq!(mechanism, Some(enforced_by));
     hako_conformance::memory::a_command_over_the_memory_limit_is_reported_killed_for_memory_and_the_sandbox_goes_on(sb.as_ref()).unwrap();
     sb.close().unwrap();
 }

@@ -193,6 +193,9 @@ impl Prepared {
         } else {
             limit_reports(&spec.limits)
         });
+        if is_gvisor_runtime(plan.runtime.as_deref()) {
+            hako_container::memory_by_the_guest(&mut limits);
+        }
         let caps = Capabilities {
             backend: NAME.into(),
             isolation,

@@ -183,6 +183,7 @@ impl GvisorSandbox {
         cleanup_argv.extend(["delete".into(), "--force".into(), name.clone()]);
         let mut reports = common_limits(spec.max_output, &fence);
         reports.extend(limit_reports_pids_inside(&limits));
+        hako_container::memory_by_the_guest(&mut reports);
         let caps = Capabilities {
             backend: NAME.into(),
             isolation: Isolation::Kernel,
