@@ -180,6 +180,8 @@ pub struct Exec {
     pub signal: Option<i32>,
     /// Whether its deadline killed it.
     pub timed_out: bool,
+    /// Whether the sandbox's memory limit killed it.
+    pub oom_killed: bool,
     /// How long it ran (or, still running, had run when handed back).
     pub duration_ms: u64,
     /// Bytes it wrote to stdout (all of them, not only those kept).
@@ -209,6 +211,7 @@ impl Exec {
             exit_code: None,
             signal: None,
             timed_out: false,
+            oom_killed: false,
             duration_ms: 0,
             stdout_bytes: 0,
             stderr_bytes: 0,
@@ -243,6 +246,12 @@ impl Exec {
         self
     }
 
+    /// Killed by the sandbox's memory limit (or not).
+    pub fn oom_killed(mut self, oom_killed: bool) -> Self {
+        self.oom_killed = oom_killed;
+        self
+    }
+
     /// How it ended, from its output.
     pub fn output(self, out: &Output) -> Self {
         self.ended(
@@ -252,6 +261,7 @@ impl Exec {
             out.stdout_total,
             out.stderr_total,
         )
+        .oom_killed(out.oom_killed)
     }
 
     /// Still running after `waited`, handed back as `process`.
@@ -556,6 +566,7 @@ mod tests {
             stderr_total: 0,
             duration: Duration::from_millis(7),
             timed_out: false,
+            oom_killed: false,
         };
         let argv = Command::new(["echo", "hi"]);
         let run = Record::Exec(Exec::new(FrontEnd::Run, "linux", &argv).output(&out));

@@ -13,6 +13,10 @@ pub const NOT_FOUND: u8 = 127;
 /// A file operation was refused or failed (`hako fs`).
 pub const FS_FAILED: u8 = 1;
 
+/// What `hako run` says on stderr of a command the
+/// sandbox's memory limit killed (its exit code stays 137, `SIGKILL`'s).
+pub const OOM_KILLED_MESSAGE: &str = "killed by the sandbox's memory limit (--memory): the command used more memory than it allows, and only this command was killed. Running it again will be killed again: give it a larger --memory, or make it use less";
+
 /// The exit code for a command that ran.
 pub fn for_output(output: &Output) -> u8 {
     if output.timed_out {

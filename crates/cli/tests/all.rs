@@ -1496,3 +1496,51 @@ fn hako_out_of_file_descriptors_says_so_and_does_not_crash() {
     let out = run_in(&d.ws, &["--", "echo", "hi"]);
     assert_eq!(text(&out.stdout), "hi\n", "{}", text(&out.stderr));
 }
+
+/// `hako run` of a command the memory limit kills: exit code 137, a line
+/// on stderr that names `--memory`, and `oom_killed` in `--json`; a plain
+/// `kill -9` says nothing of memory. (Under 32M: the killed command is a
+/// child this test binary waits for, through hako, and
+/// `json_flood_is_truncated_and_hako_stays_small` bounds the largest.)
+#[test]
+fn hako_run_says_a_command_over_the_memory_limit_was_killed_for_memory() {
+    let d = dirs();
+    let dd = ["dd", "if=/dev/zero", "of=/dev/null", "bs=256M", "count=1"];
+    let mut args = vec!["--backend", "linux", "--memory", "32M", "--"];
+    args.extend(dd);
+    let out = run_in(&d.ws, &args);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(137), "{stderr}");
+    assert!(
+        stderr.contains("memory limit") && stderr.contains("--memory"),
+        "{stderr}"
+    );
+    let mut json = vec!["--backend", "linux", "--memory", "32M", "--json", "--"];
+    json.extend(dd);
+    let out = run_in(&d.ws, &json);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["oom_killed"].as_bool(), v["signal"].as_i64()),
+        (Some(true), Some(9)),
+        "{v}"
+    );
+    let out = run_in(
+        &d.ws,
+        &[
+            "--backend",
+            "linux",
+            "--memory",
+            "32M",
+            "--",
+            "sh",
+            "-c",
+            "kill -9 $$",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(137));
+    assert!(
+        !text(&out.stderr).contains("memory"),
+        "{}",
+        text(&out.stderr)
+    );
+}

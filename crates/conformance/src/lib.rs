@@ -39,6 +39,7 @@
 
 pub mod attacks;
 pub mod limits;
+pub mod memory;
 pub mod terminal;
 #[macro_use]
 mod check;

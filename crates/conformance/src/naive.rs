@@ -120,6 +120,7 @@ impl Sandbox for Naive {
             stderr_truncated: false,
             duration: std::time::Duration::ZERO,
             timed_out: false,
+            oom_killed: false,
         })
     }
 

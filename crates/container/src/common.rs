@@ -194,6 +194,52 @@ pub fn limit_reports_pids_inside(limits: &Limits) -> Vec<LimitReport> {
     reports
 }
 
+/// Says that the memory limit is the guest's (its watch, under gVisor:
+/// see [`memory_watch`]); the runtime's cgroup, set higher, is only the
+/// backstop.
+pub fn memory_by_the_guest(reports: &mut [LimitReport]) {
+    for r in reports {
+        if r.kind == hako_core::LimitKind::Memory {
+            r.mechanism = LimitMechanism::Supervisor;
+        }
+    }
+}
+
+/// The least memory a gVisor sandbox's host cgroup gets beyond `--memory`:
+/// that cgroup holds gVisor's own kernel (about 15 MiB idle, measured with
+/// runsc 2022-12) as well as the memory of the commands, and a command
+/// past the limit is stopped inside, by the guest's watch (see
+/// [`memory_watch`]), before the host's limit ends the whole sandbox. The
+/// watch looks every few milliseconds, but a single system call (a
+/// `read` into a 256 MiB buffer) fills memory before gVisor delivers the
+/// kill: the headroom is what such a burst may take.
+pub const GVISOR_MEMORY_HEADROOM: u64 = 256 << 20;
+
+/// The host cgroup's memory limit of a gVisor sandbox given `--memory
+/// limit`: the limit, plus the limit again or [`GVISOR_MEMORY_HEADROOM`],
+/// whichever is more. It stays the backstop: an allocation that outruns
+/// the guest's watch through the headroom ends the sandbox, and hako then
+/// names the memory limit as the likely cause.
+pub fn gvisor_host_memory(limit: u64) -> u64 {
+    limit.saturating_add(limit.max(GVISOR_MEMORY_HEADROOM))
+}
+
+/// How a container's guest tells that `--memory` killed a command: under
+/// runc the kernel's kill count, in the container's own memory cgroup as
+/// the container sees it (v1 or v2); under gVisor, whose memory cgroup
+/// inside does not enforce, the guest's own watch.
+pub fn memory_watch(limits: &Limits, gvisor: bool) -> Option<hako_proto::MemoryWatch> {
+    let limit = limits.memory?;
+    Some(if gvisor {
+        hako_proto::MemoryWatch::Watch { limit }
+    } else {
+        hako_proto::MemoryWatch::Counter(vec![
+            "/sys/fs/cgroup/memory/memory.oom_control".into(),
+            "/sys/fs/cgroup/memory.events".into(),
+        ])
+    })
+}
+
 /// `cpus_milli` as the decimal the runtimes take (`1500` is `1.5`).
 pub fn cpus_decimal(milli: u64) -> String {
     format!("{}.{:03}", milli / 1000, milli % 1000)
@@ -285,9 +331,22 @@ pub struct ContainerLauncher {
     /// What the guest does to itself before it serves, where the runtime
     /// leaves it to the guest (gVisor's masks).
     pub seal: Option<hako_proto::Seal>,
+    /// How the guest tells that the memory limit killed a command.
+    pub memory: Option<hako_proto::MemoryWatch>,
     /// Whether a process of its own removes what `keep` holds once the
     /// client exits (gVisor's bundle: see `hako_gvisor::host_view`).
     pub self_cleaning: bool,
+}
+
+/// What a gVisor sandbox's end is put down to when it has a memory limit:
+/// the one way a command ends the whole sandbox by design (see
+/// [`gvisor_host_memory`]).
+fn memory_hint(limit: u64) -> String {
+    format!(
+        "; the sandbox's memory limit (--memory {} MiB) is the likely cause: under gVisor a command past it is killed by hako's watch inside, but one that fills memory faster than the watch can stop it (a single huge read or allocation) reaches the host's limit, {} MiB, which ends the whole sandbox; give it a larger --memory or make the command use less",
+        limit >> 20,
+        gvisor_host_memory(limit) >> 20
+    )
 }
 
 fn spawn_error(backend: &str, argv: &[String], e: &std::io::Error) -> Error {
@@ -316,6 +375,10 @@ impl Launcher for ContainerLauncher {
         };
         let name = self.name.clone();
         let program = self.program;
+        let memory_hint = match &self.memory {
+            Some(hako_proto::MemoryWatch::Watch { limit }) => memory_hint(*limit),
+            _ => String::new(),
+        };
         let describe = Box::new(move || {
             // The client exits (and closes stderr) right after the
             // container: give it a moment to say why.
@@ -328,9 +391,9 @@ impl Launcher for ContainerLauncher {
                 .collect::<Vec<_>>()
                 .join("; ");
             if said.is_empty() {
-                format!("container {name} ended ({program} said nothing)")
+                format!("container {name} ended ({program} said nothing){memory_hint}")
             } else {
-                format!("container {name} ended; {program} said: {said}")
+                format!("container {name} ended; {program} said: {said}{memory_hint}")
             }
         });
         Ok(GuestStart::Piped {
@@ -338,6 +401,7 @@ impl Launcher for ContainerLauncher {
             describe,
             network: self.network.clone(),
             seal: self.seal.clone(),
+            memory: self.memory.clone(),
         })
     }
 

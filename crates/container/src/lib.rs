@@ -13,8 +13,10 @@ pub mod private;
 pub mod runner;
 
 pub use common::{
-    base_env, cpus_decimal, is_static_elf, limit_reports, limit_reports_pids_inside,
-    locate_static_guest, seccomp_profile, unique_name, ContainerLauncher, Owner, RunNetwork,
-    StderrTail, DEFAULT_TMP_SIZE, GUEST_INSIDE, LABEL_PID, LABEL_START, STATIC_GUEST_VAR,
+    base_env, cpus_decimal, gvisor_host_memory, is_static_elf, limit_reports,
+    limit_reports_pids_inside, locate_static_guest, memory_by_the_guest, memory_watch,
+    seccomp_profile, unique_name, ContainerLauncher, Owner, RunNetwork, StderrTail,
+    DEFAULT_TMP_SIZE, GUEST_INSIDE, GVISOR_MEMORY_HEADROOM, LABEL_PID, LABEL_START,
+    STATIC_GUEST_VAR,
 };
 pub use engine::{Engine, EngineKind};

@@ -503,6 +503,52 @@ fn a_1_gib_allocation_under_memory_256m_fails(kind: Kind) {
     sb.close().unwrap();
 }
 
+/// A command over `--memory 64M` is reported killed for memory, and the
+/// sandbox, a second command and an open session go on (under gVisor the
+/// guest enforces the limit inside, the host cgroup having room for
+/// gVisor's own kernel).
+fn a_command_over_the_memory_limit_is_reported_killed_for_memory_and_the_sandbox_goes_on(
+    kind: Kind,
+) {
+    let (_d, ws) = workspace();
+    let limits = Limits {
+        memory: Some(hako_conformance::memory::LIMIT),
+        ..Limits::default()
+    };
+    let Some(sb) = open(kind, &ws, limits) else {
+        return;
+    };
+    // What enforces it, as reported: the runtime's cgroup under runc, the
+    // guest's watch under gVisor (the host cgroup, set higher, is the
+    // backstop).
+    let mechanism = sb
+        .capabilities()
+        .limits
+        .iter()
+        .find(|l| l.kind == hako_core::LimitKind::Memory)
+        .map(|l| l.mechanism);
+    let enforced_by = match kind {
+        Kind::Runc => hako_core::LimitMechanism::Runtime,
+        Kind::Runsc | Kind::Gvisor => hako_core::LimitMechanism::Supervisor,
+    };
+    assert_eq!(mechanism, Some(enforced_by));
+    hako_conformance::memory::a_command_over_the_memory_limit_is_reported_killed_for_memory_and_the_sandbox_goes_on(sb.as_ref()).unwrap();
+    sb.close().unwrap();
+}
+
+fn a_plain_kill_9_under_a_memory_limit_is_not_reported_as_memory(kind: Kind) {
+    let (_d, ws) = workspace();
+    let limits = Limits {
+        memory: Some(hako_conformance::memory::LIMIT),
+        ..Limits::default()
+    };
+    let Some(sb) = open(kind, &ws, limits) else {
+        return;
+    };
+    hako_conformance::memory::a_plain_kill_9_is_not_reported_as_memory(sb.as_ref()).unwrap();
+    sb.close().unwrap();
+}
+
 fn a_50_mb_file_under_max_file_size_10m_is_cut(kind: Kind) {
     let (_d, ws) = workspace();
     let limits = Limits {
@@ -703,6 +749,14 @@ macro_rules! escapes_on {
             #[test]
             fn a_1_gib_allocation_under_memory_256m_fails() {
                 super::a_1_gib_allocation_under_memory_256m_fails($kind)
+            }
+            #[test]
+            fn a_command_over_the_memory_limit_is_reported_killed_for_memory_and_the_sandbox_goes_on() {
+                super::a_command_over_the_memory_limit_is_reported_killed_for_memory_and_the_sandbox_goes_on($kind)
+            }
+            #[test]
+            fn a_plain_kill_9_under_a_memory_limit_is_not_reported_as_memory() {
+                super::a_plain_kill_9_under_a_memory_limit_is_not_reported_as_memory($kind)
             }
             #[test]
             fn a_50_mb_file_under_max_file_size_10m_is_cut() {

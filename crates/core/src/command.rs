@@ -169,4 +169,10 @@ pub struct Output {
     pub duration: Duration,
     /// Whether the process deadline killed it.
     pub timed_out: bool,
+    /// Whether the sandbox's memory limit (`--memory`) killed it: the
+    /// limit's kill count rose while it ran and it ended by `SIGKILL`
+    /// (or with status 137 from a shell whose child was killed) that hako
+    /// did not send. Absent from older peers' results: `false`.
+    #[serde(default)]
+    pub oom_killed: bool,
 }

@@ -342,6 +342,9 @@ pub struct ProcessState {
     pub error: Option<String>,
     /// Whether its deadline killed it.
     pub timed_out: bool,
+    /// Whether the sandbox's memory limit killed it (see
+    /// [`Output::oom_killed`]).
+    pub oom_killed: bool,
     /// Bytes written to stdout so far.
     pub stdout_total: u64,
     /// Bytes written to stderr so far.
@@ -463,5 +466,6 @@ pub fn exec_or_detach(
         stderr: stderr.data,
         duration: start.elapsed(),
         timed_out: state.timed_out,
+        oom_killed: state.oom_killed,
     }))
 }

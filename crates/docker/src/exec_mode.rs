@@ -251,6 +251,9 @@ impl Sandbox for DockerExecSandbox {
             stderr_total,
             duration: start.elapsed(),
             timed_out,
+            // `docker exec` says only the exit code: a memory kill is
+            // told only through the guest (the default exec mode).
+            oom_killed: false,
         })
     }
 

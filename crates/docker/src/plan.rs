@@ -6,11 +6,12 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use hako_container::{
-    cpus_decimal, Engine, EngineKind, Owner, RunNetwork, GUEST_INSIDE, LABEL_PID, LABEL_START,
+    cpus_decimal, gvisor_host_memory, memory_watch, Engine, EngineKind, Owner, RunNetwork,
+    GUEST_INSIDE, LABEL_PID, LABEL_START,
 };
 use hako_core::{Error, Limits, Result};
 use hako_driver::network::NET_DIR;
-use hako_proto::{Seal, GUEST_FD_DIRS};
+use hako_proto::{MemoryWatch, Seal, GUEST_FD_DIRS};
 
 use crate::NAME;
 
@@ -69,6 +70,13 @@ impl RunPlan {
     /// runtime: see `Prepared::new` for what is refused then.
     pub fn seals(user: (u32, u32), runtime: Option<&str>) -> bool {
         user.0 == 0 && is_gvisor_runtime(runtime)
+    }
+
+    /// How the guest tells that `--memory` killed a command (under
+    /// gVisor, it enforces the limit itself: see
+    /// [`hako_container::memory_watch`]).
+    pub fn memory_watch(&self) -> Option<MemoryWatch> {
+        memory_watch(&self.limits, is_gvisor_runtime(self.runtime.as_deref()))
     }
 
     /// What the guest does to itself before it serves, when
@@ -185,6 +193,13 @@ fn lockdown_args(engine: &Engine, plan: &RunPlan) -> Vec<String> {
     }
     let limits = &plan.limits;
     if let Some(memory) = limits.memory {
+        // Under gVisor the container's cgroup also holds gVisor's own
+        // kernel: room for it, the guest enforcing the limit inside.
+        let memory = if is_gvisor_runtime(plan.runtime.as_deref()) {
+            gvisor_host_memory(memory)
+        } else {
+            memory
+        };
         // No swap beyond the memory limit.
         a.extend([
             "--memory".into(),
@@ -448,6 +463,33 @@ mod tests {
     }
 
     #[test]
+    fn the_memory_limit_is_the_kernels_under_runc_and_the_guests_under_gvisor() {
+        let mut p = plan();
+        p.limits.memory = Some(64 << 20);
+        let argv = run_argv(&docker(), &p).join(" ");
+        assert!(
+            argv.contains("--memory 67108864 --memory-swap 67108864"),
+            "{argv}"
+        );
+        assert!(
+            matches!(p.memory_watch(), Some(MemoryWatch::Counter(files)) if files.iter().any(|f| f.ends_with("memory.oom_control"))),
+            "{:?}",
+            p.memory_watch()
+        );
+        p.runtime = Some("runsc".into());
+        let argv = run_argv(&docker(), &p).join(" ");
+        let host = gvisor_host_memory(64 << 20);
+        assert!(host >= (64 << 20) + hako_container::GVISOR_MEMORY_HEADROOM);
+        assert!(argv.contains(&format!("--memory {host} ")), "{argv}");
+        assert_eq!(
+            p.memory_watch(),
+            Some(MemoryWatch::Watch { limit: 64 << 20 })
+        );
+        p.limits.memory = None;
+        assert_eq!(p.memory_watch(), None);
+    }
+
+    #[test]
     fn limits_runtime_and_binds_reach_the_argv() {
         let mut p = plan();
         p.limits = Limits {
@@ -464,7 +506,9 @@ mod tests {
         for part in [
             "--mount type=bind,src=/data,dst=/data,readonly",
             "--mount type=bind,src=/cache,dst=/cache ",
-            "--memory 268435456 --memory-swap 268435456",
+            // Under gVisor: room for its own kernel above --memory, which
+            // the guest enforces inside.
+            "--memory 536870912 --memory-swap 536870912",
             "--pids-limit 128",
             "--cpus 1.500",
             "--ulimit fsize=10000000:10000000",

@@ -193,6 +193,9 @@ impl Prepared {
         } else {
             limit_reports(&spec.limits)
         });
+        if is_gvisor_runtime(plan.runtime.as_deref()) {
+            hako_container::memory_by_the_guest(&mut limits);
+        }
         let caps = Capabilities {
             backend: NAME.into(),
             isolation,
@@ -285,6 +288,7 @@ impl DockerSandbox {
             keep: Mutex::new(vec![Box::new(profile)]),
             network: network.spec.clone(),
             seal: plan.seal(),
+            memory: plan.memory_watch(),
             self_cleaning: false,
         };
         let mut env = base_env(&config.spec.env);

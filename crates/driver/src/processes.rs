@@ -62,6 +62,7 @@ pub(crate) struct Proc {
     pub status: Option<ExitStatus>,
     pub error: Option<String>,
     pub timed_out: bool,
+    pub oom_killed: bool,
     pub stdin_open: bool,
     /// It runs on a terminal.
     pub tty: bool,
@@ -83,6 +84,7 @@ impl Proc {
             status: None,
             error: None,
             timed_out: false,
+            oom_killed: false,
             stdin_open,
             tty,
         }
@@ -104,6 +106,7 @@ impl Proc {
             status: self.status,
             error: self.error.clone(),
             timed_out: self.timed_out,
+            oom_killed: self.oom_killed,
             // A ring numbers every byte its stream ever had.
             stdout_total: self.rings[0].end(),
             stderr_total: self.rings[1].end(),

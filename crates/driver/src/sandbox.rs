@@ -18,7 +18,7 @@ use hako_core::{
 use hako_fence::Fence;
 
 use crate::connection as driver;
-use crate::proto::{LinuxSpec, NetSpec, Seal};
+use crate::proto::{LinuxSpec, MemoryWatch, NetSpec, Seal};
 pub use crate::recipe::{
     base_env, base_env_defaulting, common_limits, open_workspace, resource_limit_reports, OPTIONAL,
 };
@@ -49,6 +49,9 @@ pub enum GuestStart {
         /// What the guest does to itself before it serves (see
         /// [`Seal`]).
         seal: Option<Seal>,
+        /// How the guest tells that the memory limit killed a command
+        /// (see [`MemoryWatch`]).
+        memory: Option<MemoryWatch>,
     },
 }
 
@@ -237,7 +240,15 @@ impl GuestSandbox {
                 describe,
                 network,
                 seal,
-            } => driver::Connection::over_pipes(config.backend, child, describe, network, seal),
+                memory,
+            } => driver::Connection::over_pipes(
+                config.backend,
+                child,
+                describe,
+                network,
+                seal,
+                memory,
+            ),
         });
         let guest = match guest {
             Ok(guest) => guest,

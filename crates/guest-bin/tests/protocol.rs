@@ -46,6 +46,7 @@ fn hello(ctl: &UnixStream) {
             version: proto::VERSION,
             linux: None,
             network: None,
+            memory: None,
             seal: None,
         })),
     )
@@ -121,6 +122,7 @@ fn an_unknown_version_is_refused_at_the_handshake() {
         version: proto::VERSION + 1,
         linux: None,
         network: None,
+        memory: None,
         seal: None,
     });
     assert!(message.contains("version"), "{message}");
@@ -136,6 +138,7 @@ fn a_seal_that_cannot_be_applied_is_refused_and_nothing_is_served() {
         version: proto::VERSION,
         linux: None,
         network: None,
+        memory: None,
         seal: Some(proto::Seal {
             mask_files: Vec::new(),
             mask_dirs: vec![file.path().to_path_buf()],
@@ -177,6 +180,7 @@ fn bad_frames_get_an_error_and_the_guest_stays_up() {
             version: proto::VERSION,
             linux: None,
             network: None,
+            memory: None,
             seal: None,
         }))),
     );
@@ -301,6 +305,7 @@ fn the_guest_serves_over_its_stdin_and_stdout_too() {
             version: proto::VERSION,
             linux: None,
             network: None,
+            memory: None,
             seal: None,
         })),
     )
@@ -368,6 +373,7 @@ fn empty_linux_spec() -> hako_proto::LinuxSpec {
         landlock: None,
         seccomp: false,
         cgroup_procs: vec![],
+        oom_counter: None,
         host_network: false,
         network: None,
     }
@@ -381,6 +387,7 @@ fn a_seal_beside_a_linux_spec_is_refused() {
         version: proto::VERSION,
         linux: Some(empty_linux_spec()),
         network: None,
+        memory: None,
         seal: Some(proto::Seal::default()),
     });
     assert!(message.contains("seal"), "{message}");
@@ -396,6 +403,7 @@ fn a_guest_over_pipes_refuses_to_build_a_linux_sandbox() {
             version: proto::VERSION,
             linux: Some(spec),
             network: None,
+            memory: None,
             seal: None,
         })),
     )

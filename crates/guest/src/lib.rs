@@ -93,6 +93,12 @@ fn serve_link(ctl: server::Link) -> GuestExit {
             None => GuestExit::Handshake,
         },
         None => {
+            // Opened before the seal hides or forbids anything.
+            let oom = match hello.memory.as_ref().map(server::memory::Oom::open) {
+                None => None,
+                Some(Ok(oom)) => Some(oom),
+                Some(Err(err)) => return refuse(&ctl, err),
+            };
             // First of all, what the runtime left to the guest: masks,
             // then no capability and the seccomp filter.
             if let Some(seal) = &hello.seal {
@@ -125,6 +131,7 @@ fn serve_link(ctl: server::Link) -> GuestExit {
                     stop_signals: !init,
                     accept_fds,
                     forwarder,
+                    oom,
                 },
             )
         }

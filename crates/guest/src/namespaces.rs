@@ -180,6 +180,19 @@ fn pid1(
         return GuestExit::Failed;
     }
     drop(go);
+    // The memory limit's kill count, a host file: opened while the host's
+    // view is still this process's, held by pid 1 alone (out of the
+    // commands' reach like its link to hako).
+    let oom = match &spec.oom_counter {
+        None => None,
+        Some(path) => match crate::server::memory::Oom::open_counter(std::slice::from_ref(path)) {
+            Ok(oom) => Some(oom),
+            Err(err) => {
+                refuse(&ctl, &err);
+                return GuestExit::Failed;
+            }
+        },
+    };
     let ready = set_up(spec, network)
         .and_then(|()| confinement.prepare_landlock())
         .and_then(|()| confinement.seal_pid1());
@@ -207,6 +220,7 @@ fn pid1(
             stop_signals: false,
             accept_fds: false,
             forwarder,
+            oom,
         },
     )
 }

@@ -27,10 +27,13 @@
 //!   signal it;
 //! - [`pool`]: the supervisors as pid 1 sees them: idle ones, spares forked
 //!   through the zygote, handing each its job;
-//! - [`reap`]: the guest's children that end, and orphans of commands.
+//! - [`reap`]: the guest's children that end, and orphans of commands;
+//! - [`memory`]: the memory limit's kills, which tell a command killed for
+//!   memory (and, under gVisor, the watch that kills past the limit).
 
 mod exec;
 mod link;
+pub(crate) mod memory;
 mod pool;
 mod reap;
 mod session;
@@ -72,6 +75,9 @@ const SWEEP_EVERY: Duration = Duration::from_millis(500);
 /// How long a poll waits while output drains, a deadline is watched or
 /// the guest closes.
 const TICK: Duration = Duration::from_millis(20);
+/// How often, while commands run, a guest that watches the memory limit
+/// itself (gVisor, see [`memory`]) looks at the sandbox's memory.
+const MEMORY_WATCH_EVERY: Duration = Duration::from_millis(5);
 /// The most descriptors kept that came from hako and no request claimed.
 const MAX_UNCLAIMED_FDS: usize = 8;
 
@@ -89,6 +95,9 @@ pub(crate) struct Mode {
     /// The network forwarder (see [`forward`](crate::forward)): a child
     /// that is not a command's orphan.
     pub forwarder: Option<Pid>,
+    /// How the memory limit's kills are counted (see [`memory`]); `None`
+    /// with no memory limit.
+    pub oom: Option<memory::Oom>,
 }
 
 /// What one poll slot watches.
@@ -261,6 +270,7 @@ impl Server<'_> {
             for (slot, events) in ready {
                 self.handle(slot, events, signals);
             }
+            self.watch_memory();
             self.finish_execs();
             self.tend_sessions();
             if self.last_sweep.elapsed() >= SWEEP_EVERY {
@@ -274,6 +284,30 @@ impl Server<'_> {
             let _ = self.ctl.write_all(&bytes);
         }
         GuestExit::Success
+    }
+
+    /// The memory limit's kills so far (see [`memory`]).
+    fn oom_count(&self) -> Option<u64> {
+        self.mode.oom.as_ref()?.count()
+    }
+
+    /// Where the guest watches the memory limit itself: past it, kills the
+    /// process of a command that uses the most (never one of the guest's
+    /// own: its zygote, supervisors, forwarder).
+    fn watch_memory(&mut self) {
+        if !self.mode.oom.as_ref().is_some_and(memory::Oom::watches)
+            || (self.execs.is_empty() && self.sessions.is_empty())
+        {
+            return;
+        }
+        let mut spared: Vec<Pid> = self.idle.iter().map(|(pid, _)| *pid).collect();
+        spared.extend(self.execs.iter().map(|e| e.supervisor));
+        spared.extend(self.sessions.iter().map(|s| s.supervisor));
+        spared.extend(self.zygote.as_ref().map(Zygote::pid));
+        spared.extend(self.mode.forwarder);
+        if let Some(oom) = &mut self.mode.oom {
+            oom.enforce(&spared);
+        }
     }
 
     /// Polls everything and returns the slots with events.
@@ -300,10 +334,13 @@ impl Server<'_> {
         // notice of the stop have been missed.
         let sweep = (!self.execs.is_empty() || !self.sessions.is_empty())
             .then(|| SWEEP_EVERY.saturating_sub(self.last_sweep.elapsed()));
+        let watch = (self.mode.oom.as_ref().is_some_and(memory::Oom::watches)
+            && (!self.execs.is_empty() || !self.sessions.is_empty()))
+        .then_some(MEMORY_WATCH_EVERY);
         let wait_for = if draining || closing {
-            Some(TICK)
+            Some(TICK).into_iter().chain(watch).min()
         } else {
-            spare_in.into_iter().chain(sweep).min()
+            spare_in.into_iter().chain(sweep).chain(watch).min()
         };
         let timeout = wait_for.map(|d| {
             Timespec::try_from(d).unwrap_or(Timespec {

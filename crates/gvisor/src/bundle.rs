@@ -131,6 +131,9 @@ pub fn config_json(plan: &BundlePlan) -> Value {
     }
     let mut resources = serde_json::Map::new();
     if let Some(memory) = plan.limits.memory {
+        // The host cgroup holds gVisor's own kernel too: room for it, the
+        // guest enforcing `--memory` inside (`MemoryWatch::Watch`).
+        let memory = hako_container::gvisor_host_memory(memory);
         resources.insert("memory".into(), json!({"limit": memory, "swap": memory}));
     }
     // No `pids` here: a host cgroup's limit also counts gVisor's own host
@@ -380,7 +383,11 @@ mod tests {
         // The guest loads the filter itself, after its masks.
         assert!(config["linux"].get("seccomp").is_none());
         let r = &config["linux"]["resources"];
-        assert_eq!(r["memory"]["limit"], json!(1u64 << 28));
+        // Room for gVisor's own kernel above `--memory`, which the guest
+        // enforces inside.
+        let host = hako_container::gvisor_host_memory(1 << 28);
+        assert!(host >= (1 << 28) + hako_container::GVISOR_MEMORY_HEADROOM);
+        assert_eq!(r["memory"]["limit"], json!(host));
         // The process limit is the guest's, counted by gVisor's kernel
         // (a host cgroup's would count gVisor's own threads too).
         assert!(r.get("pids").is_none(), "{r}");

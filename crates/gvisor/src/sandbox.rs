@@ -183,6 +183,7 @@ impl GvisorSandbox {
         cleanup_argv.extend(["delete".into(), "--force".into(), name.clone()]);
         let mut reports = common_limits(spec.max_output, &fence);
         reports.extend(limit_reports_pids_inside(&limits));
+        hako_container::memory_by_the_guest(&mut reports);
         let caps = Capabilities {
             backend: NAME.into(),
             isolation: Isolation::Kernel,
@@ -206,6 +207,7 @@ impl GvisorSandbox {
             keep: Mutex::new(vec![Box::new(dir)]),
             network: network.spec.clone(),
             seal: Some(plan.seal()),
+            memory: hako_container::memory_watch(&limits, true),
             self_cleaning: true,
         };
         let mut env = base_env(&spec.env);

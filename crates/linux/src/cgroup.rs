@@ -16,6 +16,9 @@ const ROOT: &str = "/sys/fs/cgroup";
 #[derive(Debug)]
 pub struct Cgroups {
     dirs: Vec<PathBuf>,
+    /// The memory group's count of OOM kills (v1 `memory.oom_control`, v2
+    /// `memory.events`), when memory is limited.
+    oom_counter: Option<PathBuf>,
     /// Which hierarchy enforces the limits.
     pub mechanism: LimitMechanism,
 }
@@ -69,12 +72,14 @@ impl Cgroups {
     fn create_v2(base: &Path, limits: &Limits, name: &str) -> Result<Cgroups, String> {
         let dir = base.join(name);
         std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
-        let cg = Cgroups {
+        let mut cg = Cgroups {
             dirs: vec![dir.clone()],
+            oom_counter: None,
             mechanism: LimitMechanism::CgroupV2,
         };
         if let Some(bytes) = limits.memory {
             write(&dir.join("memory.max"), &bytes.to_string())?;
+            cg.oom_counter = Some(dir.join("memory.events"));
             let _ = write(&dir.join("memory.swap.max"), "0");
         }
         if let Some(n) = limits.pids {
@@ -93,8 +98,10 @@ impl Cgroups {
     ) -> Result<Cgroups, String> {
         let mut cg = Cgroups {
             dirs: Vec::new(),
+            oom_counter: None,
             mechanism: LimitMechanism::CgroupV1,
         };
+        let mut oom_counter = None;
         let mut make = |controller: &str| -> Result<PathBuf, String> {
             let own = groups
                 .iter()
@@ -109,6 +116,7 @@ impl Cgroups {
         if let Some(bytes) = limits.memory {
             let dir = make("memory")?;
             write(&dir.join("memory.limit_in_bytes"), &bytes.to_string())?;
+            oom_counter = Some(dir.join("memory.oom_control"));
             // Swap counts too, where the kernel accounts it.
             let _ = write(&dir.join("memory.memsw.limit_in_bytes"), &bytes.to_string());
         }
@@ -121,7 +129,14 @@ impl Cgroups {
             write(&dir.join("cpu.cfs_period_us"), "100000")?;
             write(&dir.join("cpu.cfs_quota_us"), &(milli * 100).to_string())?;
         }
+        cg.oom_counter = oom_counter;
         Ok(cg)
+    }
+
+    /// The file the guest reads the memory limit's kills from, when memory
+    /// is limited.
+    pub fn oom_counter(&self) -> Option<PathBuf> {
+        self.oom_counter.clone()
     }
 
     /// The `cgroup.procs` files a process writes its pid to, to join.

@@ -192,6 +192,7 @@ impl LinuxSandbox {
                 .as_ref()
                 .map(Cgroups::procs_files)
                 .unwrap_or_default(),
+            oom_counter: cgroups.as_ref().and_then(Cgroups::oom_counter),
         };
         // No host home directory inside: HOME and TMPDIR point at the
         // sandbox's private /tmp unless set explicitly.

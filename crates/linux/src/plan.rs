@@ -52,6 +52,8 @@ pub struct PlanInput {
     pub tmp_size: String,
     /// `cgroup.procs` files of the sandbox's cgroups.
     pub cgroup_procs: Vec<PathBuf>,
+    /// The memory cgroup's count of OOM kills, when it limits memory.
+    pub oom_counter: Option<PathBuf>,
 }
 
 /// Why a configuration cannot be planned.
@@ -219,6 +221,7 @@ pub fn plan(input: &PlanInput, facts: &HostFacts) -> Result<LinuxSpec, PlanError
         }),
         seccomp: true,
         cgroup_procs: input.cgroup_procs.clone(),
+        oom_counter: input.oom_counter.clone(),
         // Set by the backend from its network policy.
         host_network: false,
         network: None,
@@ -253,6 +256,7 @@ mod tests {
             landlock_required: true,
             tmp_size: "512m".into(),
             cgroup_procs: vec![],
+            oom_counter: None,
         }
     }
 

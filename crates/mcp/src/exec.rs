@@ -151,6 +151,9 @@ fn status_line(status: ExitStatus) -> String {
     }
 }
 
+/// What a tool says of a command the sandbox's memory limit killed.
+const OOM_KILLED: &str = "killed by the sandbox's memory limit (exit code 137): the command used more memory than the sandbox's --memory allows; only this command was killed and the sandbox goes on. Do not retry it unchanged: make it use less memory (smaller inputs, fewer parallel jobs), or ask for a sandbox with a larger --memory.";
+
 fn timeout_message(timeout: Duration) -> String {
     format!(
         "timed out after {} s: the command and every process it started were killed. Do not retry the same call unchanged: it will time out again. Give it a larger timeout_secs, make it do less (a narrower test, fewer files), or start it with a short wait_secs and follow it with read_output.",
@@ -214,20 +217,27 @@ pub fn run_command(
         Outcome::Ended {
             status,
             timed_out,
+            oom_killed,
             duration,
             captured,
             kept_whole,
         } => {
-            state.record(Record::Exec(exec.ended(
-                *status,
-                *timed_out,
-                *duration,
-                captured.stdout_bytes(),
-                captured.stderr_bytes(),
-            )));
+            state.record(Record::Exec(
+                exec.ended(
+                    *status,
+                    *timed_out,
+                    *duration,
+                    captured.stdout_bytes(),
+                    captured.stderr_bytes(),
+                )
+                .oom_killed(*oom_killed),
+            ));
             if *timed_out {
                 is_error = true;
                 let _ = writeln!(text, "{}", timeout_message(req.timeout));
+            } else if *oom_killed {
+                is_error = true;
+                let _ = writeln!(text, "{OOM_KILLED}");
             } else {
                 let _ = writeln!(text, "{}", status_line(*status));
             }
@@ -274,6 +284,8 @@ enum Outcome {
     Ended {
         status: ExitStatus,
         timed_out: bool,
+        /// The sandbox's memory limit killed it.
+        oom_killed: bool,
         duration: Duration,
         captured: Captured,
         /// A note when output past the whole-output cap was not kept.
@@ -320,6 +332,7 @@ fn run_detachable(
             return Ok(Outcome::Ended {
                 status,
                 timed_out: st.timed_out,
+                oom_killed: st.oom_killed,
                 duration: start.elapsed(),
                 captured,
                 kept_whole: None,
@@ -386,6 +399,7 @@ fn run_whole(
     Ok(Outcome::Ended {
         status: output.status,
         timed_out: output.timed_out,
+        oom_killed: output.oom_killed,
         duration: output.duration,
         captured: Captured {
             stdout_next: output.stdout_total,
@@ -550,6 +564,9 @@ pub fn list_processes(owner: &Owner, sandbox: &dyn Sandbox) -> Result<Reply, Too
 fn process_line(st: &ProcessState) -> String {
     let what = match (st.status, &st.error) {
         _ if st.timed_out => "timed out (killed at its deadline)".to_string(),
+        _ if st.oom_killed => {
+            "killed by the sandbox's memory limit (--memory; exit code 137)".to_string()
+        }
         (Some(status), _) => format!("ended, {}", status_line(status)),
         (None, Some(err)) => format!("failed: {err}"),
         (None, None) => "running".to_string(),
@@ -639,6 +656,47 @@ mod tests {
             .unwrap()
             .parse()
             .unwrap()
+    }
+
+    #[test]
+    fn run_command_says_a_command_over_the_memory_limit_was_killed_for_memory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut config = hako_linux::LinuxConfig::new(tmp.path());
+        config.spec.limits.memory = Some(64 << 20);
+        let sb = hako_linux::LinuxSandbox::new(config).unwrap();
+        let state = State::new(Box::new(|| Err(hako_core::Error::Closed)), None);
+        let owner = Owner::default();
+        let run = |command: &str| {
+            run_command(
+                &state,
+                &owner,
+                &sb,
+                RunRequest {
+                    command: command.into(),
+                    cwd: None,
+                    timeout: Duration::from_secs(60),
+                    wait: Duration::from_secs(60),
+                    session: None,
+                    keep_stdin_open: false,
+                },
+            )
+            .unwrap()
+        };
+        let reply = run("exec dd if=/dev/zero of=/dev/null bs=256M count=1");
+        assert!(reply.is_error, "{}", reply.text);
+        assert!(
+            reply.text.contains("killed by the sandbox's memory limit"),
+            "{}",
+            reply.text
+        );
+        let reply = run("kill -9 $$");
+        assert!(!reply.text.contains("memory"), "{}", reply.text);
+        let reply = run("echo again");
+        assert!(
+            !reply.is_error && reply.text.contains("again"),
+            "{}",
+            reply.text
+        );
     }
 
     #[test]

@@ -292,6 +292,7 @@ mod tests {
                 id: 1,
                 status: ExitStatus::Code(0),
                 timed_out: false,
+                oom_killed: false,
                 stdout_total: 0,
                 stderr_total: 0,
             },
@@ -327,6 +328,7 @@ mod tests {
                 linux: None,
                 network: None,
                 seal: None,
+                memory: None,
             })),
             exec(),
             ToGuest::CloseStdin { id: 1 },
@@ -417,6 +419,7 @@ mod tests {
                 id: 1,
                 status: ExitStatus::Signal(9),
                 timed_out: true,
+                oom_killed: false,
                 stdout_total: 5,
                 stderr_total: 0,
             }))

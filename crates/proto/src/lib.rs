@@ -23,6 +23,7 @@ pub use messages::*;
 /// The protocol version the guest speaks. Version 2 added the network
 /// spec, version 3 the seal ([`Seal`]), version 4 the seal's guard
 /// ([`Seal::guard`]), version 5 the seal's process limit
-/// ([`Seal::pids_max`]): a guest that would ignore any of them must refuse
+/// ([`Seal::pids_max`]), version 6 the memory watch ([`MemoryWatch`],
+/// [`LinuxSpec::oom_counter`]) and `oom_killed`: a guest that would ignore any of them must refuse
 /// the handshake instead.
-pub const VERSION: u32 = 5;
+pub const VERSION: u32 = 6;

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+#[cfg(doc)]
+use crate::MemoryWatch;
 use crate::NetSpec;
 
 /// How the guest builds a `linux` sandbox: new namespaces, a filesystem view
@@ -33,6 +35,11 @@ pub struct LinuxSpec {
     /// everything it starts is counted against the sandbox's cgroups.
     #[serde(default)]
     pub cgroup_procs: Vec<PathBuf>,
+    /// The kernel's count of the sandbox's memory cgroup's OOM kills (v1
+    /// `memory.oom_control`, v2 `memory.events`), a host path that pid 1
+    /// opens read-only before it builds its view (see [`MemoryWatch`]).
+    #[serde(default)]
+    pub oom_counter: Option<PathBuf>,
     /// Stay in the host's network namespace (network mode `host`).
     #[serde(default)]
     pub host_network: bool,

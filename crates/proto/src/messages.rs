@@ -31,6 +31,38 @@ pub struct Hello {
     /// privilege to mask).
     #[serde(default)]
     pub seal: Option<Seal>,
+    /// How a guest that serves where it is (a container's) tells that the
+    /// sandbox's memory limit killed a command ([`FromGuest::Exited`]'s
+    /// `oom_killed`); a `linux` sandbox carries its counter in
+    /// [`LinuxSpec::oom_counter`].
+    #[serde(default)]
+    pub memory: Option<MemoryWatch>,
+}
+
+/// How the guest learns that the memory limit killed a process.
+///
+/// A command is reported killed for memory when the count of kills rose
+/// while it ran, hako did not kill it (deadline, kill, close), and it ended
+/// by `SIGKILL` (or, run by a shell that reports its child's end, with
+/// status 137). A guest that cannot open what it is told to watch refuses
+/// to serve.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryWatch {
+    /// The kernel enforces the limit and counts its kills in the first of
+    /// these files (paths inside) that opens: a cgroup v1
+    /// `memory.oom_control` or a v2 `memory.events` (`oom_kill N`).
+    Counter(Vec<PathBuf>),
+    /// Nothing inside enforces the limit (gVisor: the host cgroup holds
+    /// gVisor's own kernel too, and its memory controller inside does not
+    /// enforce): the guest watches the memory its commands use and, past
+    /// `limit` bytes, kills the process that uses the most, counting the
+    /// kill as the kernel would. The host's limit, set higher, stays the
+    /// backstop.
+    Watch {
+        /// The sandbox's `--memory`, in bytes.
+        limit: u64,
+    },
 }
 
 /// What a container's guest does to itself, in this order, before it
@@ -258,6 +290,10 @@ pub enum FromGuest {
         status: ExitStatus,
         /// Whether the deadline killed it.
         timed_out: bool,
+        /// Whether the sandbox's memory limit killed it (see
+        /// [`MemoryWatch`]).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        oom_killed: bool,
         /// Bytes it wrote to stdout, forwarded or not.
         stdout_total: u64,
         /// Bytes it wrote to stderr, forwarded or not.

@@ -333,6 +333,7 @@ mod tests {
                     status: None,
                     error: None,
                     timed_out: false,
+                    oom_killed: false,
                     stdout_total: 0,
                     stderr_total: 0,
                 })

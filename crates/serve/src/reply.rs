@@ -102,6 +102,7 @@ pub(crate) fn output_json(out: &Output) -> Value {
         "stderr_bytes": out.stderr_total,
         "duration_ms": u64::try_from(out.duration.as_millis()).unwrap_or(u64::MAX),
         "timed_out": out.timed_out,
+        "oom_killed": out.oom_killed,
     })
 }
 

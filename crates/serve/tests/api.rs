@@ -1118,3 +1118,52 @@ fn a_sandbox_that_cannot_be_opened_is_recorded_in_the_audit_log() {
 
 #[path = "api/fuzz.rs"]
 mod fuzz;
+
+/// A command the sandbox's memory limit kills: the result, and a streamed
+/// exec's end event, say `oom_killed`; the sandbox runs the next command.
+#[test]
+fn the_api_says_a_command_over_the_memory_limit_was_killed_for_memory() {
+    let s = start_with(|root| {
+        let mut config = hako_linux::LinuxConfig::new(root);
+        config.spec.limits.memory = Some(64 << 20);
+        Ok(Box::new(hako_linux::LinuxSandbox::new(config)?) as Box<dyn hako_core::Sandbox>)
+    });
+    let (status, created) = json(s.port, "POST", "/v1/sandboxes", Value::Null);
+    assert_eq!(status, 201, "{created}");
+    let base = format!("/v1/sandboxes/{}", created["id"]);
+    let dd = serde_json::json!(["dd", "if=/dev/zero", "of=/dev/null", "bs=256M", "count=1"]);
+    let (status, out) = json(
+        s.port,
+        "POST",
+        &format!("{base}/exec"),
+        serde_json::json!({ "argv": dd }),
+    );
+    assert_eq!(
+        (status, out["oom_killed"].as_bool(), out["signal"].as_i64()),
+        (200, Some(true), Some(9)),
+        "{out}"
+    );
+    let body = serde_json::json!({ "argv": dd, "stream": true }).to_string();
+    let (status, _, body) = request(
+        s.port,
+        "POST",
+        &format!("{base}/exec"),
+        Some(TOKEN),
+        body.as_bytes(),
+    );
+    assert_eq!(status, 200);
+    let last: Value =
+        serde_json::from_str(String::from_utf8(body).unwrap().lines().last().unwrap()).unwrap();
+    assert_eq!(last["exit"]["oom_killed"].as_bool(), Some(true), "{last}");
+    let (status, out) = json(
+        s.port,
+        "POST",
+        &format!("{base}/exec"),
+        serde_json::json!({"command": "echo again"}),
+    );
+    assert_eq!(
+        (status, out["stdout"].as_str(), out["oom_killed"].as_bool()),
+        (200, Some("again\n"), Some(false)),
+        "{out}"
+    );
+}

@@ -56,6 +56,9 @@ struct JsonResult<'a> {
     stderr_bytes: u64,
     duration_ms: u128,
     timed_out: bool,
+    /// The sandbox's memory limit killed it (exit code 137, as for any
+    /// `SIGKILL`).
+    oom_killed: bool,
     backend: &'a str,
     isolation: Isolation,
     /// What the sandbox could reach (`none`, `allowlist`, `host`), as
@@ -196,6 +199,7 @@ pub fn run(args: RunArgs) -> u8 {
             stderr_bytes: output.stderr_total,
             duration_ms: output.duration.as_millis(),
             timed_out: output.timed_out,
+            oom_killed: output.oom_killed,
             backend: &caps.backend,
             isolation: caps.isolation,
             network_access: caps.network,
@@ -211,6 +215,9 @@ pub fn run(args: RunArgs) -> u8 {
                 "hako: timed out after {:?}; every process the command started was killed. Running the same command again will time out again: give it a longer --timeout, make it do less, or start it in the background and check on it",
                 command.timeout.unwrap_or_default()
             );
+        }
+        if output.oom_killed {
+            eprintln!("hako: {}", exit::OOM_KILLED_MESSAGE);
         }
     }
     exit::for_output(&output)

@@ -191,6 +191,7 @@ impl Connection {
             FromGuest::Exited {
                 status,
                 timed_out,
+                oom_killed,
                 stdout_total,
                 stderr_total,
                 ..
@@ -204,6 +205,7 @@ impl Connection {
                 stderr: err.kept,
                 duration: start.elapsed(),
                 timed_out,
+                oom_killed,
             }),
             FromGuest::SpawnFailed {
                 kind,

@@ -285,10 +285,14 @@ fn read_one(ctl: &mut impl BufRead, shared: &Shared) -> std::result::Result<(), 
                 if let Some(proc) = table.procs.map.get_mut(&id) {
                     match msg {
                         FromGuest::Exited {
-                            status, timed_out, ..
+                            status,
+                            timed_out,
+                            oom_killed,
+                            ..
                         } => {
                             proc.status = Some(status);
                             proc.timed_out = timed_out;
+                            proc.oom_killed = oom_killed;
                         }
                         FromGuest::SpawnFailed { message, .. }
                         | FromGuest::Failed { message, .. } => proc.error = Some(message),
@@ -383,6 +387,7 @@ mod tests {
             id,
             status: ExitStatus::Code(code),
             timed_out: false,
+            oom_killed: false,
             stdout_total: 0,
             stderr_total: 0,
         })

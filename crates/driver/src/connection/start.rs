@@ -87,6 +87,7 @@ impl Connection {
             linux,
             network: None,
             seal: None,
+            memory: None,
         });
         let reader = match ctl.try_clone() {
             Ok(reader) => reader,
@@ -121,6 +122,7 @@ impl Connection {
         describe: Box<dyn Fn() -> String + Send + Sync>,
         network: Option<proto::NetSpec>,
         seal: Option<proto::Seal>,
+        memory: Option<proto::MemoryWatch>,
     ) -> Result<Connection> {
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             let _ = child.kill();
@@ -137,6 +139,7 @@ impl Connection {
             linux: None,
             network,
             seal,
+            memory,
         };
         Connection::establish(
             backend,

@@ -12,7 +12,7 @@ use hako_sys::rustix::io::Errno;
 use hako_sys::rustix::process::Pid;
 
 use super::stream::{capped, feed};
-use super::{dev_null, pipe, Polled, Server, Slot};
+use super::{dev_null, memory, pipe, Polled, Server, Slot};
 use crate::error::failed;
 use crate::proto::{self, ExecRequest, Frame, FromGuest, RunReply};
 use crate::supervise::{Job, JobFds};
@@ -56,6 +56,8 @@ pub(super) struct Exec {
     pub(super) reply: Option<RunReply>,
     pub(super) supervisor_gone: bool,
     done_at: Option<Instant>,
+    /// The memory limit's kills when it started (see [`memory`]).
+    oom_before: Option<u64>,
 }
 
 /// What became of input sent to a command.
@@ -77,6 +79,7 @@ impl Exec {
             sup: Some(sup),
             reusable: None,
             killed: false,
+            oom_before: None,
             stdin: None,
             pending: VecDeque::new(),
             close_stdin: false,
@@ -154,8 +157,9 @@ impl Exec {
         capped(self.id, s, offset, data, self.max_output)
     }
 
-    /// What hako is told of the command's end.
-    fn report(&self) -> FromGuest {
+    /// What hako is told of the command's end, the memory limit's kills
+    /// being `oom_after` now.
+    fn report(&self, oom_after: Option<u64>) -> FromGuest {
         match &self.reply {
             Some(RunReply::Finished {
                 status, timed_out, ..
@@ -163,6 +167,12 @@ impl Exec {
                 id: self.id,
                 status: *status,
                 timed_out: *timed_out,
+                oom_killed: memory::killed_for_memory(
+                    self.oom_before,
+                    oom_after,
+                    *status,
+                    self.killed || *timed_out,
+                ),
                 stdout_total: self.totals[0],
                 stderr_total: self.totals[1],
             },
@@ -204,6 +214,7 @@ impl Server<'_> {
         if request.argv.first().is_none_or(String::is_empty) {
             return Err(GuestError::EmptyArgv);
         }
+        let oom_before = self.oom_count();
         let cwd = self.take_cwd(&request.cwd)?;
         let job = Job {
             argv: request.argv,
@@ -213,7 +224,7 @@ impl Server<'_> {
             tty: request.pty.is_some(),
             fd3: false,
         };
-        let exec = match request.pty {
+        let mut exec = match request.pty {
             Some((rows, cols)) => {
                 let (master, slave) = super::terminal::open_pty(rows, cols)?;
                 let dup = |fd: &OwnedFd| {
@@ -267,6 +278,7 @@ impl Server<'_> {
                 exec
             }
         };
+        exec.oom_before = oom_before;
         self.execs.push(exec);
         Ok(())
     }
@@ -382,7 +394,8 @@ impl Server<'_> {
                 self.orphans_come_here = true;
             }
             self.kill_orphans_if_idle();
-            self.send(&exec.report());
+            let oom_after = self.oom_count();
+            self.send(&exec.report(oom_after));
         }
     }
 }
@@ -500,11 +513,12 @@ mod tests {
             orphans_to_guest: false,
         });
         assert_eq!(
-            exec.report(),
+            exec.report(None),
             FromGuest::Exited {
                 id: 3,
                 status: ExitStatus::Code(3),
                 timed_out: true,
+                oom_killed: false,
                 stdout_total: 5,
                 stderr_total: 6,
             }
@@ -515,7 +529,7 @@ mod tests {
             message: "nope".into(),
         });
         assert_eq!(
-            exec.report(),
+            exec.report(None),
             FromGuest::SpawnFailed {
                 id: 3,
                 kind: SpawnFailure::NotFound,
@@ -527,7 +541,7 @@ mod tests {
             message: "refused".into(),
         });
         assert_eq!(
-            exec.report(),
+            exec.report(None),
             FromGuest::Failed {
                 id: Some(3),
                 message: "refused".into(),
@@ -535,7 +549,7 @@ mod tests {
             }
         );
         exec.reply = None;
-        match exec.report() {
+        match exec.report(None) {
             FromGuest::Failed { id, message, .. } => {
                 assert_eq!(id, Some(3));
                 assert!(message.contains("supervisor was killed"), "{message}");

@@ -74,6 +74,8 @@ struct SessionRun {
     timed_out: bool,
     totals: [u64; 2],
     max_output: u64,
+    /// The memory limit's kills when it started.
+    oom_before: Option<u64>,
 }
 
 impl SessionRun {
@@ -224,6 +226,7 @@ impl Server<'_> {
         if request.script.contains('\0') {
             return Err(GuestError::NulInScript);
         }
+        let oom_before = self.oom_count();
         let Some(session) = self.sessions.iter_mut().find(|s| s.id == request.session) else {
             return Err(GuestError::SessionNotOpen {
                 session: request.session,
@@ -256,6 +259,7 @@ impl Server<'_> {
             timed_out: false,
             totals: [0, 0],
             max_output: request.max_output,
+            oom_before,
         });
         session.feed();
         Ok(())
@@ -388,10 +392,17 @@ impl Server<'_> {
             }
         }
         if let Some(run) = self.sessions[i].current.take() {
+            let oom_killed = super::memory::killed_for_memory(
+                run.oom_before,
+                self.oom_count(),
+                status,
+                run.timed_out || run.killed_at.is_some(),
+            );
             self.send(&FromGuest::Exited {
                 id: run.id,
                 status,
                 timed_out: run.timed_out,
+                oom_killed,
                 stdout_total: run.totals[0],
                 stderr_total: run.totals[1],
             });
@@ -530,6 +541,7 @@ mod tests {
             timed_out: false,
             totals: [0, 0],
             max_output: 3,
+            oom_before: None,
         };
         match run.output(1, b"abcd") {
             Some(Frame::Output {
@@ -578,6 +590,7 @@ mod tests {
             timed_out: false,
             totals: [0, 0],
             max_output: 0,
+            oom_before: None,
         });
         assert!(session.uses_id(2) && session.has_deadline());
         session.kill("closed");

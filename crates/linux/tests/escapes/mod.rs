@@ -274,6 +274,58 @@ fn a_1_gib_allocation_under_memory_256m_fails() {
     assert!(stdout.contains("done"));
 }
 
+/// A sandbox under `--memory 64M`, or `None` (with the reason printed as
+/// a skip of `name`) where the memory limit is an address-space rlimit:
+/// without a cgroup (an unprivileged caller on cgroup v1) nothing kills
+/// for memory, an allocation fails instead.
+fn under_memory_64m(ws: &Path, name: &str) -> Option<LinuxSandbox> {
+    let sb = limited(
+        ws,
+        Limits {
+            memory: Some(hako_conformance::memory::LIMIT),
+            ..Limits::default()
+        },
+    );
+    let by_cgroup = sb.capabilities().limits.iter().any(|l| {
+        l.kind == hako_core::LimitKind::Memory
+            && matches!(
+                l.mechanism,
+                hako_core::LimitMechanism::CgroupV1 | hako_core::LimitMechanism::CgroupV2
+            )
+    });
+    if by_cgroup {
+        return Some(sb);
+    }
+    let reason = "the memory limit is an rlimit here (no cgroup for this user)";
+    assert!(!hako_conformance::must_work(), "{name}: {reason}");
+    eprintln!("SKIPPED {name}: {reason}");
+    None
+}
+
+#[test]
+fn a_command_over_the_memory_limit_is_reported_killed_for_memory_and_the_sandbox_goes_on() {
+    let (_d, ws) = workspace();
+    let name =
+        "a_command_over_the_memory_limit_is_reported_killed_for_memory_and_the_sandbox_goes_on";
+    let Some(sb) = under_memory_64m(&ws, name) else {
+        return;
+    };
+    hako_conformance::memory::a_command_over_the_memory_limit_is_reported_killed_for_memory_and_the_sandbox_goes_on(&sb).unwrap();
+}
+
+#[test]
+fn a_plain_kill_9_under_a_memory_limit_is_not_reported_as_memory() {
+    let (_d, ws) = workspace();
+    let sb = limited(
+        &ws,
+        Limits {
+            memory: Some(hako_conformance::memory::LIMIT),
+            ..Limits::default()
+        },
+    );
+    hako_conformance::memory::a_plain_kill_9_is_not_reported_as_memory(&sb).unwrap();
+}
+
 #[test]
 fn a_50_mb_file_under_max_file_size_10m_is_cut() {
     let (_d, ws) = workspace();
