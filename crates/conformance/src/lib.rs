@@ -38,6 +38,7 @@
 //!   hung (default 600).
 
 pub mod attacks;
+pub mod lost;
 pub mod terminal;
 #[macro_use]
 mod check;
