@@ -45,7 +45,10 @@ fn the_guest_killed_mid_command_is_named_and_every_call_fails_cleanly() {
         assert!(killed.success());
         match run.join().unwrap() {
             Ok(out) => panic!("the exec reported {out:?} though its guest was killed"),
-            Err(e) => e.to_string(),
+            Err(e) => {
+                assert!(e.is_sandbox_lost(), "a typed SandboxLost: {e:?}");
+                e.to_string()
+            }
         }
     });
     assert!(
@@ -54,7 +57,10 @@ fn the_guest_killed_mid_command_is_named_and_every_call_fails_cleanly() {
     );
     let start = Instant::now();
     let next = sandbox.exec(&Command::new(["true"]));
-    assert!(next.is_err(), "{next:?}");
+    assert!(
+        matches!(next, Err(hako_core::Error::SandboxLost { .. })),
+        "{next:?}"
+    );
     assert!(
         start.elapsed() < Duration::from_secs(30),
         "the next call hung"
