@@ -454,6 +454,51 @@ mod tests {
     }
 
     #[test]
+    fn a_lost_sandbox_is_recorded_lost_and_closed_once_and_every_later_call_says_so() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("ws");
+        std::fs::create_dir(&root).unwrap();
+        let path = tmp.path().join("audit.log");
+        let log = Arc::new(AuditLog::open(&path, &[]).unwrap());
+        let state = State::new(
+            Box::new(move || Ok(Box::new(FenceBox::new(&root)) as Box<dyn Sandbox>)),
+            Some(log),
+        );
+        let sandbox = state.sandbox().unwrap();
+        let err = ToolError::from(hako_core::Error::SandboxLost {
+            backend: "docker".into(),
+            op: "run command",
+            reason: "the sandbox's guest ended: container hako-1 was killed".into(),
+        });
+        assert!(
+            err.message.contains("restart the server"),
+            "{}",
+            err.message
+        );
+        // Two calls find it lost: it is recorded once.
+        state.sandbox_lost(&sandbox, &err);
+        state.sandbox_lost(&sandbox, &err);
+        let later = state.sandbox().err().unwrap();
+        assert!(
+            later.message.contains("the sandbox was lost"),
+            "{}",
+            later.message
+        );
+        state.shutdown();
+        state.close_audit();
+        let records = hako_audit::records(&path).unwrap();
+        let ops: Vec<_> = records
+            .iter()
+            .filter(|r| r["kind"] == "sandbox")
+            .map(|r| r["op"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(ops, ["open", "lost", "close"], "{records:?}");
+        let lost = records.iter().find(|r| r["op"] == "lost").unwrap();
+        assert_eq!(lost["front_end"], "mcp");
+        assert_eq!(lost["during"], "run command");
+    }
+
+    #[test]
     fn an_audited_failure_never_carries_more_than_a_short_message() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("audit.log");
