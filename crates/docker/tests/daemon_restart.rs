@@ -60,13 +60,16 @@ fn ensure_dockerd() {
     }
     let log = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dockerd-restart.log");
     let log = std::fs::File::create(&log).unwrap();
-    Process::new("setsid")
-        .arg("dockerd")
+    // `--fork`: setsid returns at once, and dockerd, not a child of this
+    // test, outlives it.
+    let forked = Process::new("setsid")
+        .args(["--fork", "dockerd"])
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log)
-        .spawn()
+        .status()
         .unwrap();
+    assert!(forked.success(), "setsid --fork dockerd: {forked}");
     let start = Instant::now();
     while !answers() {
         assert!(start.elapsed() < GUARD, "dockerd did not come back");

@@ -23,7 +23,7 @@ pub struct ToolError {
     pub refused: bool,
     /// The sandbox was lost (its guest ended while it was open): what
     /// the audit log records of it.
-    pub lost: Option<SandboxLost>,
+    pub lost: Option<Box<SandboxLost>>,
 }
 
 impl ToolError {
@@ -45,7 +45,7 @@ impl From<hako_core::Error> for ToolError {
             message.push_str("; ");
             message.push_str(hint);
         }
-        let lost = SandboxLost::from_error(FrontEnd::Mcp, None, &err);
+        let lost = SandboxLost::from_error(FrontEnd::Mcp, None, &err).map(Box::new);
         ToolError {
             message,
             refused,
@@ -334,7 +334,7 @@ impl State {
             *slot = Slot::Lost(err.message.clone());
         }
         tracing::warn!(reason = %lost.reason, "the sandbox was lost");
-        self.record(Record::SandboxLost(lost.clone()));
+        self.record(Record::SandboxLost(SandboxLost::clone(lost)));
         if let Err(err) = sandbox.close() {
             tracing::warn!("closing the lost sandbox: {err}");
         }
