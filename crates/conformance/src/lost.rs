@@ -59,14 +59,16 @@ pub fn host_processes_named(argv0: &str, needle: &str) -> Vec<i32> {
 }
 
 /// Runs a command, a session's command and a long-lived process in `sb`
-/// (each `sleep` with a marker), calls `kill` once all three run, and
+/// (each `sleep` with a marker), calls `kill` with the marker once all
+/// three run (a host process with it is a command: its parent its
+/// supervisor, whose parent is the guest, where they are host processes), and
 /// checks that the caller hears of it: the three fail with
 /// [`Error::SandboxLost`], so do a later exec, session and process, none
 /// hangs, `close` works, and no process with the marker is left on the
 /// host. Returns the errors seen, for the test to check what they name.
 pub fn lost_mid_command_session_and_process(
     sb: &dyn Sandbox,
-    kill: impl FnOnce() -> Result<(), String>,
+    kill: impl FnOnce(&str) -> Result<(), String>,
 ) -> Result<Lost, String> {
     let sessions = sb.sessions().ok_or("this sandbox has no sessions")?;
     let processes = sb.processes().ok_or("this sandbox has no processes")?;
@@ -96,12 +98,24 @@ pub fn lost_mid_command_session_and_process(
                 Err(e) => break Err(format!("scan inside: {e}")),
             }
         };
-        let killed = ready.and_then(|()| kill());
+        let killed = ready.and_then(|()| kill(&marker));
         if let Err(e) = killed {
             let _ = sb.close();
             let _ = exec.join();
             let _ = in_session.join();
             return Err(e);
+        }
+        // A fault that did not lose the sandbox leaves them running: they
+        // are ended by closing it, and that is a failure, never a hang.
+        let start = Instant::now();
+        while !(exec.is_finished() && in_session.is_finished()) {
+            if start.elapsed() > HANG_GUARD {
+                let _ = sb.close();
+                let _ = exec.join();
+                let _ = in_session.join();
+                return Err("the calls in progress did not end after the fault".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
         let command = exec.join().map_err(|_| "the exec panicked".to_string())?;
         let in_session = in_session

@@ -275,7 +275,7 @@ fn lost_when_killed(runtime: Option<&str>, kill: impl FnOnce(&str) -> Result<(),
     let sandbox = DockerSandbox::new(config).unwrap();
     let name = sandbox.container().to_string();
     let lost =
-        hako_conformance::lost::lost_mid_command_session_and_process(&sandbox, || kill(&name))
+        hako_conformance::lost::lost_mid_command_session_and_process(&sandbox, |_| kill(&name))
             .unwrap();
     for err in [lost.command.to_string(), lost.later.to_string()] {
         assert!(err.contains(&name), "the error names the container: {err}");

@@ -111,7 +111,7 @@ fn lost_when_killed(argv0: &str) {
     let (_d, ws) = workspace();
     let sandbox = GvisorSandbox::new(GvisorConfig::new(&ws)).unwrap();
     let id = sandbox.container().to_string();
-    let lost = hako_conformance::lost::lost_mid_command_session_and_process(&sandbox, || {
+    let lost = hako_conformance::lost::lost_mid_command_session_and_process(&sandbox, |_| {
         kill_runsc_process(argv0, &id)
     })
     .unwrap();

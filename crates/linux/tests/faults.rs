@@ -75,3 +75,35 @@ fn the_guest_killed_mid_command_is_named_and_every_call_fails_cleanly() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[test]
+fn the_guest_killed_mid_command_session_and_process_is_reported_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().canonicalize().unwrap();
+    let sandbox = LinuxSandbox::new(LinuxConfig::new(&ws)).unwrap();
+    hako_conformance::lost::lost_mid_command_session_and_process(&sandbox, |marker| {
+        let (command, _) = host_processes_with_arg(marker)
+            .into_iter()
+            .next()
+            .ok_or("no command on the host")?;
+        // The guest (the sandbox's pid 1) is the child of the launcher,
+        // this process's child: the command's ancestor two below it.
+        let me = std::process::id() as i32;
+        let mut guest = command;
+        while parent(parent(guest)) != me {
+            guest = parent(guest);
+            if guest <= 1 {
+                return Err("the guest is not among the command's ancestors".into());
+            }
+        }
+        let killed = std::process::Command::new("kill")
+            .args(["-9", &guest.to_string()])
+            .status()
+            .map_err(|e| e.to_string())?;
+        killed
+            .success()
+            .then_some(())
+            .ok_or("kill failed".to_string())
+    })
+    .unwrap();
+}
