@@ -57,7 +57,7 @@ pub mod record;
 
 pub use record::{
     is_refusal, Exec, Failure, File, FileOp, FrontEnd, Process, ProcessOp, Record, SandboxClosed,
-    SandboxOpened, Session, SessionOp, MAX_MESSAGE_CHARS,
+    SandboxLost, SandboxOpened, Session, SessionOp, MAX_MESSAGE_CHARS,
 };
 
 /// The kind of the record a cleanly closed log ends with.

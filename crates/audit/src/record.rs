@@ -44,6 +44,11 @@ pub enum Record {
     /// `sandbox` (op `close`): a sandbox was closed; everything started in
     /// it was killed.
     SandboxClosed(SandboxClosed),
+    /// `sandbox` (op `lost`): a sandbox was lost while open (its guest
+    /// ended without being asked to: killed, its container or its
+    /// engine stopped); nothing more ran in it. Written once, by the
+    /// first call that found it lost; its `close` follows.
+    SandboxLost(SandboxLost),
     /// `exec`: a command ran (or, handed back as a process, still runs).
     Exec(Exec),
     /// `file`: a file operation through the fence.
@@ -70,7 +75,9 @@ impl Record {
     /// The record's kind: the `kind` of its line.
     pub fn kind(&self) -> &'static str {
         match self {
-            Record::SandboxOpened(_) | Record::SandboxClosed(_) => "sandbox",
+            Record::SandboxOpened(_) | Record::SandboxClosed(_) | Record::SandboxLost(_) => {
+                "sandbox"
+            }
             Record::Exec(_) => "exec",
             Record::File(_) => "file",
             Record::Process(_) => "process",
@@ -86,6 +93,7 @@ impl Record {
         let value = match self {
             Record::SandboxOpened(r) => with_op("open", r),
             Record::SandboxClosed(r) => with_op("close", r),
+            Record::SandboxLost(r) => with_op("lost", r),
             Record::Exec(r) => serde_json::to_value(r),
             Record::File(r) => serde_json::to_value(r),
             Record::Process(r) => serde_json::to_value(r),
@@ -149,6 +157,48 @@ pub struct SandboxClosed {
     pub front_end: FrontEnd,
     /// Its id, where the front end numbers its sandboxes (`hako serve`).
     pub sandbox: Option<u64>,
+}
+
+/// `sandbox`, op `lost`: what was lost, and why as far as hako could
+/// tell.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SandboxLost {
+    /// Whose sandbox it was.
+    pub front_end: FrontEnd,
+    /// Its id, where the front end numbers its sandboxes (`hako serve`).
+    pub sandbox: Option<u64>,
+    /// The backend.
+    pub backend: String,
+    /// The call that found it lost (`run command`, `open a session`, ...).
+    pub during: String,
+    /// What was lost and why (what became of its guest, container or
+    /// runtime), cut to [`MAX_MESSAGE_CHARS`].
+    pub reason: String,
+}
+
+impl SandboxLost {
+    /// The record of `err` if it says the sandbox was lost
+    /// ([`hako_core::Error::SandboxLost`]); `None` for any other error.
+    pub fn from_error(
+        front_end: FrontEnd,
+        sandbox: Option<u64>,
+        err: &hako_core::Error,
+    ) -> Option<Self> {
+        match err {
+            hako_core::Error::SandboxLost {
+                backend,
+                op,
+                reason,
+            } => Some(SandboxLost {
+                front_end,
+                sandbox,
+                backend: backend.clone(),
+                during: (*op).to_string(),
+                reason: shorten(reason, MAX_MESSAGE_CHARS),
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// `exec`: the same fields whichever front end ran the command.
@@ -597,6 +647,26 @@ mod tests {
     }
 
     #[test]
+    fn a_lost_sandbox_is_recorded_from_its_typed_error_and_no_other_error_is() {
+        let err = hako_core::Error::SandboxLost {
+            backend: "gvisor".into(),
+            op: "open a session",
+            reason: "the sandbox's guest ended: runsc was killed".into(),
+        };
+        let lost = SandboxLost::from_error(FrontEnd::Serve, Some(4), &err).unwrap();
+        let fields = Record::SandboxLost(lost).fields();
+        assert_eq!(fields["op"], "lost");
+        assert_eq!(fields["sandbox"], 4);
+        assert_eq!(fields["backend"], "gvisor");
+        assert_eq!(fields["during"], "open a session");
+        assert_eq!(
+            fields["reason"],
+            "the sandbox's guest ended: runsc was killed"
+        );
+        assert!(SandboxLost::from_error(FrontEnd::Run, None, &hako_core::Error::Closed).is_none());
+    }
+
+    #[test]
     fn each_record_has_its_kind_and_op() {
         let opened = SandboxOpened {
             front_end: FrontEnd::Mcp,
@@ -615,6 +685,17 @@ mod tests {
                 }),
                 "sandbox",
                 Some("close"),
+            ),
+            (
+                Record::SandboxLost(SandboxLost {
+                    front_end: FrontEnd::Run,
+                    sandbox: None,
+                    backend: "docker".into(),
+                    during: "run command".into(),
+                    reason: "the sandbox's guest ended".into(),
+                }),
+                "sandbox",
+                Some("lost"),
             ),
             (
                 Record::File(File::new(

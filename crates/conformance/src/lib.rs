@@ -39,6 +39,7 @@
 
 pub mod attacks;
 pub mod limits;
+pub mod lost;
 pub mod memory;
 pub mod terminal;
 #[macro_use]

@@ -329,6 +329,22 @@ pub enum Error {
         /// What went wrong, with a hint where one helps.
         message: String,
     },
+    /// The sandbox was lost while open: its guest (the sandbox's pid 1,
+    /// its container, or gVisor's sandbox process, which is its kernel)
+    /// ended without being asked to, killed from outside or stopped with
+    /// its engine. Every call in progress and every later one fails with
+    /// this; nothing more runs in it. Closing it still works (and removes
+    /// what is left); open another to go on.
+    #[error("{backend} backend: {op}: the sandbox was lost: {reason}; close it and open another")]
+    SandboxLost {
+        /// The backend's name.
+        backend: String,
+        /// The call that found it lost.
+        op: &'static str,
+        /// What was lost and why, as far as hako could tell (what became
+        /// of the guest, its container or its runtime).
+        reason: String,
+    },
     /// An OS error in the machinery, with the operation that failed.
     #[error("{op}: {source}")]
     Io {
@@ -347,5 +363,11 @@ impl Error {
             Error::Fence(err) => Some(err),
             _ => None,
         }
+    }
+
+    /// Whether this says the sandbox was lost (see
+    /// [`Error::SandboxLost`]): nothing more runs in it.
+    pub fn is_sandbox_lost(&self) -> bool {
+        matches!(self, Error::SandboxLost { .. })
     }
 }

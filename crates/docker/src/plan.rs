@@ -159,6 +159,13 @@ fn lockdown_args(engine: &Engine, plan: &RunPlan) -> Vec<String> {
         // The guest's frames are not a log: keep them out of the daemon's.
         "--log-driver".into(),
         "none".into(),
+        // The engine stopping the container (its daemon shutting down,
+        // `docker stop`) sends pid 1, the guest, SIGTERM, which it
+        // ignores, and kills it after this many seconds: the guest keeps
+        // nothing to save, so the sandbox is reported lost at once rather
+        // than after Docker's 10 s.
+        "--stop-timeout".into(),
+        "1".into(),
         "--network".into(),
         match plan.network {
             RunNetwork::Host => "host".into(),
@@ -421,6 +428,8 @@ mod tests {
             "hako.owner.start=7",
             "--log-driver",
             "none",
+            "--stop-timeout",
+            "1",
             "--network",
             "none",
             "--hostname",

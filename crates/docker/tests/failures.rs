@@ -230,3 +230,99 @@ fn a_container_killed_during_a_session_and_a_process_is_named_and_every_call_fai
     sandbox.close().unwrap();
     assert!(containers_named(&name).is_empty(), "the container is gone");
 }
+
+/// `docker inspect -f FORMAT name`, trimmed.
+fn inspect(name: &str, format: &str) -> Result<String, String> {
+    let out = Process::new("docker")
+        .args(["inspect", "-f", format, name])
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn kill_9(pids: &[i32]) -> Result<(), String> {
+    if pids.is_empty() {
+        return Err("nothing to kill".into());
+    }
+    for pid in pids {
+        let status = Process::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()
+            .map_err(|e| e.to_string())?;
+        if !status.success() {
+            return Err(format!("kill -9 {pid}: {status}"));
+        }
+    }
+    Ok(())
+}
+
+/// A sandbox on `runtime` whose guest is lost to `kill` (given the
+/// container's name): every call fails with `SandboxLost` naming the
+/// container (see `hako_conformance::lost`), and the container is gone
+/// after close.
+fn lost_when_killed(runtime: Option<&str>, kill: impl FnOnce(&str) -> Result<(), String>) {
+    if let Err(reason) = docker::ready(DEFAULT_IMAGE, runtime) {
+        assert!(!hako_conformance::must_work(), "docker is needed: {reason}");
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let (_d, ws) = workspace();
+    let mut config = DockerConfig::new(&ws);
+    config.spec.runtime = runtime.map(str::to_string);
+    let sandbox = DockerSandbox::new(config).unwrap();
+    let name = sandbox.container().to_string();
+    let lost =
+        hako_conformance::lost::lost_mid_command_session_and_process(&sandbox, |_| kill(&name))
+            .unwrap();
+    for err in [lost.command.to_string(), lost.later.to_string()] {
+        assert!(err.contains(&name), "the error names the container: {err}");
+    }
+    assert!(containers_named(&name).is_empty(), "the container is gone");
+}
+
+#[test]
+fn the_containers_init_killed_from_the_host_mid_command_session_and_process_is_reported_lost() {
+    // The guest is the container's init: its host pid, as the engine
+    // reports it.
+    lost_when_killed(None, |name| {
+        let pid = inspect(name, "{{.State.Pid}}")?;
+        kill_9(&[pid.parse().map_err(|_| format!("pid {pid:?}"))?])
+    });
+}
+
+/// The host processes named `argv0` of the runsc container `name`: its
+/// `runsc-sandbox` names the container's id; the gofer is its sibling.
+fn runsc_processes(argv0: &str, name: &str) -> Result<Vec<i32>, String> {
+    let id = inspect(name, "{{.Id}}")?;
+    let sandboxes = hako_conformance::lost::host_processes_named("runsc-sandbox", &id);
+    if argv0 == "runsc-sandbox" {
+        return Ok(sandboxes);
+    }
+    let parent = |pid: i32| -> Option<i32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let rest = &stat[stat.rfind(')')? + 2..];
+        rest.split_whitespace().nth(1)?.parse().ok()
+    };
+    let parents: Vec<_> = sandboxes.iter().filter_map(|p| parent(*p)).collect();
+    Ok(hako_conformance::lost::host_processes_named(argv0, "")
+        .into_iter()
+        .filter(|p| parent(*p).is_some_and(|pp| parents.contains(&pp)))
+        .collect())
+}
+
+#[test]
+fn runscs_sandbox_process_killed_under_docker_mid_command_session_and_process_is_reported_lost() {
+    lost_when_killed(Some("runsc"), |name| {
+        kill_9(&runsc_processes("runsc-sandbox", name)?)
+    });
+}
+
+#[test]
+fn runscs_gofer_killed_under_docker_mid_command_session_and_process_is_reported_lost() {
+    lost_when_killed(Some("runsc"), |name| {
+        kill_9(&runsc_processes("runsc-gofer", name)?)
+    });
+}

@@ -61,6 +61,8 @@ pub(crate) struct Proc {
     pub rings: [Ring; 2],
     pub status: Option<ExitStatus>,
     pub error: Option<String>,
+    /// It was still running when the sandbox was lost (`error` says why).
+    pub lost: bool,
     pub timed_out: bool,
     pub oom_killed: bool,
     pub stdin_open: bool,
@@ -83,6 +85,7 @@ impl Proc {
             rings: [Ring::new(ring), Ring::new((ring / 4).max(MIN_TAIL))],
             status: None,
             error: None,
+            lost: false,
             timed_out: false,
             oom_killed: false,
             stdin_open,

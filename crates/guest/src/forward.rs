@@ -19,6 +19,12 @@
 //! guest's but its listeners, holds no capability, cannot gain any
 //! (`no_new_privs`), cannot be traced or read through `/proc` (not
 //! dumpable), and dies with the guest.
+//!
+//! Killed (a command of the sandbox can: it runs as the sandbox's user),
+//! it is not started again: its listeners die with it, so a later
+//! connection to the proxy's ports is refused at once (never left waiting
+//! in a backlog nobody accepts), a connection already handed to the proxy
+//! goes on, and one being relayed is cut; the sandbox's commands go on.
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, OwnedFd};

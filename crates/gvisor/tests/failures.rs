@@ -56,3 +56,88 @@ fn a_gvisor_sandbox_leaves_no_bundle_or_container_when_closed() {
     sandbox.close().unwrap();
     assert_eq!(bundles(), before, "the bundle is removed at close");
 }
+
+/// The parent of host process `pid`.
+fn parent(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The host processes named `argv0` of container `id`: its
+/// `runsc-sandbox` names it; the gofer is that process's sibling.
+fn runsc_processes(argv0: &str, id: &str) -> Vec<i32> {
+    let sandboxes = hako_conformance::lost::host_processes_named("runsc-sandbox", id);
+    if argv0 == "runsc-sandbox" {
+        return sandboxes;
+    }
+    let parents: Vec<_> = sandboxes.iter().filter_map(|p| parent(*p)).collect();
+    hako_conformance::lost::host_processes_named(argv0, "")
+        .into_iter()
+        .filter(|p| parent(*p).is_some_and(|pp| parents.contains(&pp)))
+        .collect()
+}
+
+/// Kills (SIGKILL) every host process named `argv0` of container `id`,
+/// once there is one.
+fn kill_runsc_process(argv0: &str, id: &str) -> Result<(), String> {
+    let start = std::time::Instant::now();
+    loop {
+        let pids = runsc_processes(argv0, id);
+        if !pids.is_empty() {
+            for pid in pids {
+                let _ = std::process::Command::new("kill")
+                    .args(["-9", &pid.to_string()])
+                    .status();
+            }
+            return Ok(());
+        }
+        if start.elapsed() > std::time::Duration::from_secs(30) {
+            return Err(format!("no {argv0} process of {id} on the host"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// The sandbox lost to `argv0` killed: every call fails with
+/// `SandboxLost` (see `hako_conformance::lost`), and neither a runsc
+/// process of it nor its bundle is left.
+fn lost_when_killed(argv0: &str) {
+    if let Err(reason) = hako_gvisor::ready() {
+        assert!(!hako_conformance::must_work(), "{reason}");
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let (_d, ws) = workspace();
+    let sandbox = GvisorSandbox::new(GvisorConfig::new(&ws)).unwrap();
+    let id = sandbox.container().to_string();
+    let lost = hako_conformance::lost::lost_mid_command_session_and_process(&sandbox, |_| {
+        kill_runsc_process(argv0, &id)
+    })
+    .unwrap();
+    let said = lost.later.to_string();
+    assert!(said.contains("guest ended"), "{said}");
+    assert!(
+        runsc_processes("runsc-sandbox", &id).is_empty(),
+        "a runsc process of {id} is left"
+    );
+    let private = hako_container::private::private_dir().unwrap();
+    let left: Vec<_> = std::fs::read_dir(&private)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("config.json")).is_ok_and(|c| c.contains(&id))
+        })
+        .collect();
+    assert!(left.is_empty(), "its bundle is left: {left:?}");
+}
+
+#[test]
+fn runscs_sandbox_process_killed_mid_command_session_and_process_is_reported_lost() {
+    lost_when_killed("runsc-sandbox");
+}
+
+#[test]
+fn runscs_gofer_killed_mid_command_session_and_process_is_reported_lost() {
+    lost_when_killed("runsc-gofer");
+}

@@ -45,7 +45,10 @@ fn the_guest_killed_mid_command_is_named_and_every_call_fails_cleanly() {
         assert!(killed.success());
         match run.join().unwrap() {
             Ok(out) => panic!("the exec reported {out:?} though its guest was killed"),
-            Err(e) => e.to_string(),
+            Err(e) => {
+                assert!(e.is_sandbox_lost(), "a typed SandboxLost: {e:?}");
+                e.to_string()
+            }
         }
     });
     assert!(
@@ -54,7 +57,10 @@ fn the_guest_killed_mid_command_is_named_and_every_call_fails_cleanly() {
     );
     let start = Instant::now();
     let next = sandbox.exec(&Command::new(["true"]));
-    assert!(next.is_err(), "{next:?}");
+    assert!(
+        matches!(next, Err(hako_core::Error::SandboxLost { .. })),
+        "{next:?}"
+    );
     assert!(
         start.elapsed() < Duration::from_secs(30),
         "the next call hung"
@@ -68,4 +74,36 @@ fn the_guest_killed_mid_command_is_named_and_every_call_fails_cleanly() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn the_guest_killed_mid_command_session_and_process_is_reported_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().canonicalize().unwrap();
+    let sandbox = LinuxSandbox::new(LinuxConfig::new(&ws)).unwrap();
+    hako_conformance::lost::lost_mid_command_session_and_process(&sandbox, |marker| {
+        let (command, _) = host_processes_with_arg(marker)
+            .into_iter()
+            .next()
+            .ok_or("no command on the host")?;
+        // The guest (the sandbox's pid 1) is the child of the launcher,
+        // this process's child: the command's ancestor two below it.
+        let me = std::process::id() as i32;
+        let mut guest = command;
+        while parent(parent(guest)) != me {
+            guest = parent(guest);
+            if guest <= 1 {
+                return Err("the guest is not among the command's ancestors".into());
+            }
+        }
+        let killed = std::process::Command::new("kill")
+            .args(["-9", &guest.to_string()])
+            .status()
+            .map_err(|e| e.to_string())?;
+        killed
+            .success()
+            .then_some(())
+            .ok_or("kill failed".to_string())
+    })
+    .unwrap();
 }

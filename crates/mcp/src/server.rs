@@ -255,9 +255,13 @@ impl HakoServer {
         };
         let joined = tokio::task::spawn_blocking(move || {
             let _call = call;
-            let result = state
-                .sandbox()
-                .and_then(|sandbox| f(&state, sandbox.as_ref()));
+            let result = state.sandbox().and_then(|sandbox| {
+                let result = f(&state, sandbox.as_ref());
+                if let Err(err) = &result {
+                    state.sandbox_lost(&sandbox, err);
+                }
+                result
+            });
             if let Err(err) = &result {
                 tracing::debug!(tool, error = %err.message, "tool failed");
                 state.record_failure(tool, err);

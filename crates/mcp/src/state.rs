@@ -5,7 +5,8 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use hako_audit::{
-    AuditLog, Failure, FrontEnd, Process, ProcessOp, Record, SandboxClosed, SandboxOpened,
+    AuditLog, Failure, FrontEnd, Process, ProcessOp, Record, SandboxClosed, SandboxLost,
+    SandboxOpened,
 };
 use hako_core::{FenceError, ProcessId, Sandbox, SessionId};
 
@@ -20,6 +21,9 @@ pub struct ToolError {
     /// Whether a policy refused it (a path outside the workspace, a
     /// boundary too weak) rather than an ordinary failure.
     pub refused: bool,
+    /// The sandbox was lost (its guest ended while it was open): what
+    /// the audit log records of it.
+    pub lost: Option<Box<SandboxLost>>,
 }
 
 impl ToolError {
@@ -28,6 +32,7 @@ impl ToolError {
         ToolError {
             message: message.into(),
             refused: false,
+            lost: None,
         }
     }
 }
@@ -40,7 +45,12 @@ impl From<hako_core::Error> for ToolError {
             message.push_str("; ");
             message.push_str(hint);
         }
-        ToolError { message, refused }
+        let lost = SandboxLost::from_error(FrontEnd::Mcp, None, &err).map(Box::new);
+        ToolError {
+            message,
+            refused,
+            lost,
+        }
     }
 }
 
@@ -58,6 +68,9 @@ fn hint(err: &hako_core::Error) -> Option<&'static str> {
             Some("list_dir or glob show what exists")
         }
         hako_core::Error::Closed => Some("the server is shutting down"),
+        hako_core::Error::SandboxLost { .. } => Some(
+            "this server's sandbox is closed for good and every later call fails; the files in the workspace are kept: restart the server to go on",
+        ),
         _ => None,
     }
 }
@@ -178,6 +191,11 @@ enum Slot {
     Open(Arc<dyn Sandbox>),
     /// The client went away; no call may open it again.
     Closed,
+    /// The sandbox was lost (its guest ended while it was open) and was
+    /// closed: every later call fails, saying so. It is not opened again
+    /// on its own: the handles of the lost one's processes and sessions,
+    /// which clients may still hold, would name another's in a new one.
+    Lost(String),
 }
 
 /// What every tool call shares.
@@ -247,6 +265,7 @@ impl State {
             Slot::Closed => Err(ToolError::new(
                 "the server is shutting down; the sandbox is closed",
             )),
+            Slot::Lost(message) => Err(ToolError::new(message.clone())),
             Slot::Idle => {
                 let sandbox: Arc<dyn Sandbox> = match (self.make)() {
                     Ok(sandbox) => Arc::from(sandbox),
@@ -255,6 +274,7 @@ impl State {
                         return Err(ToolError {
                             message: format!("cannot open the sandbox: {err}"),
                             refused,
+                            lost: None,
                         });
                     }
                 };
@@ -295,6 +315,34 @@ impl State {
         failure.tool = Some(tool.to_string());
         failure.backend = self.backend();
         self.record(failure.record(err.refused));
+    }
+
+    /// A call on `sandbox` found it lost (`err.lost`): records it, closes
+    /// it (removing what is left of it) and records that, once, by the
+    /// first call to find it so; every later call fails with `err`'s
+    /// message.
+    pub fn sandbox_lost(&self, sandbox: &Arc<dyn Sandbox>, err: &ToolError) {
+        let Some(lost) = &err.lost else {
+            return;
+        };
+        {
+            let mut slot = self.slot();
+            match &*slot {
+                Slot::Open(open) if Arc::ptr_eq(open, sandbox) => {}
+                _ => return,
+            }
+            *slot = Slot::Lost(err.message.clone());
+        }
+        tracing::warn!(reason = %lost.reason, "the sandbox was lost");
+        self.record(Record::SandboxLost(SandboxLost::clone(lost)));
+        if let Err(err) = sandbox.close() {
+            tracing::warn!("closing the lost sandbox: {err}");
+        }
+        self.drain_network(sandbox.as_ref());
+        self.record(Record::SandboxClosed(SandboxClosed {
+            front_end: FrontEnd::Mcp,
+            sandbox: None,
+        }));
     }
 
     /// The sandbox's backend, once it has been opened.
@@ -403,6 +451,51 @@ mod tests {
         assert!(state.sandbox().is_ok());
         state.shutdown();
         assert!(state.sandbox().is_err());
+    }
+
+    #[test]
+    fn a_lost_sandbox_is_recorded_lost_and_closed_once_and_every_later_call_says_so() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("ws");
+        std::fs::create_dir(&root).unwrap();
+        let path = tmp.path().join("audit.log");
+        let log = Arc::new(AuditLog::open(&path, &[]).unwrap());
+        let state = State::new(
+            Box::new(move || Ok(Box::new(FenceBox::new(&root)) as Box<dyn Sandbox>)),
+            Some(log),
+        );
+        let sandbox = state.sandbox().unwrap();
+        let err = ToolError::from(hako_core::Error::SandboxLost {
+            backend: "docker".into(),
+            op: "run command",
+            reason: "the sandbox's guest ended: container hako-1 was killed".into(),
+        });
+        assert!(
+            err.message.contains("restart the server"),
+            "{}",
+            err.message
+        );
+        // Two calls find it lost: it is recorded once.
+        state.sandbox_lost(&sandbox, &err);
+        state.sandbox_lost(&sandbox, &err);
+        let later = state.sandbox().err().unwrap();
+        assert!(
+            later.message.contains("the sandbox was lost"),
+            "{}",
+            later.message
+        );
+        state.shutdown();
+        state.close_audit();
+        let records = hako_audit::records(&path).unwrap();
+        let ops: Vec<_> = records
+            .iter()
+            .filter(|r| r["kind"] == "sandbox")
+            .map(|r| r["op"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(ops, ["open", "lost", "close"], "{records:?}");
+        let lost = records.iter().find(|r| r["op"] == "lost").unwrap();
+        assert_eq!(lost["front_end"], "mcp");
+        assert_eq!(lost["during"], "run command");
     }
 
     #[test]

@@ -44,6 +44,7 @@ pub(crate) fn from_error(e: &Error) -> Reply {
         Error::SessionNotOpen { .. } => (404, "no_such_session"),
         Error::SessionBusy { .. } => (409, "session_busy"),
         Error::Closed => (410, "closed"),
+        Error::SandboxLost { .. } => (502, "sandbox_lost"),
         Error::Unsupported { .. } => (501, "unsupported"),
         Error::LimitReached { .. } => (429, "too_many"),
         Error::OutOfResources { .. } => (503, "out_of_resources"),

@@ -98,7 +98,11 @@ pub(crate) fn get(state: &State, sid: &str) -> Reply {
 /// `DELETE /v1/sandboxes/{id}`: closes it (everything started in it is
 /// killed).
 pub(crate) fn close(state: &State, sid: &str) -> Reply {
-    let removed = id(sid).and_then(|n| table(state).open.remove(&n).map(|sb| (n, sb)));
+    let removed = id(sid).and_then(|n| {
+        let mut table = table(state);
+        table.lost.remove(&n);
+        table.open.remove(&n).map(|sb| (n, sb))
+    });
     match removed {
         Some((n, sb)) => {
             let closed = sb.close();
@@ -120,7 +124,10 @@ pub(crate) fn open_session(state: &State, sid: &str) -> Reply {
                 audit(state, session_record(SessionOp::Open, n, session.0));
                 reply(200, json!({"session": session.0}))
             }
-            Err(e) => from_error(&e),
+            Err(e) => {
+                state::note_lost(state, n, &e);
+                from_error(&e)
+            }
         },
         None => error(501, "unsupported", "this sandbox has no sessions"),
     })
@@ -137,7 +144,10 @@ pub(crate) fn close_session(state: &State, sid: &str, session: &str) -> Reply {
                 audit(state, session_record(SessionOp::Close, n, session));
                 reply(200, json!({"closed": true}))
             }
-            Err(e) => from_error(&e),
+            Err(e) => {
+                state::note_lost(state, n, &e);
+                from_error(&e)
+            }
         },
         None => error(501, "unsupported", "this sandbox has no sessions"),
     })

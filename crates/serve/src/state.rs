@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use hako_audit::{Failure, FrontEnd, Record, SandboxClosed};
+use hako_audit::{Failure, FrontEnd, Record, SandboxClosed, SandboxLost};
 use hako_core::Sandbox;
 use hako_runtime::token::Digested;
 
@@ -37,6 +37,8 @@ pub(crate) struct State {
 pub(crate) struct Table {
     pub(crate) open: HashMap<u64, Arc<dyn Sandbox>>,
     pub(crate) opening: usize,
+    /// Open sandboxes found lost (see [`note_lost`]): recorded once each.
+    pub(crate) lost: std::collections::HashSet<u64>,
 }
 
 /// A counted resource: at most `max` taken at once, each given back when
@@ -135,11 +137,31 @@ pub(crate) fn audit_failure(
     err: &hako_core::Error,
     about: impl FnOnce(&mut Failure),
 ) {
+    note_lost(state, id, err);
     let mut failure = Failure::new(FrontEnd::Serve, &err.to_string());
     failure.backend = Some(sb.capabilities().backend.clone());
     failure.sandbox = Some(id);
     about(&mut failure);
     audit(state, failure.record(hako_audit::is_refusal(err)));
+}
+
+/// Records that sandbox `id` was lost, the first time a call finds it so
+/// (`err` is [`hako_core::Error::SandboxLost`]; any other error is not
+/// recorded here). The sandbox stays in the table, every call on it
+/// answering `502` `sandbox_lost`, until it is closed (`DELETE`, which
+/// removes what is left of it, and records the close).
+pub(crate) fn note_lost(state: &State, id: u64, err: &hako_core::Error) {
+    let Some(lost) = SandboxLost::from_error(FrontEnd::Serve, Some(id), err) else {
+        return;
+    };
+    let first = {
+        let mut table = table(state);
+        table.open.contains_key(&id) && table.lost.insert(id)
+    };
+    if first {
+        tracing::warn!(sandbox = id, reason = %lost.reason, "a sandbox was lost");
+        audit(state, Record::SandboxLost(lost));
+    }
 }
 
 impl Drop for State {

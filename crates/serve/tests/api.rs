@@ -1130,6 +1130,112 @@ fn a_sandbox_that_cannot_be_opened_is_recorded_in_the_audit_log() {
     );
 }
 
+/// Host processes with an argument equal to `arg`.
+fn pids_with_arg(arg: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if cmdline.split(|&b| b == 0).any(|a| a == arg.as_bytes()) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// The parent of host process `pid`.
+fn parent(pid: i32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    rest.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_sandbox_whose_guest_is_killed_mid_command_answers_sandbox_lost_and_is_recorded_lost_once() {
+    let s = start();
+    let (_, created) = json(s.port, "POST", "/v1/sandboxes", Value::Null);
+    let id = created["id"].as_u64().unwrap();
+    let base = format!("/v1/sandboxes/{id}");
+    let marker = format!("{}", 720_000_000 + std::process::id());
+    let port = s.port;
+    let exec_path = format!("{base}/exec");
+    let running = std::thread::spawn({
+        let marker = marker.clone();
+        let exec_path = exec_path.clone();
+        move || {
+            json(
+                port,
+                "POST",
+                &exec_path,
+                serde_json::json!({"argv": ["sleep", "600", marker]}),
+            )
+        }
+    });
+    let start = std::time::Instant::now();
+    let command = loop {
+        if let Some(pid) = pids_with_arg(&marker).first() {
+            break *pid;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // The command's parent is its supervisor, whose parent is the guest.
+    let guest = parent(parent(command));
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &guest.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let (status, body) = running.join().unwrap();
+    assert_eq!(
+        (status, body["kind"].as_str()),
+        (502, Some("sandbox_lost")),
+        "{body}"
+    );
+    let (status, body) = json(
+        s.port,
+        "POST",
+        &exec_path,
+        serde_json::json!({"argv": ["true"]}),
+    );
+    assert_eq!(
+        (status, body["kind"].as_str()),
+        (502, Some("sandbox_lost")),
+        "{body}"
+    );
+    let (status, _) = json(s.port, "DELETE", &base, Value::Null);
+    assert_eq!(status, 200, "a lost sandbox closes");
+    let records = hako_audit::records(Path::new(&s.log)).unwrap();
+    let lost: Vec<_> = records
+        .iter()
+        .filter(|r| r["kind"] == "sandbox" && r["op"] == "lost")
+        .collect();
+    assert_eq!(lost.len(), 1, "recorded once: {records:?}");
+    assert_eq!(lost[0]["sandbox"], id);
+    assert_eq!(lost[0]["backend"], "host");
+    assert_eq!(lost[0]["during"], "run command");
+    assert!(
+        lost[0]["reason"].as_str().unwrap().contains("guest ended"),
+        "{:?}",
+        lost[0]
+    );
+    assert!(records
+        .iter()
+        .any(|r| r["kind"] == "sandbox" && r["op"] == "close" && r["sandbox"] == id));
+    let start = std::time::Instant::now();
+    while !pids_with_arg(&marker).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the command outlived its guest"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[path = "api/fuzz.rs"]
 mod fuzz;
 

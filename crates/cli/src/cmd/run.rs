@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use hako_audit::{is_refusal, AuditLog, Exec, Failure, FrontEnd, Record};
+use hako_audit::{is_refusal, AuditLog, Exec, Failure, FrontEnd, Record, SandboxLost};
 use hako_core::{
     Command, Isolation, NetDecision, NetEvent, NetworkAccess, Output, Sandbox, Stream,
 };
@@ -181,7 +181,16 @@ pub fn run(args: RunArgs) -> u8 {
     let network = sandbox.network_events().map(|n| n.take_network_events());
     let output = match result {
         Ok(output) => output,
-        Err(e) => return refuse(Some(kind.name()), &e, exit::for_error(&e), is_refusal(&e)),
+        Err(e) => {
+            // A sandbox lost mid-run (its guest killed, its container or
+            // engine stopped) is recorded as such, then the run's error.
+            if let (Some(log), Some(lost)) =
+                (&audit, SandboxLost::from_error(FrontEnd::Run, None, &e))
+            {
+                let _ = log.write(&Record::SandboxLost(lost));
+            }
+            return refuse(Some(kind.name()), &e, exit::for_error(&e), is_refusal(&e));
+        }
     };
     let caps = sandbox.capabilities();
     if let Some(log) = &audit {

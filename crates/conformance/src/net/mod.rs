@@ -45,6 +45,7 @@ macro_rules! ensure {
 }
 
 mod bypass;
+mod forwarder;
 mod modes;
 mod policy;
 mod ports;
@@ -53,6 +54,7 @@ mod servers;
 mod support;
 
 use bypass::*;
+use forwarder::*;
 use modes::*;
 use policy::*;
 use ports::*;
@@ -154,6 +156,10 @@ pub const NET_CASES: &[NetCase] = &[
         name: "malformed_allowlist_entry_is_refused_before_the_sandbox_starts",
         run: malformed_allowlist_entry_is_refused_before_the_sandbox_starts,
     },
+    NetCase {
+        name: "the_forwarder_killed_refuses_later_connections_at_once_and_the_sandbox_goes_on",
+        run: the_forwarder_killed_refuses_later_connections_at_once_and_the_sandbox_goes_on,
+    },
 ];
 
 /// Runs one network case by name on a fresh workspace.
@@ -216,6 +222,9 @@ macro_rules! network_tests {
             $crate::__hako_net_case!(host_network_is_reported_or_refused_by_name);
             $crate::__hako_net_case!(
                 malformed_allowlist_entry_is_refused_before_the_sandbox_starts
+            );
+            $crate::__hako_net_case!(
+                the_forwarder_killed_refuses_later_connections_at_once_and_the_sandbox_goes_on
             );
         }
     };

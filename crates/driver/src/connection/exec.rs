@@ -9,7 +9,7 @@ use std::time::Instant;
 use hako_core::{Command, Error, Output, OutputSink, Result, Stream};
 
 use super::reader::Event;
-use super::{backend_err, guest_could_not, Connection};
+use super::{backend_err, guest_could_not, lost, Connection};
 use crate::proto::{
     Cwd, ExecRequest, Frame, FromGuest, SpawnFailure, StreamId, ToGuest, MAX_CHUNK,
 };
@@ -175,10 +175,10 @@ impl Connection {
                 }
                 Ok(Event::Done(msg)) => break msg,
                 Ok(Event::Gone(why)) => {
-                    return Err(backend_err(self.backend, "run command", why));
+                    return Err(lost(self.backend, "run command", why));
                 }
                 Err(_) => {
-                    return Err(backend_err(
+                    return Err(lost(
                         self.backend,
                         "run command",
                         "the connection to hako-guest ended",
@@ -244,14 +244,8 @@ impl Connection {
             match self.next_event(rx, None) {
                 Ok(Event::Done(msg)) => return Ok(msg),
                 Ok(Event::Output { .. }) => {}
-                Ok(Event::Gone(why)) => return Err(backend_err(self.backend, op, why)),
-                Err(_) => {
-                    return Err(backend_err(
-                        self.backend,
-                        op,
-                        "the connection to hako-guest ended",
-                    ))
-                }
+                Ok(Event::Gone(why)) => return Err(lost(self.backend, op, why)),
+                Err(_) => return Err(lost(self.backend, op, "the connection to hako-guest ended")),
             }
         }
     }

@@ -92,6 +92,21 @@ pub(crate) fn guest_could_not(
     }
 }
 
+/// The sandbox was lost: its guest ended while it was open (see
+/// [`Error::SandboxLost`]).
+fn lost(backend: &str, op: &'static str, reason: impl Into<String>) -> Error {
+    Error::SandboxLost {
+        backend: backend.into(),
+        op,
+        reason: reason.into(),
+    }
+}
+
+/// How long a send that found the guest's end closed waits for the
+/// reader to say what became of the guest (a container's state, asked of
+/// its engine), so that the error names it.
+const LOST_REASON_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The id the guest's first reply ([`FromGuest::Ready`] or
 /// [`FromGuest::Refused`]) is delivered under.
 const HELLO_ID: u64 = 0;
@@ -133,9 +148,40 @@ impl Connection {
             .writer
             .lock()
             .map_err(|_| backend_err(self.backend, "send to hako-guest", "lock poisoned"))?;
-        writer
-            .send(&bytes, fd)
-            .map_err(|e| backend_err(self.backend, "send to hako-guest", e.to_string()))
+        writer.send(&bytes, fd).map_err(|e| match e.kind() {
+            // The guest's end is closed: it is gone, and the reader says
+            // why in a moment.
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
+                drop(writer);
+                lost(self.backend, "send to hako-guest", self.why_gone(&e))
+            }
+            _ => backend_err(self.backend, "send to hako-guest", e.to_string()),
+        })
+    }
+
+    /// Why the guest is gone, once the reader has said so (waiting a
+    /// little for it); else what the send that found it gone saw.
+    fn why_gone(&self, e: &std::io::Error) -> String {
+        let deadline = std::time::Instant::now() + LOST_REASON_WAIT;
+        let Ok(mut table) = self.shared.table.lock() else {
+            return format!("the connection to the sandbox's guest closed: {e}");
+        };
+        loop {
+            if let Some(why) = &table.gone {
+                return why.clone();
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            // Only a reader thread says why on its own: where waiting
+            // threads read, none may be reading now.
+            let reader_runs = self.reader.lock().is_ok_and(|r| r.is_some());
+            if left.is_zero() || !reader_runs {
+                return format!("the connection to the sandbox's guest closed: {e}");
+            }
+            table = match self.shared.changed.wait_timeout(table, left) {
+                Ok((t, _)) => t,
+                Err(_) => return format!("the connection to the sandbox's guest closed: {e}"),
+            };
+        }
     }
 
     /// Takes a new id and registers a waiter for what the guest says about
@@ -145,7 +191,7 @@ impl Connection {
         let (tx, rx) = mpsc::channel();
         let mut table = self.lock(op)?;
         if let Some(why) = &table.gone {
-            return Err(backend_err(self.backend, op, why.clone()));
+            return Err(lost(self.backend, op, why.clone()));
         }
         table.waiting.insert(id, tx);
         Ok((id, rx))

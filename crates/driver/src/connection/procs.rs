@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use hako_core::{Error, OutputSlice, ProcessState, Result, SpawnOptions, Stream, TermSize};
 
 use super::exec::{timeout_ms, Exec};
-use super::{backend_err, Connection};
+use super::{backend_err, lost, Connection};
 use crate::processes::Proc;
 use crate::proto::{ExecRequest, Frame, ToGuest, MAX_CHUNK};
 
@@ -28,7 +28,7 @@ impl Connection {
         {
             let mut table = self.lock("start a process")?;
             if let Some(why) = &table.gone {
-                return Err(backend_err(self.backend, "start a process", why.clone()));
+                return Err(lost(self.backend, "start a process", why.clone()));
             }
             table.procs.map.insert(
                 id,
@@ -197,12 +197,22 @@ impl Connection {
         )
     }
 
-    /// Waits up to `wait` (forever with `None`) for a process to end.
+    /// Waits up to `wait` (forever with `None`) for a process to end. A
+    /// process still running when the sandbox was lost is
+    /// [`Error::SandboxLost`] (its output stays readable).
     pub fn wait(&self, id: u64, wait: Option<Duration>) -> Result<ProcessState> {
         let deadline = wait.map(|w| Instant::now() + w);
-        self.with_proc(id, "wait for a process", deadline, Proc::finished, |p| {
-            p.state(id)
-        })
+        let (state, lost_with) =
+            self.with_proc(id, "wait for a process", deadline, Proc::finished, |p| {
+                (
+                    p.state(id),
+                    p.lost.then(|| p.error.clone().unwrap_or_default()),
+                )
+            })?;
+        match lost_with {
+            Some(why) => Err(lost(self.backend, "wait for a process", why)),
+            None => Ok(state),
+        }
     }
 
     /// Kills a process's tree; nothing for one that has ended.

@@ -328,6 +328,7 @@ fn finish(shared: &Shared, why: String, describe: Option<&(dyn Fn() -> String + 
         for proc in table.procs.map.values_mut() {
             if !proc.finished() {
                 proc.error = Some(why.clone());
+                proc.lost = true;
                 proc.stdin_open = false;
             }
         }
@@ -505,6 +506,7 @@ mod tests {
         let table = shared.table.lock().unwrap();
         assert_eq!(table.gone.as_deref(), Some(why));
         assert_eq!(table.procs.map[&3].error.as_deref(), Some(why));
+        assert!(table.procs.map[&3].lost);
         assert!(!table.procs.map[&3].stdin_open);
         assert!(table.waiting.is_empty());
     }
