@@ -6,6 +6,14 @@
 use hako_core::{Command, Sandbox};
 use hako_gvisor::{GvisorConfig, GvisorSandbox};
 
+/// The tests of this file one at a time: the first counts the bundles
+/// this process has, which the others' sandboxes would change.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn workspace() -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().canonicalize().unwrap();
@@ -14,6 +22,7 @@ fn workspace() -> (tempfile::TempDir, std::path::PathBuf) {
 
 #[test]
 fn a_gvisor_sandbox_leaves_no_bundle_or_container_when_closed() {
+    let _one = one_at_a_time();
     if let Err(reason) = hako_gvisor::ready() {
         assert!(!hako_conformance::must_work(), "{reason}");
         eprintln!("SKIPPED: {reason}");
@@ -103,6 +112,7 @@ fn kill_runsc_process(argv0: &str, id: &str) -> Result<(), String> {
 /// `SandboxLost` (see `hako_conformance::lost`), and neither a runsc
 /// process of it nor its bundle is left.
 fn lost_when_killed(argv0: &str) {
+    let _one = one_at_a_time();
     if let Err(reason) = hako_gvisor::ready() {
         assert!(!hako_conformance::must_work(), "{reason}");
         eprintln!("SKIPPED: {reason}");
