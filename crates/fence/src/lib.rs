@@ -20,6 +20,7 @@
 //!   opens a device for reading.
 //! - Creating never follows a dangling symlink.
 
+mod entry;
 pub mod placement;
 mod resolve;
 
@@ -36,6 +37,7 @@ use hako_core::{Metadata, ReadOutcome};
 use hako_sys::rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 use hako_sys::rustix::io::Errno;
 
+pub use entry::{Content, Previous};
 pub use resolve::{open_beneath, resolver_available};
 
 /// The most bytes a whole-file read loads by default: 256 MiB.
