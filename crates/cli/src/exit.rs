@@ -13,6 +13,14 @@ pub const NOT_FOUND: u8 = 127;
 /// A file operation was refused or failed (`hako fs`).
 pub const FS_FAILED: u8 = 1;
 
+/// A review command refused (`hako commit`: nothing was written; `hako
+/// diff`/`discard`: a path named has no change, or cannot be discarded
+/// alone).
+pub const REVIEW_REFUSED: u8 = 1;
+/// `hako commit` stopped part-way: some changes were applied (each
+/// entry whole), the rest not; it says which.
+pub const COMMIT_PARTIAL: u8 = 3;
+
 /// The exit code for a command that ran.
 pub fn for_output(output: &Output) -> u8 {
     if output.timed_out {

@@ -75,6 +75,15 @@ pub enum CommitError {
         /// The upper-layer entry above it.
         above: PathBuf,
     },
+    /// A commit stopped part-way: what is listed was applied, each entry
+    /// whole; the rest was not.
+    #[error("the commit stopped after {} change(s) were applied: {source}", applied.len())]
+    Partial {
+        /// What was applied.
+        applied: Vec<Applied>,
+        /// Why it stopped.
+        source: Box<CommitError>,
+    },
     /// Removing from the upper layer failed.
     #[error("remove {path:?} from the upper layer: {source}")]
     Upper {
@@ -203,6 +212,23 @@ pub fn commit(
         hash,
         applied: Vec::new(),
     };
+    match apply(layers, base, &changes, &mut report) {
+        Ok(()) => Ok(report),
+        Err(e) if report.applied.is_empty() => Err(e),
+        Err(e) => Err(CommitError::Partial {
+            applied: report.applied,
+            source: Box::new(e),
+        }),
+    }
+}
+
+/// Applies checked changes, recording each in `report` as it is done.
+fn apply(
+    layers: &Layers,
+    base: &mut Base,
+    changes: &[Change],
+    report: &mut CommitReport,
+) -> Result<(), CommitError> {
     let fence = layers.lower();
     // Removals, deepest first: what is deleted, and what a change of kind
     // replaces.
@@ -227,7 +253,7 @@ pub fn commit(
         }
     }
     // Then what the sandbox has, parents first.
-    for change in &changes {
+    for change in changes {
         let Some(new) = &change.new else { continue };
         let same_kind = change.old.as_ref().is_some_and(|o| o.kind() == new.kind());
         let old_bytes = if same_kind {
@@ -275,7 +301,7 @@ pub fn commit(
             sha256,
         });
     }
-    Ok(report)
+    Ok(())
 }
 
 /// Removes the upper layer's entries at or beneath `paths` (everything

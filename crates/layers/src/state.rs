@@ -295,7 +295,7 @@ impl Base {
 pub struct State {
     name: String,
     dir: PathBuf,
-    _lock: File,
+    _lock: Option<File>,
 }
 
 /// Makes `dir` (0700) if missing, and checks that it is a directory owned
@@ -400,7 +400,7 @@ impl State {
         let state = State {
             name: name.to_owned(),
             dir,
-            _lock: lock,
+            _lock: Some(lock),
         };
         for sub in ["upper", "work"] {
             private_dir(&state.dir.join(sub))?;
@@ -457,8 +457,20 @@ impl State {
         })
     }
 
-    /// Opens the existing sandbox `name` under `root`, locked.
+    /// Opens the existing sandbox `name` under `root`, locked: no run
+    /// and no other commit, discard or removal uses it meanwhile.
     pub fn open(root: &Path, name: &str) -> Result<State, StateError> {
+        State::open_with(root, name, true)
+    }
+
+    /// Opens the existing sandbox `name` under `root` to read it only
+    /// (`hako diff`, which may look while a run goes on: what it shows
+    /// is committed only if nothing changed since, by `--expect`).
+    pub fn open_to_read(root: &Path, name: &str) -> Result<State, StateError> {
+        State::open_with(root, name, false)
+    }
+
+    fn open_with(root: &Path, name: &str, locked: bool) -> Result<State, StateError> {
         validate_name(name)?;
         let dir = root.join(name);
         if !dir.join("base.json").exists() {
@@ -469,7 +481,11 @@ impl State {
         }
         private_dir(root)?;
         private_dir(&dir)?;
-        let lock = lock(&dir, name)?;
+        let lock = if locked {
+            Some(lock(&dir, name)?)
+        } else {
+            None
+        };
         Ok(State {
             name: name.to_owned(),
             dir,

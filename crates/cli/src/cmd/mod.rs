@@ -2,11 +2,16 @@
 
 mod audit;
 mod bench;
+mod commit;
+mod diff;
+mod discard;
 mod doctor;
 mod fs;
 mod gc;
 mod image;
 mod mcp;
+mod named;
+mod rm;
 mod run;
 mod serve;
 mod shell;
@@ -47,6 +52,14 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Serve an agent's tools over MCP (stdio, or HTTP with --http), each acting inside a sandbox.
     Mcp(mcp::McpArgs),
+    /// Show what a copy-on-write sandbox changed, as a diff, and its hash.
+    Diff(diff::DiffArgs),
+    /// Apply a copy-on-write sandbox's changes (all or named) to the workspace.
+    Commit(commit::CommitArgs),
+    /// Throw away a copy-on-write sandbox's changes (all or named).
+    Discard(discard::DiscardArgs),
+    /// Remove a named sandbox and its state.
+    Rm(rm::RmArgs),
 }
 
 /// Runs a subcommand and returns the process exit code.
@@ -62,6 +75,10 @@ pub fn dispatch(command: Command) -> u8 {
         Command::Image(args) => image::run(args),
         Command::Gc(args) => gc::run(args),
         Command::Mcp(args) => mcp::run(args),
+        Command::Diff(args) => diff::run(args),
+        Command::Commit(args) => commit::run(args),
+        Command::Discard(args) => discard::run(args),
+        Command::Rm(args) => rm::run(args),
     }
 }
 

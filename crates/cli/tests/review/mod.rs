@@ -1,0 +1,206 @@
+//! `hako diff`, `commit`, `discard` and `rm` on a named sandbox whose
+//! upper layer is written here as a `--cow` run would leave it.
+
+use std::path::PathBuf;
+use std::process::Output;
+
+use hako_layers::state::State;
+
+use crate::hako;
+
+struct Named {
+    _tmp: tempfile::TempDir,
+    ws: PathBuf,
+    state: PathBuf,
+    upper: PathBuf,
+}
+
+/// A workspace with `a.txt` and `b.txt`, and a sandbox `n` that edited
+/// `a.txt`, deleted `b.txt` and made `c/new.txt`.
+fn named() -> Named {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    std::fs::write(ws.join("a.txt"), "one\n").unwrap();
+    std::fs::write(ws.join("b.txt"), "bee\n").unwrap();
+    let state = tmp.path().join("state");
+    let upper = State::create(&state, "n", &ws, &[]).unwrap().upper();
+    std::fs::write(upper.join("a.txt"), "one\ntwo\n").unwrap();
+    hako_sys::rustix::fs::mknodat(
+        hako_sys::rustix::fs::CWD,
+        upper.join("b.txt"),
+        hako_sys::rustix::fs::FileType::CharacterDevice,
+        hako_sys::rustix::fs::Mode::empty(),
+        0,
+    )
+    .unwrap();
+    std::fs::create_dir(upper.join("c")).unwrap();
+    std::fs::write(upper.join("c/new.txt"), "new\n").unwrap();
+    Named {
+        _tmp: tmp,
+        ws,
+        state,
+        upper,
+    }
+}
+
+fn review(n: &Named, args: &[&str]) -> Output {
+    hako()
+        .args(&args[..1])
+        .arg("--state")
+        .arg(&n.state)
+        .args(&args[1..])
+        .output()
+        .unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn hash_of(n: &Named) -> String {
+    let out = review(n, &["diff", "n", "--hash"]);
+    assert!(out.status.success(), "{out:?}");
+    stdout(&out).trim().to_owned()
+}
+
+#[test]
+fn diff_shows_every_change_and_ends_with_its_hash() {
+    let n = named();
+    let out = review(&n, &["diff", "n"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = stdout(&out);
+    assert!(
+        text.contains(
+            "diff --git a/a.txt b/a.txt\n--- a/a.txt\n+++ b/a.txt\n@@ -1 +1,2 @@\n one\n+two\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("deleted file mode 100644\n--- a/b.txt\n+++ /dev/null\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("new file mode 100644\n--- /dev/null\n+++ b/c/new.txt\n"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with(&format!("# hash: {}\n", hash_of(&n))),
+        "{text}"
+    );
+    let stat = stdout(&review(&n, &["diff", "n", "--stat"]));
+    assert!(
+        stat.contains(" 4 changes, 2 insertions(+), 1 deletion(-)\n"),
+        "{stat}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_slice(&review(&n, &["diff", "n", "--json"]).stdout).unwrap();
+    assert_eq!(json["hash"], hash_of(&n));
+    let paths: Vec<&str> = json["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["a.txt", "b.txt", "c", "c/new.txt"]);
+    // The workspace is untouched by looking.
+    assert_eq!(
+        std::fs::read_to_string(n.ws.join("a.txt")).unwrap(),
+        "one\n"
+    );
+}
+
+#[test]
+fn commit_with_the_reviewed_hash_applies_it_and_a_stale_one_is_refused() {
+    let n = named();
+    let reviewed = hash_of(&n);
+    std::fs::write(n.upper.join("late.txt"), "slipped in\n").unwrap();
+    let out = review(&n, &["commit", "n", "--expect", &reviewed]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not the ones reviewed"),
+        "{out:?}"
+    );
+    assert!(!n.ws.join("late.txt").exists() && n.ws.join("b.txt").exists());
+    // Reviewed again, committed.
+    let now = hash_of(&n);
+    let out = review(&n, &["commit", "n", "--expect", &now]);
+    assert!(out.status.success(), "{out:?}");
+    let text = stdout(&out);
+    assert!(
+        text.contains("deleted b.txt\n") && text.contains("modified a.txt sha256:"),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(n.ws.join("a.txt")).unwrap(),
+        "one\ntwo\n"
+    );
+    assert!(!n.ws.join("b.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(n.ws.join("c/new.txt")).unwrap(),
+        "new\n"
+    );
+    let out = review(&n, &["diff", "n", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["changes"].as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn commit_of_a_path_changed_in_the_workspace_is_refused_naming_it() {
+    let n = named();
+    std::fs::write(n.ws.join("a.txt"), "the person's edit\n").unwrap();
+    let out = review(&n, &["commit", "n"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("a.txt"),
+        "{out:?}"
+    );
+    assert!(n.ws.join("b.txt").exists());
+    let out = review(&n, &["commit", "n", "c"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(n.ws.join("c/new.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(n.ws.join("a.txt")).unwrap(),
+        "the person's edit\n"
+    );
+}
+
+#[test]
+fn discard_of_a_path_then_rm_leaves_nothing() {
+    let n = named();
+    let out = review(&n, &["discard", "n", "a.txt"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(stdout(&out), "discarded a.txt\n");
+    let text = stdout(&review(&n, &["diff", "n"]));
+    assert!(!text.contains("a.txt") && text.contains("b.txt"), "{text}");
+    assert_eq!(
+        review(&n, &["discard", "n", "nothing"]).status.code(),
+        Some(1)
+    );
+    let out = review(&n, &["rm", "n"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(!n.state.join("n").exists());
+    let out = review(&n, &["diff", "n"]);
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no sandbox named"),
+        "{out:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(n.ws.join("a.txt")).unwrap(),
+        "one\n"
+    );
+}
+
+#[test]
+fn a_bad_sandbox_name_is_refused() {
+    let n = named();
+    for name in ["../n", "a/b", "..", ".n"] {
+        let out = review(&n, &["diff", name]);
+        assert_eq!(out.status.code(), Some(125), "{name}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("invalid sandbox name"),
+            "{out:?}"
+        );
+    }
+}
