@@ -279,6 +279,12 @@ impl Layers {
         scan(self.lower.root(), self.upper.root())
     }
 
+    /// Every change, and how much of each layer was looked at to find
+    /// them.
+    pub fn changes_counted(&self) -> Result<(Vec<Change>, scan::Visited), ScanError> {
+        scan::scan_counted(self.lower.root(), self.upper.root())
+    }
+
     /// The content of a file on one side of a change, checked to be what
     /// the change says (its SHA-256): `None` when that side is not a
     /// regular file.

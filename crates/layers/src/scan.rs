@@ -234,9 +234,23 @@ fn node(
     })
 }
 
+/// How much of each layer one scan looked at: the measure of "walks
+/// only what changed".
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Visited {
+    /// Upper-layer entries looked at.
+    pub upper_entries: usize,
+    /// Workspace entries looked at (each `stat`ed once).
+    pub lower_entries: usize,
+    /// Workspace directories listed (only those the upper layer deletes,
+    /// hides or makes opaque).
+    pub lower_dirs_listed: usize,
+}
+
 /// One walk's state: the changes found so far.
 struct Walk {
     changes: Vec<Change>,
+    visited: Visited,
 }
 
 impl Walk {
@@ -277,7 +291,9 @@ impl Walk {
         path: &Path,
     ) -> Result<(), ScanError> {
         let sub = open_dir_at(dir, name).map_err(io("open", "lower", path))?;
+        self.visited.lower_dirs_listed += 1;
         for child in names(sub.as_fd()).map_err(io("list", "lower", path))? {
+            self.visited.lower_entries += 1;
             let child_path = path.join(&child);
             if let Some(stat) =
                 stat_at(sub.as_fd(), &child).map_err(io("stat", "lower", &child_path))?
@@ -301,10 +317,12 @@ impl Walk {
         let upper_names = names(upper).map_err(io("list", "upper", path))?;
         if opaque {
             if let Some(lower) = lower {
+                self.visited.lower_dirs_listed += 1;
                 for name in names(lower).map_err(io("list", "lower", path))? {
                     if upper_names.binary_search(&name).is_ok() {
                         continue;
                     }
+                    self.visited.lower_entries += 1;
                     let child_path = path.join(&name);
                     if let Some(stat) =
                         stat_at(lower, &name).map_err(io("stat", "lower", &child_path))?
@@ -331,8 +349,12 @@ impl Walk {
         let Some(ustat) = stat_at(upper, name).map_err(io("stat", "upper", path))? else {
             return Ok(());
         };
+        self.visited.upper_entries += 1;
         let lstat = match lower {
-            Some(lower) => stat_at(lower, name).map_err(io("stat", "lower", path))?,
+            Some(lower) => {
+                self.visited.lower_entries += 1;
+                stat_at(lower, name).map_err(io("stat", "lower", path))?
+            }
             None => None,
         };
         let lower_is_dir =
@@ -435,15 +457,24 @@ impl Walk {
 /// The changes the upper layer `upper` makes to the lower directory
 /// `lower`, sorted by path (a directory before what is in it).
 pub fn scan(lower: BorrowedFd<'_>, upper: BorrowedFd<'_>) -> Result<Vec<Change>, ScanError> {
+    scan_counted(lower, upper).map(|(changes, _)| changes)
+}
+
+/// [`scan`], and how much of each layer it looked at.
+pub fn scan_counted(
+    lower: BorrowedFd<'_>,
+    upper: BorrowedFd<'_>,
+) -> Result<(Vec<Change>, Visited), ScanError> {
     let mut walk = Walk {
         changes: Vec::new(),
+        visited: Visited::default(),
     };
     let root = Path::new("");
     let lower_root = open_dir_at(lower, OsStr::new(".")).map_err(io("open", "lower", root))?;
     let upper_root = open_dir_at(upper, OsStr::new(".")).map_err(io("open", "upper", root))?;
     walk.dir(upper_root.as_fd(), Some(lower_root.as_fd()), false, root)?;
     walk.changes.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok(walk.changes)
+    Ok((walk.changes, walk.visited))
 }
 
 /// The SHA-256 of a regular file's content, read through `fd`.

@@ -232,3 +232,30 @@ fn a_file_named_with_odd_bytes_is_hashed_and_committed_losslessly() {
     assert_eq!(std::fs::read(f.ws().join(name)).unwrap(), b"x");
     assert_eq!(tree(f.ws()).len(), 1);
 }
+
+#[test]
+fn a_diff_walks_only_what_changed_not_the_workspace() {
+    let f = Fixture::new(|ws| {
+        for i in 0..2_000 {
+            put(&ws.join(format!("tree/d{}/f{i}", i % 20)), "x\n");
+        }
+        put(&ws.join("tree/d3/edit"), "old\n");
+    });
+    // Three changes deep in the tree: an edit, an addition, a deletion.
+    put(&f.upper().join("tree/d3/edit"), "new\n");
+    put(&f.upper().join("tree/d3/added"), "new\n");
+    whiteout(&f.upper().join("tree/d3/f3"));
+    let (changes, visited) = f.layers().changes_counted().unwrap();
+    assert_eq!(changes.len(), 3);
+    // tree, tree/d3 and the three names in it: five upper entries, the
+    // same five looked up in the workspace, and no workspace directory
+    // listed.
+    assert_eq!(
+        visited,
+        hako_layers::scan::Visited {
+            upper_entries: 5,
+            lower_entries: 5,
+            lower_dirs_listed: 0,
+        }
+    );
+}
