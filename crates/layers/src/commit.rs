@@ -4,7 +4,8 @@
 //! (a named directory brings what is beneath it, and a directory the
 //! selection needs that is new is brought along). Before anything is
 //! written, every selected change is checked: `--expect` against the
-//! hash of the selection; nothing refused ([`Change::refusal`]); no
+//! hash of the selection; nothing refused ([`Change::refusal`], a file
+//! larger than the fence reads whole, a special file in the workspace); no
 //! workspace path changed since the sandbox was based on it
 //! ([`Base::changed`]). Then the changes are applied one entry at a
 //! time, each atomically through the fence: removals deepest first, then
@@ -191,6 +192,15 @@ pub fn commit(
             return Err(CommitError::Refused {
                 path: change.path.clone(),
                 why,
+            });
+        }
+        let max = layers.lower().max_read();
+        let too_large =
+            |n: &Option<Node>| matches!(n, Some(Node::File { size, .. }) if *size > max);
+        if too_large(&change.old) || too_large(&change.new) {
+            return Err(CommitError::Refused {
+                path: change.path.clone(),
+                why: "the file is larger than a commit reads whole (256 MiB)",
             });
         }
         if let Some(Node::Special { .. }) = change.old {
