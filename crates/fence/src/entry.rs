@@ -191,7 +191,9 @@ impl Fence {
     }
 
     /// Makes one directory (its parent must exist) with exactly `mode`'s
-    /// permission bits (`0o1777`: never set-user-ID or set-group-ID).
+    /// permission bits and its set-group-ID and sticky bits (`0o3777`:
+    /// set-group-ID on a directory only passes its group to what is made
+    /// in it; set-user-ID, which Linux ignores on a directory, is dropped).
     pub fn make_dir(&self, path: &Path, mode: u32) -> Result<(), FenceError> {
         let (dir, name) = self.entry_parent(path)?;
         match rfs::mkdirat(&dir, &name, Mode::from_raw_mode(0o700)) {
@@ -206,7 +208,7 @@ impl Fence {
         self.chmod_dir_at(&dir, &name, mode, path)
     }
 
-    /// Sets a directory's permission bits (`0o1777`); the final component
+    /// Sets a directory's permission bits (`0o3777`, as [`Fence::make_dir`]); the final component
     /// is never followed, and anything but a directory is refused.
     pub fn set_dir_mode(&self, path: &Path, mode: u32) -> Result<(), FenceError> {
         let (dir, name) = self.entry_parent(path)?;
@@ -232,7 +234,7 @@ impl Fence {
             },
             e => io_err("open", path, e),
         })?;
-        rfs::fchmod(&fd, Mode::from_raw_mode(mode & 0o1777)).map_err(|e| io_err("chmod", path, e))
+        rfs::fchmod(&fd, Mode::from_raw_mode(mode & 0o3777)).map_err(|e| io_err("chmod", path, e))
     }
 }
 

@@ -194,6 +194,9 @@ fn node(
     let mode = stat.st_mode & 0o7777;
     Ok(match FileType::from_raw_mode(stat.st_mode) {
         FileType::RegularFile => {
+            // The sticky bit means nothing on a file, and a commit never
+            // writes it: it is not a change.
+            let mode = mode & 0o6777;
             let (sha256, binary, _fd) =
                 hash_file(dir, name, stat).map_err(io("read", layer, path))?;
             Node::File {
@@ -203,7 +206,10 @@ fn node(
                 binary,
             }
         }
-        FileType::Directory => Node::Dir { mode },
+        // Set-user-ID, which Linux ignores on a directory, is not kept.
+        FileType::Directory => Node::Dir {
+            mode: mode & 0o3777,
+        },
         FileType::Symlink => {
             let target =
                 rfs::readlinkat(dir, name, Vec::new()).map_err(io("readlink", layer, path))?;
@@ -376,7 +382,7 @@ impl Walk {
                 }
                 let opaque = xattr(sub.as_fd(), OPAQUE).is_some_and(|v| v == b"y");
                 let new = Node::Dir {
-                    mode: ustat.st_mode & 0o7777,
+                    mode: ustat.st_mode & 0o3777,
                 };
                 let (Some(lower), Some(lstat)) = (lower, lstat) else {
                     self.push(Change {
@@ -397,7 +403,7 @@ impl Walk {
                     return self.dir(sub.as_fd(), None, false, path);
                 }
                 let old = Node::Dir {
-                    mode: lstat.st_mode & 0o7777,
+                    mode: lstat.st_mode & 0o3777,
                 };
                 if old != new {
                     self.push(Change {

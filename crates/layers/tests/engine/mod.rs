@@ -259,3 +259,22 @@ fn a_diff_walks_only_what_changed_not_the_workspace() {
         }
     );
 }
+
+#[test]
+fn a_set_group_id_directory_is_committed_as_it_is_and_leaves_no_change() {
+    let f = Fixture::new(|_| {});
+    std::fs::create_dir(f.upper().join("shared")).unwrap();
+    std::fs::set_permissions(
+        f.upper().join("shared"),
+        std::fs::Permissions::from_mode(0o2775),
+    )
+    .unwrap();
+    put(&f.upper().join("shared/f"), "x");
+    f.commit(&[], None).unwrap();
+    let mode = std::fs::metadata(f.ws().join("shared"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o7777, 0o2775);
+    assert!(f.changes().is_empty(), "{:?}", f.changes());
+}
