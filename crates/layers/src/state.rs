@@ -57,11 +57,11 @@ pub enum StateError {
         root: PathBuf,
     },
     /// The state directory would be reachable from inside the sandbox.
-    #[error("refused state directory {state:?}: it is inside {inside:?}, which the sandbox can write; choose one outside with --state DIR")]
+    #[error("refused state directory {state:?}: it is inside {inside:?}, which the sandbox can reach; choose one outside with --state DIR")]
     InsideSandbox {
         /// The state directory.
         state: PathBuf,
-        /// The workspace or writable bind holding it.
+        /// The workspace or bind holding it.
         inside: PathBuf,
     },
     /// The state directory is not private to this user.
@@ -326,12 +326,10 @@ fn private_dir(dir: &Path) -> Result<(), StateError> {
 }
 
 /// Refuses a state directory that the sandbox could reach: inside the
-/// workspace or a writable bind (or holding the workspace).
-pub fn check_outside(
-    state: &Path,
-    workspace: &Path,
-    writable: &[PathBuf],
-) -> Result<(), StateError> {
+/// workspace or any directory bound into the sandbox (`binds`: the
+/// `--rw` and the `--ro` ones, since what is bound read-only can still be
+/// read inside), or holding the workspace.
+pub fn check_outside(state: &Path, workspace: &Path, binds: &[PathBuf]) -> Result<(), StateError> {
     let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
     let (state_c, ws) = (canon(state), canon(workspace));
     if state_c.starts_with(&ws) || ws.starts_with(&state_c) {
@@ -340,7 +338,7 @@ pub fn check_outside(
             inside: workspace.to_path_buf(),
         });
     }
-    let mut reachable = writable.to_vec();
+    let mut reachable = binds.to_vec();
     reachable.push(workspace.to_path_buf());
     if let Ok(Some(inside)) = hako_fence::placement::writable_dir_holding(&state_c, &reachable) {
         return Err(StateError::InsideSandbox {
@@ -377,23 +375,24 @@ fn libc_nofollow() -> i32 {
 impl State {
     /// Makes the state of a new sandbox `name` under `root`, or opens the
     /// existing one (a second run continues on its layers); either way it
-    /// must be private and outside what the sandbox can write, and an
+    /// must be private and outside the workspace and every directory bound
+    /// into the sandbox (`binds`: `--rw` and `--ro`), and an
     /// existing one must be based on this workspace.
     pub fn create(
         root: &Path,
         name: &str,
         workspace: &Path,
-        writable: &[PathBuf],
+        binds: &[PathBuf],
     ) -> Result<State, StateError> {
         validate_name(name)?;
         // Checked before anything is made, and again once it exists (when
         // every link on the way can be resolved).
-        check_outside(root, workspace, writable)?;
+        check_outside(root, workspace, binds)?;
         if let Some(parent) = root.parent() {
             std::fs::create_dir_all(parent).map_err(io_err("create", parent))?;
         }
         private_dir(root)?;
-        check_outside(root, workspace, writable)?;
+        check_outside(root, workspace, binds)?;
         let dir = root.join(name);
         private_dir(&dir)?;
         let lock = lock(&dir, name)?;
@@ -603,7 +602,7 @@ mod tests {
     }
 
     #[test]
-    fn a_state_dir_inside_the_workspace_or_a_writable_bind_is_refused() {
+    fn a_state_dir_inside_the_workspace_or_a_bind_is_refused() {
         let ws = tempfile::tempdir().unwrap();
         let rw = tempfile::tempdir().unwrap();
         let err = State::create(&ws.path().join(".state"), "n", ws.path(), &[]).unwrap_err();
