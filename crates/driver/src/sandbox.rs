@@ -195,6 +195,10 @@ impl Drop for Busy<'_> {
 pub struct GuestSandbox {
     life: Arc<Life>,
     fence: Fence,
+    /// Why the file operations are refused, when they are: the fence is
+    /// on the workspace, which is not what the commands see (a
+    /// copy-on-write sandbox's layered view).
+    files_refused: Option<&'static str>,
     caps: Capabilities,
     base_env: Vec<(String, String)>,
     max_output: usize,
@@ -284,10 +288,30 @@ impl GuestSandbox {
         Ok(GuestSandbox {
             life,
             fence: config.fence,
+            files_refused: None,
             caps: config.caps,
             base_env: config.base_env,
             max_output: config.max_output,
         })
+    }
+
+    /// Refuses every file operation from now on with
+    /// [`Error::Unsupported`] naming `why`: for a sandbox whose commands
+    /// see another tree than the fence's (fail closed: a write must never
+    /// land where the commands would not see it).
+    pub fn refuse_file_operations(&mut self, why: &'static str) {
+        self.files_refused = Some(why);
+    }
+
+    /// The fence for a file operation, or the refusal.
+    fn files(&self) -> Result<&Fence> {
+        match self.files_refused {
+            None => Ok(&self.fence),
+            Some(why) => Err(Error::Unsupported {
+                backend: self.caps.backend.clone(),
+                capability: why,
+            }),
+        }
     }
 
     /// The workspace fence.
@@ -360,22 +384,22 @@ impl Sandbox for GuestSandbox {
 
     fn read_file(&self, path: &Path) -> Result<Vec<u8>> {
         let _busy = self.check_open()?;
-        Ok(self.fence.read_all(path)?)
+        Ok(self.files()?.read_all(path)?)
     }
 
     fn write_file(&self, path: &Path, data: &[u8]) -> Result<()> {
         let _busy = self.check_open()?;
-        Ok(self.fence.write(path, data)?)
+        Ok(self.files()?.write(path, data)?)
     }
 
     fn remove(&self, path: &Path) -> Result<()> {
         let _busy = self.check_open()?;
-        Ok(self.fence.remove(path)?)
+        Ok(self.files()?.remove(path)?)
     }
 
     fn list_dir(&self, path: &Path) -> Result<DirListing> {
         let _busy = self.check_open()?;
-        Ok(self.fence.list(path)?)
+        Ok(self.files()?.list(path)?)
     }
 
     fn close(&self) -> Result<()> {
@@ -436,21 +460,21 @@ impl NetworkEvents for GuestSandbox {
 impl ReadLimit for GuestSandbox {
     fn read_file_limit(&self, path: &Path, max: u64) -> Result<ReadOutcome> {
         let _busy = self.check_open()?;
-        Ok(self.fence.read(path, max)?)
+        Ok(self.files()?.read(path, max)?)
     }
 }
 
 impl AppendFile for GuestSandbox {
     fn append_file(&self, path: &Path, data: &[u8]) -> Result<()> {
         let _busy = self.check_open()?;
-        Ok(self.fence.append(path, data)?)
+        Ok(self.files()?.append(path, data)?)
     }
 }
 
 impl MakeDirAll for GuestSandbox {
     fn make_dir_all(&self, path: &Path) -> Result<()> {
         let _busy = self.check_open()?;
-        Ok(self.fence.make_dir_all(path)?)
+        Ok(self.files()?.make_dir_all(path)?)
     }
 }
 
@@ -463,7 +487,7 @@ impl Workdir for GuestSandbox {
 impl StatPath for GuestSandbox {
     fn stat(&self, path: &Path) -> Result<Metadata> {
         let _busy = self.check_open()?;
-        Ok(self.fence.stat(path)?)
+        Ok(self.files()?.stat(path)?)
     }
 }
 
@@ -686,6 +710,6 @@ macro_rules! delegate_sandbox {
 impl hako_core::ReplaceUnchanged for GuestSandbox {
     fn replace_unchanged(&self, path: &Path, data: &[u8], read: &[u8]) -> Result<()> {
         let _busy = self.check_open()?;
-        Ok(self.fence.write_if_unchanged(path, data, read)?)
+        Ok(self.files()?.write_if_unchanged(path, data, read)?)
     }
 }

@@ -192,6 +192,7 @@ impl LinuxSandbox {
                 .as_ref()
                 .map(Cgroups::procs_files)
                 .unwrap_or_default(),
+            cow: wanted.cow.clone(),
         };
         // No host home directory inside: HOME and TMPDIR point at the
         // sandbox's private /tmp unless set explicitly.
@@ -252,7 +253,8 @@ impl LinuxSandbox {
             mount_point: input.mount_point.clone(),
             cgroups: Mutex::new(cgroups),
         };
-        let sandbox = LinuxSandbox {
+        let cow = wanted.cow.is_some();
+        let mut sandbox = LinuxSandbox {
             inner: GuestSandbox::new(GuestConfig {
                 backend: NAME,
                 fence,
@@ -266,6 +268,15 @@ impl LinuxSandbox {
                 proxy: network.proxy,
             })?,
         };
+        if cow {
+            // The fence is on the workspace itself, the overlay's lower
+            // layer: a write through it would change the real workspace
+            // behind the commands' view. Until the fence is rooted in the
+            // layered view, file operations are refused.
+            sandbox.inner.refuse_file_operations(
+                "file operations in a --cow sandbox yet (they would bypass its layered view; run commands inside it instead)",
+            );
+        }
         Ok(sandbox)
     }
 }

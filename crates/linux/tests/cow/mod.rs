@@ -1,0 +1,192 @@
+//! A copy-on-write workspace (`spec.cow`): the commands see the workspace
+//! through overlayfs in the sandbox's own user and mount namespaces,
+//! every change lands in the upper layer, and the real workspace is
+//! never touched until the review engine commits.
+
+use std::path::{Path, PathBuf};
+
+use hako_core::{Command, CowLayers, Error, Sandbox};
+use hako_layers::state::State;
+use hako_layers::{Layers, Status};
+use hako_linux::{LinuxConfig, LinuxSandbox};
+
+use crate::workspace;
+
+/// Every entry beneath `root` with its content or target.
+fn tree(root: &Path) -> Vec<(PathBuf, String)> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let p = entry.unwrap().path();
+            let meta = std::fs::symlink_metadata(&p).unwrap();
+            let what = if meta.file_type().is_symlink() {
+                format!("-> {}", std::fs::read_link(&p).unwrap().display())
+            } else if meta.is_dir() {
+                stack.push(p.clone());
+                "dir".into()
+            } else {
+                String::from_utf8_lossy(&std::fs::read(&p).unwrap()).into_owned()
+            };
+            out.push((p.strip_prefix(root).unwrap().to_path_buf(), what));
+        }
+    }
+    out.sort();
+    out
+}
+
+struct Cow {
+    _dir: tempfile::TempDir,
+    ws: PathBuf,
+    _state_dir: tempfile::TempDir,
+    state: State,
+}
+
+fn cow(fill: impl FnOnce(&Path)) -> Cow {
+    let (dir, ws) = workspace();
+    fill(&ws);
+    let state_dir = tempfile::tempdir().unwrap();
+    let state = State::create(&state_dir.path().join("hako"), "n", &ws, &[]).unwrap();
+    Cow {
+        _dir: dir,
+        ws,
+        _state_dir: state_dir,
+        state,
+    }
+}
+
+fn open(c: &Cow) -> LinuxSandbox {
+    let mut config = LinuxConfig::new(&c.ws);
+    config.spec.cow = Some(CowLayers {
+        upper: c.state.upper(),
+        work: c.state.work(),
+    });
+    LinuxSandbox::new(config).unwrap()
+}
+
+fn sh(sb: &LinuxSandbox, script: &str) -> (i32, String, String) {
+    let out = sb.exec(&Command::shell(script)).unwrap();
+    (
+        out.status.shell_code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_cow_sandbox_changes_only_its_upper_layer_and_the_review_sees_every_change() {
+    let c = cow(|ws| {
+        std::fs::write(ws.join("a"), "a\n").unwrap();
+        std::fs::write(ws.join("gone"), "bye\n").unwrap();
+        std::fs::create_dir(ws.join("d")).unwrap();
+        std::fs::write(ws.join("d/x"), "x\n").unwrap();
+    });
+    let before = tree(&c.ws);
+    let sb = open(&c);
+    let (code, out, err) = sh(
+        &sb,
+        "echo b >> a && rm gone && rm -r d && mkdir new && echo n > new/n && ln -s a link && cat a",
+    );
+    assert_eq!((code, out.as_str()), (0, "a\nb\n"), "{err}");
+    // A second command sees the first's changes.
+    let (_, seen, _) = sh(&sb, "ls -A | sort | tr '\\n' ' '");
+    assert_eq!(seen, "a link new ");
+    sb.close().unwrap();
+    assert_eq!(tree(&c.ws), before, "the real workspace changed");
+    let layers = Layers::open(&c.ws, &c.state.upper()).unwrap();
+    let changes: Vec<(PathBuf, Status)> = layers
+        .changes()
+        .unwrap()
+        .into_iter()
+        .map(|ch| (ch.path.clone(), ch.status()))
+        .collect();
+    let want: Vec<(PathBuf, Status)> = [
+        ("a", Status::Modified),
+        ("d", Status::Deleted),
+        ("d/x", Status::Deleted),
+        ("gone", Status::Deleted),
+        ("link", Status::Added),
+        ("new", Status::Added),
+        ("new/n", Status::Added),
+    ]
+    .into_iter()
+    .map(|(p, s)| (PathBuf::from(p), s))
+    .collect();
+    assert_eq!(changes, want);
+    let mut base = c.state.base().unwrap();
+    hako_layers::commit(&layers, &mut base, &[], None).unwrap();
+    assert_eq!(std::fs::read_to_string(c.ws.join("a")).unwrap(), "a\nb\n");
+    assert!(!c.ws.join("gone").exists() && !c.ws.join("d").exists());
+    assert_eq!(
+        std::fs::read_link(c.ws.join("link")).unwrap(),
+        Path::new("a")
+    );
+}
+
+#[test]
+fn a_second_cow_sandbox_on_the_same_layers_continues_on_them() {
+    let c = cow(|ws| std::fs::write(ws.join("a"), "a\n").unwrap());
+    let sb = open(&c);
+    assert_eq!(sh(&sb, "echo more >> a").0, 0);
+    sb.close().unwrap();
+    let sb = open(&c);
+    assert_eq!(sh(&sb, "cat a").1, "a\nmore\n");
+    sb.close().unwrap();
+    assert_eq!(std::fs::read_to_string(c.ws.join("a")).unwrap(), "a\n");
+}
+
+#[test]
+fn the_file_api_of_a_cow_sandbox_is_refused_and_never_writes_the_workspace() {
+    let c = cow(|ws| std::fs::write(ws.join("a"), "a\n").unwrap());
+    let sb = open(&c);
+    let err = sb
+        .write_file(Path::new("a"), b"through the fence")
+        .unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+    assert!(err.to_string().contains("--cow"), "{err}");
+    assert!(sb.read_file(Path::new("a")).is_err());
+    // The sandbox is still usable, and the workspace untouched.
+    assert_eq!(sh(&sb, "cat a").1, "a\n");
+    sb.close().unwrap();
+    assert_eq!(std::fs::read_to_string(c.ws.join("a")).unwrap(), "a\n");
+}
+
+#[test]
+fn a_file_of_an_owner_not_mapped_cannot_be_changed_in_a_cow_sandbox_and_says_why() {
+    const NAME: &str =
+        "a_file_of_an_owner_not_mapped_cannot_be_changed_in_a_cow_sandbox_and_says_why";
+    if !hako_sys::rustix::process::geteuid().is_root() {
+        assert!(
+            std::env::var("HAKO_MUST_WORK").is_err(),
+            "{NAME} needs root to plant a file of another owner"
+        );
+        eprintln!("SKIPPED {NAME}: needs root to plant a file of another owner");
+        return;
+    }
+    let c = cow(|ws| {
+        let f = ws.join("theirs");
+        std::fs::write(&f, "theirs\n").unwrap();
+        std::os::unix::fs::chown(&f, Some(12345), Some(12345)).unwrap();
+        std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+        std::fs::write(ws.join("mine"), "mine\n").unwrap();
+    });
+    let sb = open(&c);
+    // overlayfs cannot copy up a file whose owner has no id in the
+    // sandbox's user namespace: the write fails with EOVERFLOW ("Value
+    // too large for defined data type"), the file is unchanged, and
+    // everything else still works.
+    let (code, _, err) = sh(&sb, "echo x >> theirs");
+    assert_ne!(code, 0);
+    assert!(err.contains("Value too large"), "{err}");
+    assert_eq!(sh(&sb, "cat theirs").1, "theirs\n");
+    assert_eq!(sh(&sb, "echo y >> mine && cat mine").1, "mine\ny\n");
+    sb.close().unwrap();
+    assert_eq!(
+        std::fs::read_to_string(c.ws.join("theirs")).unwrap(),
+        "theirs\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(c.ws.join("mine")).unwrap(),
+        "mine\n"
+    );
+}
