@@ -204,3 +204,86 @@ fn a_bad_sandbox_name_is_refused() {
         );
     }
 }
+
+/// `hako run --cow` with a private temporary directory for its
+/// temporary layers.
+fn run_cow(ws: &std::path::Path, tmp: &std::path::Path, args: &[&str]) -> Output {
+    hako()
+        .args(["run", "--backend", "linux", "--workspace"])
+        .arg(ws)
+        .arg("--cow")
+        .args(args)
+        .env("TMPDIR", tmp)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn run_cow_with_a_name_leaves_the_workspace_untouched_until_commit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    std::fs::write(ws.join("a.txt"), "one\n").unwrap();
+    let state = tmp.path().join("state");
+    let private_tmp = tmp.path().join("tmp");
+    std::fs::create_dir(&private_tmp).unwrap();
+    let named = ["--name", "fix-1", "--state", state.to_str().unwrap(), "--"];
+    let script = |s: &'static str| [&named[..], &["sh", "-c", s]].concat();
+    let out = run_cow(
+        &ws,
+        &private_tmp,
+        &script("echo two >> a.txt && echo new > b.txt && cat a.txt"),
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(stdout(&out), "one\ntwo\n");
+    assert_eq!(std::fs::read_to_string(ws.join("a.txt")).unwrap(), "one\n");
+    assert!(!ws.join("b.txt").exists());
+    // A second run continues on the layers.
+    let out = run_cow(&ws, &private_tmp, &script("cat b.txt"));
+    assert_eq!(stdout(&out), "new\n", "{out:?}");
+    let diff = hako()
+        .args(["diff", "fix-1", "--state"])
+        .arg(&state)
+        .output()
+        .unwrap();
+    let text = stdout(&diff);
+    assert!(
+        text.contains("+two\n") && text.contains("+++ b/b.txt\n"),
+        "{text}"
+    );
+    let out = hako()
+        .args(["commit", "fix-1", "--state"])
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("a.txt")).unwrap(),
+        "one\ntwo\n"
+    );
+    assert_eq!(std::fs::read_to_string(ws.join("b.txt")).unwrap(), "new\n");
+    // Without a name the layer is temporary: gone after the run.
+    let out = run_cow(
+        &ws,
+        &private_tmp,
+        &["--", "sh", "-c", "echo gone > c.txt && cat c.txt"],
+    );
+    assert_eq!(stdout(&out), "gone\n", "{out:?}");
+    assert!(!ws.join("c.txt").exists());
+    assert_eq!(std::fs::read_dir(&private_tmp).unwrap().count(), 0);
+    // The host backend refuses --cow by name.
+    let out = hako()
+        .args(["run", "--backend", "host", "--workspace"])
+        .arg(&ws)
+        .args(["--cow", "--", "true"])
+        .env("TMPDIR", &private_tmp)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--cow"),
+        "{out:?}"
+    );
+    assert_eq!(std::fs::read_dir(&private_tmp).unwrap().count(), 0);
+}
