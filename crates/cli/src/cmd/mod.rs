@@ -3,6 +3,7 @@
 mod audit;
 mod bench;
 mod commit;
+mod cow;
 mod diff;
 mod discard;
 mod doctor;

@@ -11,6 +11,7 @@ use hako_core::{
 };
 use serde::Serialize;
 
+use super::cow::CowArgs;
 use super::{parse_duration, SandboxArgs};
 use crate::exit;
 
@@ -39,80 +40,11 @@ pub struct RunArgs {
     /// verify FILE` checks it).
     #[arg(long, value_name = "FILE")]
     audit: Option<PathBuf>,
-    /// Copy-on-write workspace (linux): changes land in a private layer,
-    /// never in the workspace; review them with `hako diff NAME`.
-    #[arg(long)]
-    cow: bool,
-    /// Keep the --cow layers as the named sandbox NAME (a second run
-    /// continues on them) [default: a temporary layer, gone after the run].
-    #[arg(long, value_name = "NAME", requires = "cow")]
-    name: Option<String>,
-    /// Where named sandboxes are kept [default: $XDG_STATE_HOME/hako, else ~/.local/state/hako].
-    #[arg(long, value_name = "DIR", requires = "name")]
-    state: Option<PathBuf>,
+    #[command(flatten)]
+    cow: CowArgs,
     /// The command and its arguments.
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     command: Vec<String>,
-}
-
-/// The layers of a `--cow` run, held (and locked) until it ends; a
-/// temporary one is removed then, whatever the outcome (declared before
-/// the sandbox, so dropped after it).
-struct CowState {
-    state: Option<hako_layers::state::State>,
-    temporary: Option<tempfile::TempDir>,
-}
-
-impl CowState {
-    /// The named sandbox's state (made if new), or a temporary one.
-    fn open(
-        name: Option<&str>,
-        state: Option<&std::path::Path>,
-        spec: &hako_core::SandboxSpec,
-    ) -> Result<CowState, String> {
-        use hako_layers::state::{state_root, State};
-        let binds: Vec<PathBuf> = spec.rw.iter().chain(&spec.ro).cloned().collect();
-        match name {
-            Some(name) => {
-                let root = state_root(state).map_err(|e| e.to_string())?;
-                let state = State::create(&root, name, &spec.workspace, &binds)
-                    .map_err(|e| e.to_string())?;
-                Ok(CowState {
-                    state: Some(state),
-                    temporary: None,
-                })
-            }
-            None => {
-                let dir = tempfile::Builder::new()
-                    .prefix("hako-cow-")
-                    .tempdir()
-                    .map_err(|e| format!("create a temporary layer: {e}"))?;
-                let state = State::create(&dir.path().join("hako"), "cow", &spec.workspace, &binds)
-                    .map_err(|e| e.to_string())?;
-                Ok(CowState {
-                    state: Some(state),
-                    temporary: Some(dir),
-                })
-            }
-        }
-    }
-
-    fn layers(&self) -> Option<hako_core::CowLayers> {
-        self.state.as_ref().map(|state| hako_core::CowLayers {
-            upper: state.upper(),
-            work: state.work(),
-        })
-    }
-}
-
-impl Drop for CowState {
-    fn drop(&mut self) {
-        if let (Some(state), Some(_)) = (self.state.take(), &self.temporary) {
-            if let Err(e) = state.remove() {
-                eprintln!("hako: {}", crate::show::message(&e.to_string()));
-            }
-        }
-    }
 }
 
 #[derive(Serialize)]
@@ -203,21 +135,10 @@ pub fn run(args: RunArgs) -> u8 {
         Ok(spec) => spec,
         Err(e) => return refuse(None, &e, exit::SANDBOX_FAILED, false),
     };
-    // A copy-on-write workspace: only linux gives one (`auto` picks it;
-    // any other backend refuses it by name).
-    let cow = if args.cow {
-        if backend_arg == hako_runtime::BackendArg::Auto {
-            backend_arg = hako_runtime::BackendArg::Linux;
-        }
-        match CowState::open(args.name.as_deref(), args.state.as_deref(), &spec) {
-            Ok(cow) => {
-                spec.cow = cow.layers();
-                Some(cow)
-            }
-            Err(e) => return refuse(None, &e, exit::SANDBOX_FAILED, true),
-        }
-    } else {
-        None
+    // A copy-on-write workspace: its layers held until the run ends.
+    let cow = match args.cow.apply(&mut backend_arg, &mut spec) {
+        Ok(cow) => cow,
+        Err(e) => return refuse(None, &e, exit::SANDBOX_FAILED, true),
     };
     let kind = match hako_runtime::resolve(backend_arg) {
         Ok(kind) => kind,
