@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::named::{review_failed, state_failed, NamedArgs};
+use super::named::{committed, state_failed, AuditArg, NamedArgs};
 
 /// Flags of `hako commit`.
 #[derive(Debug, Args)]
@@ -24,6 +24,8 @@ pub struct CommitArgs {
     /// Report as JSON: the hash and each change applied with the SHA-256 written.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    audit: AuditArg,
 }
 
 /// Runs `hako commit`.
@@ -31,6 +33,13 @@ pub fn run(args: CommitArgs) -> u8 {
     let (state, layers) = match args.named.layers(false) {
         Ok(opened) => opened,
         Err(code) => return code,
+    };
+    let log = match state.workspace() {
+        Ok(ws) => match args.audit.open(state.name(), &ws) {
+            Ok(log) => log,
+            Err(code) => return code,
+        },
+        Err(e) => return state_failed(&e),
     };
     let mut base = match state.base() {
         Ok(base) => base,
@@ -43,8 +52,22 @@ pub fn run(args: CommitArgs) -> u8 {
     }
     let report = match result {
         Ok(report) => report,
-        Err(e) => return review_failed(&e),
+        Err(e) => {
+            if let hako_layers::CommitError::Partial { applied, .. } = &e {
+                log.done(hako_audit::ReviewOp::Commit {
+                    diff_hash: String::new(),
+                    changes: committed(applied),
+                    complete: false,
+                });
+            }
+            return log.failed(&e);
+        }
     };
+    log.done(hako_audit::ReviewOp::Commit {
+        diff_hash: report.hash.clone(),
+        changes: committed(&report.applied),
+        complete: true,
+    });
     if args.json {
         match serde_json::to_string(&report) {
             Ok(text) => println!("{text}"),

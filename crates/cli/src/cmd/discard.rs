@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::named::{review_failed, state_failed, NamedArgs};
+use super::named::{state_failed, AuditArg, NamedArgs};
 
 /// Flags of `hako discard`.
 #[derive(Debug, Args)]
@@ -16,6 +16,8 @@ pub struct DiscardArgs {
     /// Only these paths (and what is beneath them), relative to the workspace.
     #[arg(value_name = "PATH")]
     paths: Vec<PathBuf>,
+    #[command(flatten)]
+    audit: AuditArg,
 }
 
 /// Runs `hako discard`.
@@ -28,16 +30,26 @@ pub fn run(args: DiscardArgs) -> u8 {
         Ok(ws) => ws,
         Err(e) => return state_failed(&e),
     };
+    let log = match args.audit.open(state.name(), &workspace) {
+        Ok(log) => log,
+        Err(code) => return code,
+    };
     match hako_layers::discard(&state.upper(), &workspace, &args.paths) {
         Ok(removed) => {
-            for path in removed {
+            for path in &removed {
                 println!(
                     "discarded {}",
                     crate::show::escaped(path.as_os_str().as_encoded_bytes())
                 );
             }
+            log.done(hako_audit::ReviewOp::Discard {
+                paths: removed
+                    .iter()
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .collect(),
+            });
             0
         }
-        Err(e) => review_failed(&e),
+        Err(e) => log.failed(&e),
     }
 }

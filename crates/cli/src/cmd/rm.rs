@@ -3,13 +3,15 @@
 
 use clap::Args;
 
-use super::named::{state_failed, NamedArgs};
+use super::named::{state_failed, AuditArg, NamedArgs};
 
 /// Flags of `hako rm`.
 #[derive(Debug, Args)]
 pub struct RmArgs {
     #[command(flatten)]
     named: NamedArgs,
+    #[command(flatten)]
+    audit: AuditArg,
 }
 
 /// Runs `hako rm`.
@@ -18,8 +20,17 @@ pub fn run(args: RmArgs) -> u8 {
         Ok(state) => state,
         Err(code) => return code,
     };
+    // The workspace may be gone: a sandbox on it can still be removed.
+    let workspace = state.workspace().unwrap_or_default();
+    let log = match args.audit.open(state.name(), &workspace) {
+        Ok(log) => log,
+        Err(code) => return code,
+    };
     match state.remove() {
-        Ok(()) => 0,
+        Ok(()) => {
+            log.done(hako_audit::ReviewOp::Remove);
+            0
+        }
         Err(e) => state_failed(&e),
     }
 }

@@ -122,10 +122,38 @@ fn commit_with_the_reviewed_hash_applies_it_and_a_stale_one_is_refused() {
         "{out:?}"
     );
     assert!(!n.ws.join("late.txt").exists() && n.ws.join("b.txt").exists());
-    // Reviewed again, committed.
+    // Reviewed again, committed, and recorded.
     let now = hash_of(&n);
-    let out = review(&n, &["commit", "n", "--expect", &now]);
+    let log = n._tmp.path().join("audit.log");
+    let log_arg = log.to_str().unwrap();
+    let out = review(&n, &["commit", "n", "--expect", &now, "--audit", log_arg]);
     assert!(out.status.success(), "{out:?}");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let rec = lines.iter().find(|r| r["kind"] == "review").unwrap();
+    assert_eq!(
+        (rec["op"].as_str(), rec["name"].as_str()),
+        (Some("commit"), Some("n"))
+    );
+    assert_eq!(rec["diff_hash"], now.as_str());
+    assert_eq!(rec["complete"], true);
+    let a = rec["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["path"] == "a.txt")
+        .unwrap();
+    assert_eq!(a["status"], "modified");
+    assert_eq!(a["sha256"].as_str().unwrap().len(), 64);
+    let verify = crate::hako()
+        .args(["audit", "verify"])
+        .arg(&log)
+        .output()
+        .unwrap();
+    assert!(verify.status.success(), "{verify:?}");
     let text = stdout(&out);
     assert!(
         text.contains("deleted b.txt\n") && text.contains("modified a.txt sha256:"),
