@@ -115,6 +115,11 @@ pub enum ReviewOp {
         /// The paths discarded (relative to the workspace).
         paths: Vec<String>,
     },
+    /// The sandbox's layer returned to a checkpoint.
+    Rollback {
+        /// The checkpoint's number.
+        checkpoint: u64,
+    },
     /// The sandbox and its state removed.
     Remove,
 }

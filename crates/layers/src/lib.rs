@@ -21,6 +21,7 @@
 //!   workspace file changed since the sandbox was based on it or whose
 //!   content is not what the reviewed diff said.
 
+pub mod checkpoint;
 pub mod commit;
 pub mod render;
 pub mod scan;
@@ -245,6 +246,9 @@ pub fn diff_hash(changes: &[Change]) -> String {
 pub struct Layers {
     lower: hako_fence::Fence,
     upper: hako_fence::Fence,
+    /// For a comparison of two upper layers (checkpoints): the one
+    /// compared from, whose files are the old side where it has them.
+    from: Option<hako_fence::Fence>,
 }
 
 /// Which side of a change.
@@ -266,7 +270,35 @@ impl Layers {
         Ok(Layers {
             lower: hako_fence::Fence::open(lower, options.clone())?,
             upper: hako_fence::Fence::open(upper, options)?,
+            from: None,
         })
+    }
+
+    /// Opens two upper layers of one workspace to compare: `from` (a
+    /// checkpoint) and `to`; see [`Layers::changes_between`].
+    pub fn open_between(
+        lower: &std::path::Path,
+        from: &std::path::Path,
+        to: &std::path::Path,
+    ) -> Result<Layers, hako_core::FenceError> {
+        let mut layers = Layers::open(lower, to)?;
+        layers.from = Some(hako_fence::Fence::open(
+            from,
+            hako_fence::FenceOptions::default(),
+        )?);
+        Ok(layers)
+    }
+
+    /// What changes from the view of the `from` layer to the view of the
+    /// upper one ([`Layers::open_between`]); without `from`, the same as
+    /// [`Layers::changes`].
+    pub fn changes_between(&self) -> Result<Vec<Change>, ScanError> {
+        let Some(from) = &self.from else {
+            return self.changes();
+        };
+        let a = scan(self.lower.root(), from.root())?;
+        let b = self.changes()?;
+        Ok(between(&a, &b))
     }
 
     /// The workspace's fence.
@@ -296,6 +328,24 @@ impl Layers {
         let Some(Node::File { sha256, .. }) = node else {
             return Ok(None);
         };
+        // Comparing two layers, a side's file is in its layer or, where
+        // that layer has not changed it, in the workspace.
+        let first = match side {
+            Side::Old => self.from.as_ref(),
+            Side::New => self.from.as_ref().map(|_| &self.upper),
+        };
+        if let Some(layer) = first {
+            if let Ok(data) = layer.read_all(&change.path) {
+                if scan::sha256(&data) == *sha256 {
+                    return Ok(Some(data));
+                }
+            }
+        }
+        let fence = if self.from.is_some() {
+            &self.lower
+        } else {
+            fence
+        };
         let data = fence.read_all(&change.path)?;
         if scan::sha256(&data) != *sha256 {
             return Err(match side {
@@ -309,4 +359,38 @@ impl Layers {
         }
         Ok(Some(data))
     }
+}
+
+/// The changes from one view of the workspace to another, each given as
+/// its changes to the workspace (`from` and `to`, as [`scan`] lists them):
+/// a path either changes has, whose view differs. A side a list does not
+/// name is the workspace's, which the other list's `old` says.
+pub fn between(from: &[Change], to: &[Change]) -> Vec<Change> {
+    use std::collections::BTreeMap;
+    let a: BTreeMap<&std::path::Path, &Change> =
+        from.iter().map(|c| (c.path.as_path(), c)).collect();
+    let b: BTreeMap<&std::path::Path, &Change> = to.iter().map(|c| (c.path.as_path(), c)).collect();
+    let mut paths: Vec<&std::path::Path> = a.keys().chain(b.keys()).copied().collect();
+    paths.sort();
+    paths.dedup();
+    let mut out = Vec::new();
+    for path in paths {
+        let view = |mine: &BTreeMap<&std::path::Path, &Change>,
+                    other: &BTreeMap<&std::path::Path, &Change>| {
+            match (mine.get(path), other.get(path)) {
+                (Some(c), _) => c.new.clone(),
+                (None, Some(c)) => c.old.clone(),
+                (None, None) => None,
+            }
+        };
+        let (old, new) = (view(&a, &b), view(&b, &a));
+        if old != new {
+            out.push(Change {
+                path: path.to_path_buf(),
+                old,
+                new,
+            });
+        }
+    }
+    out
 }

@@ -12,7 +12,7 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 use clap::Args;
-use hako_layers::{commit::select, diff_hash, render};
+use hako_layers::{commit::select, diff_hash, render, Layers};
 
 use super::named::{review_failed, NamedArgs};
 use crate::exit;
@@ -34,16 +34,56 @@ pub struct DiffArgs {
     /// Only the hash.
     #[arg(long)]
     hash: bool,
+    /// Compare from this checkpoint (number or label) instead of the workspace.
+    #[arg(long, value_name = "CHECKPOINT")]
+    from: Option<String>,
+    /// Compare to this checkpoint instead of the sandbox as it is now.
+    #[arg(long, value_name = "CHECKPOINT")]
+    to: Option<String>,
+}
+
+/// The layers to compare: the workspace (or checkpoint `from`) to the
+/// sandbox now (or checkpoint `to`).
+fn open(args: &DiffArgs) -> Result<(hako_layers::state::State, Layers), u8> {
+    if args.from.is_none() && args.to.is_none() {
+        return args.named.layers(true);
+    }
+    let state = args.named.open(true)?;
+    let workspace = state
+        .workspace()
+        .map_err(|e| super::named::state_failed(&e))?;
+    let upper_of = |which: &Option<String>| -> Result<Option<PathBuf>, u8> {
+        match which {
+            None => Ok(None),
+            Some(w) => state
+                .checkpoint_upper(w)
+                .map(|(_, upper)| Some(upper))
+                .map_err(|e| super::checkpoint::failed(&e)),
+        }
+    };
+    let from = upper_of(&args.from)?;
+    let to = upper_of(&args.to)?.unwrap_or_else(|| state.upper());
+    let opened = match &from {
+        Some(from) => Layers::open_between(&workspace, from, &to),
+        None => Layers::open(&workspace, &to),
+    };
+    match opened {
+        Ok(layers) => Ok((state, layers)),
+        Err(e) => {
+            eprintln!("hako: {}", crate::show::message(&e.to_string()));
+            Err(exit::SANDBOX_FAILED)
+        }
+    }
 }
 
 /// Runs `hako diff`.
 pub fn run(args: DiffArgs) -> u8 {
-    let (_state, layers) = match args.named.layers(true) {
+    let (_state, layers) = match open(&args) {
         Ok(opened) => opened,
         Err(code) => return code,
     };
     let changes = match layers
-        .changes()
+        .changes_between()
         .map_err(Into::into)
         .and_then(|all| select(&layers, all, &args.paths))
     {

@@ -2,6 +2,7 @@
 
 mod audit;
 mod bench;
+mod checkpoint;
 mod commit;
 mod cow;
 mod diff;
@@ -13,6 +14,7 @@ mod image;
 mod mcp;
 mod named;
 mod rm;
+mod rollback;
 mod run;
 mod serve;
 mod shell;
@@ -61,6 +63,10 @@ pub enum Command {
     Discard(discard::DiscardArgs),
     /// Remove a named sandbox and its state.
     Rm(rm::RmArgs),
+    /// Record a named copy-on-write sandbox's layer as a checkpoint (or --list them).
+    Checkpoint(checkpoint::CheckpointArgs),
+    /// Return a named copy-on-write sandbox's layer to a checkpoint.
+    Rollback(rollback::RollbackArgs),
 }
 
 /// Runs a subcommand and returns the process exit code.
@@ -80,6 +86,8 @@ pub fn dispatch(command: Command) -> u8 {
         Command::Commit(args) => commit::run(args),
         Command::Discard(args) => discard::run(args),
         Command::Rm(args) => rm::run(args),
+        Command::Checkpoint(args) => checkpoint::run(args),
+        Command::Rollback(args) => rollback::run(args),
     }
 }
 

@@ -315,3 +315,61 @@ fn run_cow_with_a_name_leaves_the_workspace_untouched_until_commit() {
     );
     assert_eq!(std::fs::read_dir(&private_tmp).unwrap().count(), 0);
 }
+
+#[test]
+fn checkpoint_then_rollback_returns_the_sandbox_to_it_and_diff_compares_two() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    std::fs::write(ws.join("a.txt"), "one\n").unwrap();
+    let state = tmp.path().join("state");
+    let private_tmp = tmp.path().join("tmp");
+    std::fs::create_dir(&private_tmp).unwrap();
+    let st = state.to_str().unwrap();
+    let run = |s: &'static str| {
+        run_cow(
+            &ws,
+            &private_tmp,
+            &["--name", "cp", "--state", st, "--", "sh", "-c", s],
+        )
+    };
+    let named = |args: &[&str]| {
+        hako()
+            .args(&args[..1])
+            .args(["cp", "--state", st])
+            .args(&args[1..])
+            .output()
+            .unwrap()
+    };
+    assert!(run("echo two >> a.txt").status.success());
+    let out = named(&["checkpoint", "turn-1"]);
+    assert_eq!(
+        (out.status.code(), stdout(&out)),
+        (Some(0), "1\n".into()),
+        "{out:?}"
+    );
+    assert!(run("echo three >> a.txt && echo b > b.txt")
+        .status
+        .success());
+    let out = named(&["diff", "--from", "turn-1", "--stat"]);
+    let text = stdout(&out);
+    assert!(
+        text.contains(" a.txt | 1 +\n") && text.contains(" b.txt | 1 +\n"),
+        "{text}"
+    );
+    assert!(text.contains(" 2 changes,"), "{text}");
+    let log = tmp.path().join("audit.log");
+    let out = named(&["rollback", "turn-1", "--audit", log.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(stdout(&run("cat a.txt; ls")), "one\ntwo\na.txt\n");
+    let rec = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        rec.contains("\"op\":\"rollback\"") && rec.contains("\"checkpoint\":1"),
+        "{rec}"
+    );
+    let out = named(&["checkpoint", "--list"]);
+    assert!(stdout(&out).starts_with("1\tturn-1\t"), "{out:?}");
+    let out = named(&["rollback", "nope"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(std::fs::read_to_string(ws.join("a.txt")).unwrap(), "one\n");
+}
