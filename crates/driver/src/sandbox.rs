@@ -195,10 +195,6 @@ impl Drop for Busy<'_> {
 pub struct GuestSandbox {
     life: Arc<Life>,
     fence: Fence,
-    /// Why the file operations are refused, when they are: the fence is
-    /// on the workspace, which is not what the commands see (a
-    /// copy-on-write sandbox's layered view).
-    files_refused: Option<&'static str>,
     caps: Capabilities,
     base_env: Vec<(String, String)>,
     max_output: usize,
@@ -288,30 +284,23 @@ impl GuestSandbox {
         Ok(GuestSandbox {
             life,
             fence: config.fence,
-            files_refused: None,
             caps: config.caps,
             base_env: config.base_env,
             max_output: config.max_output,
         })
     }
 
-    /// Refuses every file operation from now on with
-    /// [`Error::Unsupported`] naming `why`: for a sandbox whose commands
-    /// see another tree than the fence's (fail closed: a write must never
-    /// land where the commands would not see it).
-    pub fn refuse_file_operations(&mut self, why: &'static str) {
-        self.files_refused = Some(why);
+    /// The pid of the guest's process, as [`Connection::guest_pid`](driver::Connection::guest_pid) says.
+    pub fn guest_pid(&self) -> Option<i32> {
+        self.life.guest.guest_pid()
     }
 
-    /// The fence for a file operation, or the refusal.
-    fn files(&self) -> Result<&Fence> {
-        match self.files_refused {
-            None => Ok(&self.fence),
-            Some(why) => Err(Error::Unsupported {
-                backend: self.caps.backend.clone(),
-                capability: why,
-            }),
-        }
+    /// Puts the file operations (and the working directories of
+    /// commands) on `fence` from now on: for a sandbox whose commands see
+    /// another tree than the one the backend opened (a copy-on-write
+    /// sandbox's layered view).
+    pub fn set_fence(&mut self, fence: Fence) {
+        self.fence = fence;
     }
 
     /// The workspace fence.
@@ -384,22 +373,22 @@ impl Sandbox for GuestSandbox {
 
     fn read_file(&self, path: &Path) -> Result<Vec<u8>> {
         let _busy = self.check_open()?;
-        Ok(self.files()?.read_all(path)?)
+        Ok(self.fence.read_all(path)?)
     }
 
     fn write_file(&self, path: &Path, data: &[u8]) -> Result<()> {
         let _busy = self.check_open()?;
-        Ok(self.files()?.write(path, data)?)
+        Ok(self.fence.write(path, data)?)
     }
 
     fn remove(&self, path: &Path) -> Result<()> {
         let _busy = self.check_open()?;
-        Ok(self.files()?.remove(path)?)
+        Ok(self.fence.remove(path)?)
     }
 
     fn list_dir(&self, path: &Path) -> Result<DirListing> {
         let _busy = self.check_open()?;
-        Ok(self.files()?.list(path)?)
+        Ok(self.fence.list(path)?)
     }
 
     fn close(&self) -> Result<()> {
@@ -460,21 +449,21 @@ impl NetworkEvents for GuestSandbox {
 impl ReadLimit for GuestSandbox {
     fn read_file_limit(&self, path: &Path, max: u64) -> Result<ReadOutcome> {
         let _busy = self.check_open()?;
-        Ok(self.files()?.read(path, max)?)
+        Ok(self.fence.read(path, max)?)
     }
 }
 
 impl AppendFile for GuestSandbox {
     fn append_file(&self, path: &Path, data: &[u8]) -> Result<()> {
         let _busy = self.check_open()?;
-        Ok(self.files()?.append(path, data)?)
+        Ok(self.fence.append(path, data)?)
     }
 }
 
 impl MakeDirAll for GuestSandbox {
     fn make_dir_all(&self, path: &Path) -> Result<()> {
         let _busy = self.check_open()?;
-        Ok(self.files()?.make_dir_all(path)?)
+        Ok(self.fence.make_dir_all(path)?)
     }
 }
 
@@ -487,7 +476,7 @@ impl Workdir for GuestSandbox {
 impl StatPath for GuestSandbox {
     fn stat(&self, path: &Path) -> Result<Metadata> {
         let _busy = self.check_open()?;
-        Ok(self.files()?.stat(path)?)
+        Ok(self.fence.stat(path)?)
     }
 }
 
@@ -710,6 +699,6 @@ macro_rules! delegate_sandbox {
 impl hako_core::ReplaceUnchanged for GuestSandbox {
     fn replace_unchanged(&self, path: &Path, data: &[u8], read: &[u8]) -> Result<()> {
         let _busy = self.check_open()?;
-        Ok(self.files()?.write_if_unchanged(path, data, read)?)
+        Ok(self.fence.write_if_unchanged(path, data, read)?)
     }
 }

@@ -199,6 +199,22 @@ impl Fence {
         })
     }
 
+    /// Opens the directory `root` and holds it, but takes `shown` as its
+    /// path (for display and for mapping absolute paths): for a root
+    /// reached another way than by the path callers know it, such as a
+    /// copy-on-write sandbox's layered view of the workspace, opened
+    /// through `/proc/PID/root` of a process inside the sandbox.
+    pub fn open_as(root: &Path, shown: &Path, options: FenceOptions) -> Result<Fence, FenceError> {
+        let mut fence = Fence::open(shown, options)?;
+        fence.root = rfs::open(
+            root,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| io_err("open root", root, e))?;
+        Ok(fence)
+    }
+
     /// The root's canonical absolute path (for display and for mapping
     /// absolute paths; never opened again).
     pub fn workdir(&self) -> &Path {

@@ -267,9 +267,16 @@ fn run_cow_with_a_name_leaves_the_workspace_untouched_until_commit() {
     assert_eq!(stdout(&out), "one\ntwo\n");
     assert_eq!(std::fs::read_to_string(ws.join("a.txt")).unwrap(), "one\n");
     assert!(!ws.join("b.txt").exists());
-    // A second run continues on the layers.
-    let out = run_cow(&ws, &private_tmp, &script("cat b.txt"));
+    // A second run continues on the layers, and may start in a
+    // directory only they have.
+    let out = run_cow(&ws, &private_tmp, &script("cat b.txt && mkdir sub"));
     assert_eq!(stdout(&out), "new\n", "{out:?}");
+    let out = run_cow(
+        &ws,
+        &private_tmp,
+        &[&["--cwd", "sub"][..], &script("pwd")].concat(),
+    );
+    assert_eq!(stdout(&out), format!("{}/sub\n", ws.display()), "{out:?}");
     let diff = hako()
         .args(["diff", "fix-1", "--state"])
         .arg(&state)

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use hako_core::{Command, CowLayers, Error, Sandbox};
+use hako_core::{Command, CowLayers, Sandbox};
 use hako_layers::state::State;
 use hako_layers::{Layers, Status};
 use hako_linux::{LinuxConfig, LinuxSandbox};
@@ -136,19 +136,30 @@ fn a_second_cow_sandbox_on_the_same_layers_continues_on_them() {
 }
 
 #[test]
-fn the_file_api_of_a_cow_sandbox_is_refused_and_never_writes_the_workspace() {
+fn the_file_api_of_a_cow_sandbox_reads_and_writes_its_layered_view_never_the_workspace() {
     let c = cow(|ws| std::fs::write(ws.join("a"), "a\n").unwrap());
     let sb = open(&c);
-    let err = sb
-        .write_file(Path::new("a"), b"through the fence")
-        .unwrap_err();
-    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
-    assert!(err.to_string().contains("--cow"), "{err}");
-    assert!(sb.read_file(Path::new("a")).is_err());
-    // The sandbox is still usable, and the workspace untouched.
-    assert_eq!(sh(&sb, "cat a").1, "a\n");
+    // What a command wrote, the fence reads; what the fence writes, a
+    // command sees; a directory only the view has is a working directory.
+    assert_eq!(sh(&sb, "mkdir made && echo cmd > made/c").0, 0);
+    assert_eq!(sb.read_file(Path::new("made/c")).unwrap(), b"cmd\n");
+    sb.write_file(Path::new("a"), b"through the fence\n")
+        .unwrap();
+    sb.write_file(&c.ws.join("made/f"), b"absolute\n").unwrap();
+    assert_eq!(sh(&sb, "cat a").1, "through the fence\n");
+    let mut in_made = Command::shell("cat f");
+    in_made.cwd = Some(PathBuf::from("made"));
+    let out = sb.exec(&in_made).unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "absolute\n");
+    // Still beneath the root: an escape through the view is refused.
+    assert!(sb.read_file(Path::new("../../../etc/hostname")).is_err());
     sb.close().unwrap();
     assert_eq!(std::fs::read_to_string(c.ws.join("a")).unwrap(), "a\n");
+    assert!(!c.ws.join("made").exists());
+    assert_eq!(
+        std::fs::read_to_string(c.state.upper().join("a")).unwrap(),
+        "through the fence\n"
+    );
 }
 
 #[test]
