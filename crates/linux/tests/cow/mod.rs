@@ -151,6 +151,11 @@ fn the_file_api_of_a_cow_sandbox_reads_and_writes_its_layered_view_never_the_wor
     in_made.cwd = Some(PathBuf::from("made"));
     let out = sb.exec(&in_made).unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "absolute\n");
+    // A symlink inside the view is followed inside it (the fence maps
+    // the view's directories back to the workspace's paths).
+    assert_eq!(sh(&sb, "ln -s made/c link").0, 0);
+    sb.write_file(Path::new("link"), b"via link\n").unwrap();
+    assert_eq!(sh(&sb, "cat made/c").1, "via link\n");
     // Still beneath the root: an escape through the view is refused.
     assert!(sb.read_file(Path::new("../../../etc/hostname")).is_err());
     sb.close().unwrap();
