@@ -206,3 +206,25 @@ fn a_file_of_an_owner_not_mapped_cannot_be_changed_in_a_cow_sandbox_and_says_why
         "mine\n"
     );
 }
+
+#[test]
+fn the_upper_layer_and_state_directory_are_not_reachable_from_inside_but_through_the_view() {
+    let c = cow(|ws| std::fs::write(ws.join("a"), "a\n").unwrap());
+    std::fs::write(c.state.upper().join("planted"), "in the layer\n").unwrap();
+    let sb = open(&c);
+    // The layer's files are seen only where the view puts them.
+    assert_eq!(sh(&sb, "cat planted").1, "in the layer\n");
+    for dir in [c.state.dir(), &c.state.upper(), &c.state.work()] {
+        let (code, _, _) = sh(&sb, &format!("ls -d '{}'", dir.display()));
+        assert_ne!(code, 0, "{} is reachable inside", dir.display());
+    }
+    // Nor by a write: nothing a command does changes the state directory
+    // but through the layer.
+    let (code, _, _) = sh(
+        &sb,
+        &format!("echo x > '{}/base.json'", c.state.dir().display()),
+    );
+    assert_ne!(code, 0);
+    sb.close().unwrap();
+    assert!(c.state.base().is_ok());
+}
