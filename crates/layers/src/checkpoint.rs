@@ -75,12 +75,16 @@ pub struct Checkpoint {
     pub at_ms: u64,
 }
 
-/// The overlay xattrs a copy keeps (the only ones the scan reads).
-const KEPT_XATTRS: [&str; 4] = [
+/// The overlay xattrs a copy keeps: those the scan and the commit read
+/// (a stale origin is one overlayfs meets whenever a workspace file is
+/// removed, and ignores).
+const KEPT_XATTRS: [&str; 6] = [
     "trusted.overlay.opaque",
     "user.overlay.opaque",
     "trusted.overlay.whiteout",
     "user.overlay.whiteout",
+    "trusted.overlay.origin",
+    "user.overlay.origin",
 ];
 
 fn copy_xattrs(

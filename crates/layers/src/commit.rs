@@ -7,7 +7,10 @@
 //! hash of the selection; nothing refused ([`Change::refusal`], a file
 //! larger than the fence reads whole, a special file in the workspace); no
 //! workspace path changed since the sandbox was based on it
-//! ([`Base::changed`]). Then the changes are applied one entry at a
+//! ([`Base::changed`]), nor one the sandbox copied up from a workspace
+//! file that is gone since (it shows as added: the person deleted or
+//! moved the file the sandbox changed; see [`Layers::copied_up`]). Then
+//! the changes are applied one entry at a
 //! time, each atomically through the fence: removals deepest first, then
 //! directories, files and symlinks in path order. Each write checks, at
 //! its last step, that the workspace entry is still what the diff showed
@@ -212,7 +215,10 @@ pub fn commit(
     }
     let conflicts: Vec<PathBuf> = changes
         .iter()
-        .filter(|c| base.changed(layers.lower(), &c.path, c.old.is_some()))
+        .filter(|c| {
+            base.changed(layers.lower(), &c.path, c.old.is_some())
+                || (c.old.is_none() && layers.copied_up(&c.path))
+        })
         .map(|c| c.path.clone())
         .collect();
     if !conflicts.is_empty() {

@@ -317,6 +317,25 @@ impl Layers {
         scan::scan_counted(self.lower.root(), self.upper.root())
     }
 
+    /// Whether the upper layer's entry at `rel` was copied up from a
+    /// workspace file (overlayfs records its origin, `overlay.origin`, on
+    /// a copy-up): such an entry listed as added means the workspace file
+    /// it was made from is gone since.
+    pub fn copied_up(&self, rel: &std::path::Path) -> bool {
+        let path = self.upper.workdir().join(rel);
+        ["trusted.overlay.origin", "user.overlay.origin"]
+            .iter()
+            .any(|name| {
+                let mut buf = [0u8; 0];
+                match hako_sys::rustix::fs::lgetxattr(&path, *name, &mut buf[..]) {
+                    Ok(_) => true,
+                    // Present, with a value longer than no bytes.
+                    Err(hako_sys::rustix::io::Errno::RANGE) => true,
+                    Err(_) => false,
+                }
+            })
+    }
+
     /// The content of a file on one side of a change, checked to be what
     /// the change says (its SHA-256): `None` when that side is not a
     /// regular file.

@@ -278,3 +278,30 @@ fn a_set_group_id_directory_is_committed_as_it_is_and_leaves_no_change() {
     assert_eq!(mode & 0o7777, 0o2775);
     assert!(f.changes().is_empty(), "{:?}", f.changes());
 }
+
+#[test]
+fn a_file_the_sandbox_changed_and_the_person_deleted_since_is_refused_not_recreated() {
+    let f = Fixture::new(|ws| put(&ws.join("notes"), "v1\n"));
+    // The sandbox changed `notes` (overlayfs copied it up and recorded
+    // its origin); the person then deleted it from the workspace.
+    put(&f.upper().join("notes"), "v1 and more\n");
+    hako_sys::rustix::fs::setxattr(
+        f.upper().join("notes"),
+        "user.overlay.origin",
+        b"\x00\xfb",
+        hako_sys::rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap();
+    std::fs::remove_file(f.ws().join("notes")).unwrap();
+    // A checkpoint and a rollback keep what the layer knows.
+    f.state().checkpoint(None).unwrap();
+    f.state().rollback("1").unwrap();
+    put(&f.upper().join("fresh"), "new\n");
+    let err = f.commit(&[], None).unwrap_err();
+    match &err {
+        CommitError::ChangedInWorkspace { paths } => assert_eq!(paths, &[PathBuf::from("notes")]),
+        other => panic!("{other}"),
+    }
+    assert!(!f.ws().join("notes").exists() && !f.ws().join("fresh").exists());
+    f.commit(&["fresh"], None).unwrap();
+}

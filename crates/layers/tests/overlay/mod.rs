@@ -86,3 +86,19 @@ fn a_real_overlay_upper_layer_is_read_and_committed_as_the_sandbox_saw_it() {
     assert_eq!(tree(f.ws()), seen);
     assert!(f.changes().is_empty(), "{:?}", f.changes());
 }
+
+#[test]
+fn a_workspace_file_deleted_after_the_sandbox_changed_it_is_refused_at_commit() {
+    let f = Fixture::new(|ws| put(&ws.join("notes"), "v1\n"));
+    let merged = tempfile::tempdir().unwrap();
+    if in_overlay(&f, merged.path(), "echo more >> notes").is_none() {
+        return;
+    }
+    std::fs::remove_file(f.ws().join("notes")).unwrap();
+    let err = f.commit(&[], None).unwrap_err();
+    assert!(
+        matches!(err, hako_layers::CommitError::ChangedInWorkspace { .. }),
+        "{err}"
+    );
+    assert!(!f.ws().join("notes").exists());
+}
