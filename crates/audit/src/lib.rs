@@ -56,8 +56,9 @@ use sha2::{Digest, Sha256};
 pub mod record;
 
 pub use record::{
-    is_refusal, Exec, Failure, File, FileOp, FrontEnd, Process, ProcessOp, Record, SandboxClosed,
-    SandboxLost, SandboxOpened, Session, SessionOp, MAX_MESSAGE_CHARS,
+    is_refusal, Committed, Exec, Failure, File, FileOp, FrontEnd, Process, ProcessOp, Record,
+    Review, ReviewOp, SandboxClosed, SandboxLost, SandboxOpened, Session, SessionOp,
+    MAX_MESSAGE_CHARS,
 };
 
 /// The kind of the record a cleanly closed log ends with.

@@ -33,6 +33,8 @@ pub enum FrontEnd {
     Serve,
     /// `hako mcp`, the MCP server.
     Mcp,
+    /// The review commands (`hako commit`, `hako discard`, `hako rm`).
+    Review,
 }
 
 /// One effect, as the audit log records it. Its kind (the `kind` of its
@@ -69,6 +71,62 @@ pub enum Record {
     Refusal(Failure),
     /// `error`: what was asked failed otherwise (bad input, not found).
     Error(Failure),
+    /// `review`: a copy-on-write sandbox's changes committed to the
+    /// workspace, discarded, or the sandbox removed.
+    Review(Review),
+}
+
+/// What a review command did to a named copy-on-write sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Review {
+    /// Who did it.
+    pub front_end: FrontEnd,
+    /// The sandbox's name.
+    pub name: String,
+    /// The operation and what it changed.
+    #[serde(flatten)]
+    pub op: ReviewOp,
+}
+
+/// One path a commit wrote or removed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Committed {
+    /// The path, relative to the workspace.
+    pub path: String,
+    /// `added`, `modified`, `deleted`, `mode_changed` or `type_changed`.
+    pub status: String,
+    /// SHA-256 of what was written (a file's content, a symlink's
+    /// target); `null` for a removal or a directory.
+    pub sha256: Option<String>,
+}
+
+/// A review operation, written as the record's `op` and its fields.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum ReviewOp {
+    /// Changes applied to the workspace (all of them, or the part applied
+    /// before a commit stopped: `complete` says which).
+    Commit {
+        /// The hash of the changes committed (what `--expect` compares;
+        /// not `hash`, which is the chain's own field).
+        diff_hash: String,
+        /// Each path written or removed, in order.
+        changes: Vec<Committed>,
+        /// Whether the commit applied everything it set out to.
+        complete: bool,
+    },
+    /// Changes thrown away from the sandbox's layer.
+    Discard {
+        /// The paths discarded (relative to the workspace).
+        paths: Vec<String>,
+    },
+    /// The sandbox's layer returned to a checkpoint.
+    Rollback {
+        /// The checkpoint's number.
+        checkpoint: u64,
+    },
+    /// The sandbox and its state removed.
+    Remove,
 }
 
 impl Record {
@@ -85,6 +143,7 @@ impl Record {
             Record::Net(_) | Record::NetDropped { .. } => "net",
             Record::Refusal(_) => "refusal",
             Record::Error(_) => "error",
+            Record::Review(_) => "review",
         }
     }
 
@@ -101,6 +160,7 @@ impl Record {
             Record::Net(r) => serde_json::to_value(r),
             Record::NetDropped { dropped } => Ok(serde_json::json!({ "dropped": dropped })),
             Record::Refusal(r) | Record::Error(r) => serde_json::to_value(r),
+            Record::Review(r) => serde_json::to_value(r),
         };
         match value {
             Ok(Value::Object(map)) => map,
@@ -734,6 +794,32 @@ mod tests {
                 Record::Error(Failure::new(FrontEnd::Mcp, "no")),
                 "error",
                 None,
+            ),
+            (
+                Record::Review(Review {
+                    front_end: FrontEnd::Review,
+                    name: "fix-1".into(),
+                    op: ReviewOp::Commit {
+                        diff_hash: "ab".into(),
+                        changes: vec![Committed {
+                            path: "a".into(),
+                            status: "modified".into(),
+                            sha256: Some(sha256_hex(b"x")),
+                        }],
+                        complete: true,
+                    },
+                }),
+                "review",
+                Some("commit"),
+            ),
+            (
+                Record::Review(Review {
+                    front_end: FrontEnd::Review,
+                    name: "fix-1".into(),
+                    op: ReviewOp::Remove,
+                }),
+                "review",
+                Some("remove"),
             ),
         ];
         for (record, kind, op) in cases {

@@ -16,6 +16,13 @@ pub const FS_FAILED: u8 = 1;
 /// What `hako run` says on stderr of a command the
 /// sandbox's memory limit killed (its exit code stays 137, `SIGKILL`'s).
 pub const OOM_KILLED_MESSAGE: &str = "killed by the sandbox's memory limit (--memory): the command used more memory than it allows, and only this command was killed. Running it again will be killed again: give it a larger --memory, or make it use less";
+/// A review command refused (`hako commit`: nothing was written; `hako
+/// diff`/`discard`: a path named has no change, or cannot be discarded
+/// alone).
+pub const REVIEW_REFUSED: u8 = 1;
+/// `hako commit` stopped part-way: some changes were applied (each
+/// entry whole), the rest not; it says which.
+pub const COMMIT_PARTIAL: u8 = 3;
 
 /// The exit code for a command that ran.
 pub fn for_output(output: &Output) -> u8 {

@@ -8,6 +8,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod lost;
+mod review;
 mod serve;
 mod terminal;
 #[path = "support/tmux.rs"]

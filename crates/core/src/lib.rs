@@ -36,4 +36,4 @@ pub use sandbox::{
     ReplaceUnchanged, Sandbox, SessionId, SessionOptions, Sessions, SpawnOptions, StatPath, Stream,
     TermSize, Waited, Workdir,
 };
-pub use spec::{SandboxSpec, DEFAULT_MAX_PROCESSES, DEFAULT_MAX_SESSIONS};
+pub use spec::{CowLayers, SandboxSpec, DEFAULT_MAX_PROCESSES, DEFAULT_MAX_SESSIONS};

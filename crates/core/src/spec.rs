@@ -13,6 +13,19 @@ pub const DEFAULT_MAX_SESSIONS: usize = 16;
 /// `--max-processes` says otherwise.
 pub const DEFAULT_MAX_PROCESSES: usize = 32;
 
+/// A copy-on-write workspace (`--cow`): the sandbox sees the workspace
+/// through overlayfs, the workspace the read-only lower layer and every
+/// change landing in `upper`; the real workspace is never written. Both
+/// directories are on one file system, outside the workspace and every
+/// bind (`hako_layers::state` makes them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CowLayers {
+    /// The upper layer: every change the sandbox makes.
+    pub upper: PathBuf,
+    /// overlayfs's work directory, beside it.
+    pub work: PathBuf,
+}
+
 /// What a sandbox is to be, independent of the backend that builds it.
 ///
 /// Every front end fills in this one type (`hako-runtime` parses it from
@@ -63,6 +76,10 @@ pub struct SandboxSpec {
     /// Long-lived processes running at once in one sandbox
     /// (`--max-processes`); one more is refused the same way.
     pub max_processes: usize,
+    /// A copy-on-write workspace (`--cow`; the `linux` backend); `None`
+    /// binds the workspace read-write. A backend that cannot give one
+    /// refuses it with [`Error::Unsupported`](crate::Error::Unsupported).
+    pub cow: Option<CowLayers>,
 }
 
 impl SandboxSpec {
@@ -84,6 +101,20 @@ impl SandboxSpec {
             min_isolation: Isolation::None,
             max_sessions: crate::DEFAULT_MAX_SESSIONS,
             max_processes: crate::DEFAULT_MAX_PROCESSES,
+            cow: None,
+        }
+    }
+
+    /// Refuses a copy-on-write workspace, for a backend that cannot give
+    /// one: nothing is started, and the real workspace is never written
+    /// in its place (fail closed).
+    pub fn refuse_cow(&self, backend: &str) -> crate::Result<()> {
+        match self.cow {
+            Some(_) => Err(crate::Error::Unsupported {
+                backend: backend.into(),
+                capability: "--cow (a copy-on-write workspace; use --backend linux)",
+            }),
+            None => Ok(()),
         }
     }
 

@@ -88,6 +88,7 @@ impl Prepared {
     /// `guest`: the static guest is needed (guest mode).
     fn new(config: &DockerConfig, guest: bool, optional: hako_core::Optional) -> Result<Self> {
         let spec = &config.spec;
+        spec.refuse_cow(NAME)?;
         let fence = open_workspace(&spec.workspace, &config.launch.fence)?;
         let network = NetworkSetup::new(&spec.network.clone().unwrap_or_else(NetworkPolicy::none))?;
         if network.spec.is_some() && !guest {
@@ -463,4 +464,29 @@ fn collect_once(engine: &Arc<Engine>, runner: &Arc<dyn Runner>) {
             tracing::debug!("docker: cannot start collecting stale containers: {e}");
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn cow_is_refused_with_a_typed_error_before_any_container_is_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = DockerConfig::new(dir.path());
+        config.spec.cow = Some(hako_core::CowLayers {
+            upper: dir.path().join("upper"),
+            work: dir.path().join("work"),
+        });
+        for err in [
+            DockerSandbox::new(config.clone()).unwrap_err(),
+            DockerExecSandbox::new(config).unwrap_err(),
+        ] {
+            assert!(
+                matches!(err, hako_core::Error::Unsupported { ref backend, .. } if backend == NAME),
+                "{err}"
+            );
+        }
+    }
 }

@@ -301,6 +301,19 @@ impl GuestSandbox {
         })
     }
 
+    /// The pid of the guest's process, as [`Connection::guest_pid`](driver::Connection::guest_pid) says.
+    pub fn guest_pid(&self) -> Option<i32> {
+        self.life.guest.guest_pid()
+    }
+
+    /// Puts the file operations (and the working directories of
+    /// commands) on `fence` from now on: for a sandbox whose commands see
+    /// another tree than the one the backend opened (a copy-on-write
+    /// sandbox's layered view).
+    pub fn set_fence(&mut self, fence: Fence) {
+        self.fence = fence;
+    }
+
     /// The workspace fence.
     pub fn fence(&self) -> &Fence {
         &self.fence

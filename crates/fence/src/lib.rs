@@ -20,6 +20,7 @@
 //!   opens a device for reading.
 //! - Creating never follows a dangling symlink.
 
+mod entry;
 pub mod placement;
 mod resolve;
 
@@ -36,6 +37,7 @@ use hako_core::{Metadata, ReadOutcome};
 use hako_sys::rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 use hako_sys::rustix::io::Errno;
 
+pub use entry::{Content, Previous};
 pub use resolve::{open_beneath, resolver_available};
 
 /// The most bytes a whole-file read loads by default: 256 MiB.
@@ -195,6 +197,22 @@ impl Fence {
             max_read: options.max_read,
             max_entries: options.max_entries,
         })
+    }
+
+    /// Opens the directory `root` and holds it, but takes `shown` as its
+    /// path (for display and for mapping absolute paths): for a root
+    /// reached another way than by the path callers know it, such as a
+    /// copy-on-write sandbox's layered view of the workspace, opened
+    /// through `/proc/PID/root` of a process inside the sandbox.
+    pub fn open_as(root: &Path, shown: &Path, options: FenceOptions) -> Result<Fence, FenceError> {
+        let mut fence = Fence::open(shown, options)?;
+        fence.root = rfs::open(
+            root,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| io_err("open root", root, e))?;
+        Ok(fence)
     }
 
     /// The root's canonical absolute path (for display and for mapping

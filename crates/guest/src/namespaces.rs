@@ -366,7 +366,14 @@ fn build_view(ops: &[MountOp]) -> std::io::Result<()> {
     let null = PathBuf::from("/dev/null");
     sources.0.insert(null.clone(), open_path(&null)?);
     for op in ops {
-        if let MountOp::Bind { source, .. } | MountOp::DevNode { source, .. } = op {
+        let wanted: Vec<&PathBuf> = match op {
+            MountOp::Bind { source, .. } | MountOp::DevNode { source, .. } => vec![source],
+            MountOp::Overlay {
+                lower, upper, work, ..
+            } => vec![lower, upper, work],
+            _ => Vec::new(),
+        };
+        for source in wanted {
             if !sources.0.contains_key(source) {
                 sources.0.insert(source.clone(), open_path(source)?);
             }
@@ -510,6 +517,31 @@ fn apply(op: &MountOp, src: &Sources, null: &Path, soft: m::Flags) -> std::io::R
             }
             MountOp::ReadOnly { path } => {
                 m::remount_readonly(&staged(path), 0, m::Reach::Mount)?;
+            }
+            MountOp::Overlay {
+                lower,
+                upper,
+                work,
+                path,
+            } => {
+                let at = staged(path);
+                std::fs::create_dir_all(&at)?;
+                // Each layer by its descriptor's path (`/proc/self/fd/N`):
+                // no host path is resolved again, and none holds the
+                // commas or colons overlayfs's options would split on.
+                let options = format!(
+                    "lowerdir={},upperdir={},workdir={},userxattr",
+                    src.path(lower)?.display(),
+                    src.path(upper)?.display(),
+                    src.path(work)?.display(),
+                );
+                m::mount(
+                    Some(Path::new("overlay")),
+                    &at,
+                    Some("overlay"),
+                    soft,
+                    Some(&options),
+                )?;
             }
         }
     }

@@ -87,6 +87,7 @@ impl GvisorSandbox {
     /// Writes the bundle, starts `runsc run` and waits for the guest.
     pub fn new(config: GvisorConfig) -> Result<Self> {
         let spec = &config.spec;
+        spec.refuse_cow(NAME)?;
         let fence = open_workspace(&spec.workspace, &config.launch.fence)?;
         let network = NetworkSetup::new(&spec.network.clone().unwrap_or_else(NetworkPolicy::none))?;
         let runner = Arc::clone(&config.runner);
@@ -270,4 +271,25 @@ pub fn ready() -> std::result::Result<(), String> {
     locate_static_guest(NAME, None)
         .map(|_| ())
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn cow_is_refused_with_a_typed_error_before_anything_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = GvisorConfig::new(dir.path());
+        config.spec.cow = Some(hako_core::CowLayers {
+            upper: dir.path().join("upper"),
+            work: dir.path().join("work"),
+        });
+        let err = GvisorSandbox::new(config).unwrap_err();
+        assert!(
+            matches!(err, hako_core::Error::Unsupported { ref backend, .. } if backend == NAME),
+            "{err}"
+        );
+    }
 }

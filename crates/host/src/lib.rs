@@ -107,6 +107,9 @@ impl HostSandbox {
     /// Opens the workspace and starts the sandbox's guest.
     pub fn new(config: HostConfig) -> Result<Self> {
         let HostConfig { spec, launch } = config;
+        // Its commands are host processes: no layer can stand between
+        // them and the workspace.
+        spec.refuse_cow(NAME)?;
         refuse_what_it_cannot_enforce(&spec)?;
         if let Some(network) = spec.network.as_ref().filter(|n| n.mode != NetMode::Host) {
             return Err(hako_core::Error::NetworkUnavailable {

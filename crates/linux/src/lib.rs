@@ -193,6 +193,7 @@ impl LinuxSandbox {
                 .map(Cgroups::procs_files)
                 .unwrap_or_default(),
             oom_counter: cgroups.as_ref().and_then(Cgroups::oom_counter),
+            cow: wanted.cow.clone(),
         };
         // No host home directory inside: HOME and TMPDIR point at the
         // sandbox's private /tmp unless set explicitly.
@@ -253,7 +254,8 @@ impl LinuxSandbox {
             mount_point: input.mount_point.clone(),
             cgroups: Mutex::new(cgroups),
         };
-        let sandbox = LinuxSandbox {
+        let cow = wanted.cow.is_some();
+        let mut sandbox = LinuxSandbox {
             inner: GuestSandbox::new(GuestConfig {
                 backend: NAME,
                 fence,
@@ -267,6 +269,55 @@ impl LinuxSandbox {
                 proxy: network.proxy,
             })?,
         };
+        if cow {
+            // The fence opened above is on the workspace itself, the
+            // overlay's lower layer: a write through it would land behind
+            // the commands' view. Its file operations (and the commands'
+            // working directories) go through the layered view instead,
+            // reached by `/proc/PID/root` of the sandbox's pid 1 (a process
+            // of this user, which this one may look into).
+            let view = sandbox
+                .inner
+                .guest_pid()
+                .and_then(pid1_of)
+                .map(|pid| {
+                    let inside = input
+                        .mount_point
+                        .strip_prefix("/")
+                        .unwrap_or(&input.mount_point);
+                    PathBuf::from(format!("/proc/{pid}/root")).join(inside)
+                })
+                .ok_or_else(|| {
+                    backend_err("open the layered view", "cannot find the sandbox's pid 1")
+                })
+                .and_then(|root| {
+                    hako_fence::Fence::open_as(&root, &input.workspace, launch.fence.clone())
+                        .map_err(|e| backend_err("open the layered view", e.to_string()))
+                });
+            match view {
+                Ok(fence) => sandbox.inner.set_fence(fence),
+                Err(e) => {
+                    let _ = hako_core::Sandbox::close(&sandbox.inner);
+                    return Err(e);
+                }
+            }
+        }
         Ok(sandbox)
     }
+}
+
+/// The sandbox's pid 1, given the guest's process: itself when this
+/// process cloned pid 1 (its mount namespace is not ours), else its only
+/// child (the launcher's).
+fn pid1_of(guest: i32) -> Option<i32> {
+    let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok();
+    if ns(&guest.to_string()).is_some_and(|theirs| Some(theirs) != ns("self")) {
+        return Some(guest);
+    }
+    let children = std::fs::read_to_string(format!("/proc/{guest}/task/{guest}/children")).ok()?;
+    let mut pids = children
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok());
+    let pid1 = pids.next()?;
+    (ns(&pid1.to_string()).is_some_and(|theirs| Some(theirs) != ns("self"))).then_some(pid1)
 }

@@ -54,6 +54,9 @@ pub struct PlanInput {
     pub cgroup_procs: Vec<PathBuf>,
     /// The memory cgroup's count of OOM kills, when it limits memory.
     pub oom_counter: Option<PathBuf>,
+    /// A copy-on-write workspace: the workspace is the lower layer of an
+    /// overlay at the mount point, every change in `upper`.
+    pub cow: Option<hako_core::CowLayers>,
 }
 
 /// Why a configuration cannot be planned.
@@ -162,10 +165,18 @@ pub fn plan(input: &PlanInput, facts: &HostFacts) -> Result<LinuxSpec, PlanError
     for dir in MASKED_PROC_DIRS {
         mounts.push(MountOp::MaskDir { path: p(dir) });
     }
-    mounts.push(MountOp::Bind {
-        source: input.workspace.clone(),
-        path: input.mount_point.clone(),
-        read_only: false,
+    mounts.push(match &input.cow {
+        None => MountOp::Bind {
+            source: input.workspace.clone(),
+            path: input.mount_point.clone(),
+            read_only: false,
+        },
+        Some(cow) => MountOp::Overlay {
+            lower: input.workspace.clone(),
+            upper: cow.upper.clone(),
+            work: cow.work.clone(),
+            path: input.mount_point.clone(),
+        },
     });
     for (paths, read_only) in [(&input.ro, true), (&input.rw, false)] {
         for path in paths {
@@ -257,7 +268,26 @@ mod tests {
             tmp_size: "512m".into(),
             cgroup_procs: vec![],
             oom_counter: None,
+            cow: None,
         }
+    }
+
+    #[test]
+    fn a_cow_workspace_is_an_overlay_in_place_of_the_bind_and_its_layers_are_not_bound() {
+        let mut i = input();
+        i.cow = Some(hako_core::CowLayers {
+            upper: p("/home/u/.local/state/hako/n/upper"),
+            work: p("/home/u/.local/state/hako/n/work"),
+        });
+        let spec = plan(&i, &facts(1000)).unwrap();
+        assert!(spec.mounts.contains(&MountOp::Overlay {
+            lower: p("/home/u/proj"),
+            upper: p("/home/u/.local/state/hako/n/upper"),
+            work: p("/home/u/.local/state/hako/n/work"),
+            path: p("/home/u/proj"),
+        }));
+        assert!(!spec.mounts.iter().any(|m| matches!(m,
+            MountOp::Bind { source, .. } if source.starts_with("/home/u"))));
     }
 
     #[test]

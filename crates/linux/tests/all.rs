@@ -14,6 +14,7 @@ hako_conformance::conformance_tests!(linux, |ws: &Path| {
     Ok(Box::new(LinuxSandbox::new(LinuxConfig::new(ws))?))
 });
 
+mod cow;
 mod escapes;
 mod forwarded;
 

@@ -120,6 +120,20 @@ pub enum MountOp {
         /// What.
         path: PathBuf,
     },
+    /// An overlayfs mount (`--cow`): `lower` seen through it, read-only,
+    /// every change landing in `upper` (`work` is overlayfs's work
+    /// directory beside it); mounted with `userxattr`, as a user namespace
+    /// must, and `nosuid,nodev`.
+    Overlay {
+        /// Host path of the lower layer (the workspace).
+        lower: PathBuf,
+        /// Host path of the upper layer.
+        upper: PathBuf,
+        /// Host path of the work directory.
+        work: PathBuf,
+        /// Where.
+        path: PathBuf,
+    },
 }
 
 /// A resource limit.

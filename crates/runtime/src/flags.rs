@@ -252,6 +252,7 @@ impl SandboxFlags {
             min_isolation,
             max_sessions,
             max_processes,
+            cow: None,
         };
         Ok((backend, spec))
     }

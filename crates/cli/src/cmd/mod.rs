@@ -2,11 +2,19 @@
 
 mod audit;
 mod bench;
+mod checkpoint;
+mod commit;
+mod cow;
+mod diff;
+mod discard;
 mod doctor;
 mod fs;
 mod gc;
 mod image;
 mod mcp;
+mod named;
+mod rm;
+mod rollback;
 mod run;
 mod serve;
 mod shell;
@@ -47,6 +55,18 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Serve an agent's tools over MCP (stdio, or HTTP with --http), each acting inside a sandbox.
     Mcp(mcp::McpArgs),
+    /// Show what a copy-on-write sandbox changed, as a diff, and its hash.
+    Diff(diff::DiffArgs),
+    /// Apply a copy-on-write sandbox's changes (all or named) to the workspace.
+    Commit(commit::CommitArgs),
+    /// Throw away a copy-on-write sandbox's changes (all or named).
+    Discard(discard::DiscardArgs),
+    /// Remove a named sandbox and its state.
+    Rm(rm::RmArgs),
+    /// Record a named copy-on-write sandbox's layer as a checkpoint (or --list them).
+    Checkpoint(checkpoint::CheckpointArgs),
+    /// Return a named copy-on-write sandbox's layer to a checkpoint.
+    Rollback(rollback::RollbackArgs),
 }
 
 /// Runs a subcommand and returns the process exit code.
@@ -62,6 +82,12 @@ pub fn dispatch(command: Command) -> u8 {
         Command::Image(args) => image::run(args),
         Command::Gc(args) => gc::run(args),
         Command::Mcp(args) => mcp::run(args),
+        Command::Diff(args) => diff::run(args),
+        Command::Commit(args) => commit::run(args),
+        Command::Discard(args) => discard::run(args),
+        Command::Rm(args) => rm::run(args),
+        Command::Checkpoint(args) => checkpoint::run(args),
+        Command::Rollback(args) => rollback::run(args),
     }
 }
 

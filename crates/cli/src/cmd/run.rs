@@ -11,6 +11,7 @@ use hako_core::{
 };
 use serde::Serialize;
 
+use super::cow::CowArgs;
 use super::{parse_duration, SandboxArgs};
 use crate::exit;
 
@@ -39,6 +40,8 @@ pub struct RunArgs {
     /// verify FILE` checks it).
     #[arg(long, value_name = "FILE")]
     audit: Option<PathBuf>,
+    #[command(flatten)]
+    cow: CowArgs,
     /// The command and its arguments.
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     command: Vec<String>,
@@ -131,9 +134,14 @@ pub fn run(args: RunArgs) -> u8 {
         }
         fail(json, backend, err, code)
     };
-    let (backend_arg, spec) = match spec {
+    let (mut backend_arg, mut spec) = match spec {
         Ok(spec) => spec,
         Err(e) => return refuse(None, &e, exit::SANDBOX_FAILED, false),
+    };
+    // A copy-on-write workspace: its layers held until the run ends.
+    let cow = match args.cow.apply(&mut backend_arg, &mut spec) {
+        Ok(cow) => cow,
+        Err(e) => return refuse(None, &e, exit::SANDBOX_FAILED, true),
     };
     let kind = match hako_runtime::resolve(backend_arg) {
         Ok(kind) => kind,
@@ -178,6 +186,8 @@ pub fn run(args: RunArgs) -> u8 {
     }
     // Closing ends every connection from inside, so each is recorded.
     let _ = sandbox.close();
+    // The layers are free for review once the sandbox is gone.
+    drop(cow);
     let network = sandbox.network_events().map(|n| n.take_network_events());
     let output = match result {
         Ok(output) => output,

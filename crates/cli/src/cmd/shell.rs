@@ -20,6 +20,7 @@ use hako_sys::rustix::event::{poll, PollFd, PollFlags};
 use hako_sys::rustix::termios::{self, OptionalActions, Termios};
 use hako_sys::signal::{signum, SignalFd};
 
+use super::cow::CowArgs;
 use super::SandboxArgs;
 use crate::exit;
 
@@ -28,6 +29,8 @@ use crate::exit;
 pub struct ShellArgs {
     #[command(flatten)]
     sandbox: SandboxArgs,
+    #[command(flatten)]
+    cow: CowArgs,
     /// Working directory, relative to the workspace.
     #[arg(long, value_name = "REL")]
     cwd: Option<PathBuf>,
@@ -83,8 +86,13 @@ pub fn run(args: ShellArgs) -> u8 {
         Ok(s) => s,
         Err(e) => return fail(&e),
     };
-    let (backend_arg, spec) = match args.sandbox.spec() {
+    let (mut backend_arg, mut spec) = match args.sandbox.spec() {
         Ok(spec) => spec,
+        Err(e) => return fail(&e),
+    };
+    // A copy-on-write workspace: its layers held until the shell ends.
+    let cow = match args.cow.apply(&mut backend_arg, &mut spec) {
+        Ok(cow) => cow,
         Err(e) => return fail(&e),
     };
     let kind = match hako_runtime::resolve(backend_arg) {
@@ -103,6 +111,8 @@ pub fn run(args: ShellArgs) -> u8 {
         Err(e) => fail(&e),
     };
     let _ = sandbox.close();
+    drop(sandbox);
+    drop(cow);
     code
 }
 

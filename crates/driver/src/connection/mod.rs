@@ -141,6 +141,16 @@ impl std::fmt::Debug for Connection {
 }
 
 impl Connection {
+    /// The pid of the guest's process as this process sees it, when it
+    /// is a child known by its pid (`linux`, `host`): for `linux`, the
+    /// sandbox's pid 1 or the launcher whose child it is.
+    pub fn guest_pid(&self) -> Option<i32> {
+        match self.child.lock().ok()?.as_ref()? {
+            GuestProcess::Forked(pid) => Some(pid.as_raw_nonzero().get()),
+            GuestProcess::Piped(_) => None,
+        }
+    }
+
     fn send(&self, frame: &Frame<ToGuest>, fd: Option<&OwnedFd>) -> Result<()> {
         let bytes = proto::encode(frame)
             .map_err(|e| backend_err(self.backend, "send to hako-guest", e.to_string()))?;

@@ -546,3 +546,21 @@ fn the_idle_lease_closes_an_idle_sandbox_and_a_running_process_keeps_it_open() {
         std::thread::sleep(Duration::from_millis(700));
     }
 }
+
+#[test]
+fn cow_is_refused_with_a_typed_error_and_nothing_runs() {
+    let (dir, ws) = workspace();
+    std::fs::write(ws.join("a"), "a").unwrap();
+    let mut config = HostConfig::new(&ws);
+    config.spec.cow = Some(hako_core::CowLayers {
+        upper: dir.path().join("upper"),
+        work: dir.path().join("work"),
+    });
+    let err = HostSandbox::new(config).unwrap_err();
+    assert!(
+        matches!(err, hako_core::Error::Unsupported { ref backend, .. } if backend == "host"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("--cow"), "{err}");
+    assert_eq!(std::fs::read_to_string(ws.join("a")).unwrap(), "a");
+}

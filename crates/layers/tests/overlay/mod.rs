@@ -1,0 +1,104 @@
+//! Layers made by a real overlayfs mount, unprivileged (a user and mount
+//! namespace of their own, `userxattr`), as `--cow` makes them: what the
+//! engine reads from the upper layer is what the sandbox saw, and a
+//! commit makes the workspace that.
+
+use std::path::Path;
+use std::process::Command;
+
+use hako_layers::diff_hash;
+
+use crate::{put, tree, Fixture};
+
+fn must_work() -> bool {
+    std::env::var("HAKO_MUST_WORK").is_ok_and(|v| v == "1")
+}
+
+/// Runs `script` in the merged view of `f`'s layers (mounted at `merged`
+/// in a namespace of its own), then lists the view: `None` when this
+/// host cannot mount an unprivileged overlay (a failure under
+/// `HAKO_MUST_WORK=1`).
+fn in_overlay(
+    f: &Fixture,
+    merged: &Path,
+    script: &str,
+) -> Option<Vec<(std::path::PathBuf, String)>> {
+    let listing = tempfile::tempdir().unwrap();
+    let copy = listing.path().join("view");
+    let mount = format!(
+        "mount -t overlay overlay -o lowerdir={},upperdir={},workdir={},userxattr {} || exit 99\n\
+         cd {} && ( {script} ) && cp -a {} {}",
+        f.ws().display(),
+        f.upper().display(),
+        f.state().work().display(),
+        merged.display(),
+        merged.display(),
+        merged.display(),
+        copy.display(),
+    );
+    let out = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "sh", "-ec", &mount])
+        .output();
+    match out {
+        Ok(out) if out.status.success() => Some(tree(&copy)),
+        Ok(out) if !must_work() && (out.status.code() == Some(99) || !out.status.success()) => {
+            eprintln!(
+                "skipped: cannot mount an unprivileged overlay here: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            None
+        }
+        Ok(out) => panic!(
+            "overlay script failed: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) if !must_work() => {
+            eprintln!("skipped: no unshare: {e}");
+            None
+        }
+        Err(e) => panic!("unshare: {e}"),
+    }
+}
+
+#[test]
+fn a_real_overlay_upper_layer_is_read_and_committed_as_the_sandbox_saw_it() {
+    let f = Fixture::new(|ws| {
+        put(&ws.join("edit.txt"), "one\ntwo\n");
+        put(&ws.join("rm.txt"), "bye\n");
+        put(&ws.join("dir/a"), "a\n");
+        put(&ws.join("dir/sub/b"), "b\n");
+        put(&ws.join("mv/x"), "x\n");
+        put(&ws.join("chmod.sh"), "#!/bin/sh\n");
+        put(&ws.join("replace/old"), "old\n");
+    });
+    let merged = tempfile::tempdir().unwrap();
+    let script = "echo three >> edit.txt; rm rm.txt; rm -r dir; mv mv moved; chmod +x chmod.sh; \
+                  ln -s edit.txt link; echo new > new.txt; rm -r replace; mkdir replace; \
+                  echo fresh > replace/new; touch -c edit.txt";
+    let Some(seen) = in_overlay(&f, merged.path(), script) else {
+        return;
+    };
+    let changes = f.changes();
+    assert!(!changes.is_empty());
+    let hash = diff_hash(&changes);
+    f.commit(&[], Some(&hash)).unwrap();
+    assert_eq!(tree(f.ws()), seen);
+    assert!(f.changes().is_empty(), "{:?}", f.changes());
+}
+
+#[test]
+fn a_workspace_file_deleted_after_the_sandbox_changed_it_is_refused_at_commit() {
+    let f = Fixture::new(|ws| put(&ws.join("notes"), "v1\n"));
+    let merged = tempfile::tempdir().unwrap();
+    if in_overlay(&f, merged.path(), "echo more >> notes").is_none() {
+        return;
+    }
+    std::fs::remove_file(f.ws().join("notes")).unwrap();
+    let err = f.commit(&[], None).unwrap_err();
+    assert!(
+        matches!(err, hako_layers::CommitError::ChangedInWorkspace { .. }),
+        "{err}"
+    );
+    assert!(!f.ws().join("notes").exists());
+}
