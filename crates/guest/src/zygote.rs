@@ -92,10 +92,10 @@ impl Zygote {
         let pid = <[u8; 4]>::try_from(payload.as_slice())
             .ok()
             .and_then(|b| Pid::from_raw(i32::from_be_bytes(b)));
-        if fds.is_empty() {
+        if let [NO_SUPERVISOR, errno @ ..] = payload.as_slice() {
             // The zygote could not fork one (the sandbox or the machine is
             // out of processes or descriptors); it is still there.
-            if let Ok(errno) = <[u8; 4]>::try_from(payload.as_slice()) {
+            if let (Ok(errno), true) = (<[u8; 4]>::try_from(errno), fds.is_empty()) {
                 return Err(GuestError::NoSupervisor {
                     source: std::io::Error::from_raw_os_error(i32::from_be_bytes(errno)),
                 });
@@ -279,14 +279,19 @@ fn serve(proof: &SingleThreaded, mode: &Mode) -> GuestExit {
     }
 }
 
-/// Answers a request for a supervisor that could not be forked: the OS
-/// error's number (4 bytes, big-endian) and no descriptor, which tells it
-/// from a supervisor's pid (which comes with one).
+/// The first byte of the answer to a request for a supervisor that could
+/// not be forked (a pid's answer is four bytes, this one five).
+const NO_SUPERVISOR: u8 = 0xff;
+
+/// Answers a request for a supervisor that could not be forked:
+/// [`NO_SUPERVISOR`], then the OS error's number (4 bytes, big-endian),
+/// and no descriptor.
 fn could_not_fork(sock: &UnixStream, err: &std::io::Error) -> std::io::Result<()> {
     let errno = err
         .raw_os_error()
         .unwrap_or(hako_sys::rustix::io::Errno::AGAIN.raw_os_error());
-    let mut frame = 4u32.to_be_bytes().to_vec();
+    let mut frame = 5u32.to_be_bytes().to_vec();
+    frame.push(NO_SUPERVISOR);
     frame.extend(errno.to_be_bytes());
     proto::send_with_fds(sock, &frame, &[])
 }
