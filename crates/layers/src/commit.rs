@@ -83,6 +83,8 @@ pub enum CommitError {
     /// whole; the rest was not.
     #[error("the commit stopped after {} change(s) were applied: {source}", applied.len())]
     Partial {
+        /// The hash of the diff it was committing.
+        hash: String,
         /// What was applied.
         applied: Vec<Applied>,
         /// Why it stopped.
@@ -232,6 +234,7 @@ pub fn commit(
         Ok(()) => Ok(report),
         Err(e) if report.applied.is_empty() => Err(e),
         Err(e) => Err(CommitError::Partial {
+            hash: report.hash,
             applied: report.applied,
             source: Box::new(e),
         }),

@@ -53,9 +53,9 @@ pub fn run(args: CommitArgs) -> u8 {
     let report = match result {
         Ok(report) => report,
         Err(e) => {
-            if let hako_layers::CommitError::Partial { applied, .. } = &e {
+            if let hako_layers::CommitError::Partial { hash, applied, .. } = &e {
                 log.done(hako_audit::ReviewOp::Commit {
-                    diff_hash: String::new(),
+                    diff_hash: hash.clone(),
                     changes: committed(applied),
                     complete: false,
                 });
