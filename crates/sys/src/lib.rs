@@ -79,6 +79,30 @@ pub fn children_peak_rss_bytes() -> u64 {
     max_rss(libc::RUSAGE_CHILDREN)
 }
 
+/// Waits for the child `pid` (a process this one started and has not
+/// waited for) and returns its raw wait status and the peak resident set
+/// size, in bytes, of it and of the descendants it waited for: one
+/// child's figure, whatever other children this process has had.
+pub fn wait_with_peak_rss(pid: u32) -> io::Result<(i32, u64)> {
+    let pid = libc::pid_t::try_from(pid).map_err(io::Error::other)?;
+    // SAFETY: `rusage` is plain data; zeroed is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let mut status: libc::c_int = 0;
+    loop {
+        // SAFETY: `status` and `usage` are valid, writable places for
+        // wait4 to fill; it waits for the one child named.
+        let got = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        if got == pid {
+            break;
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+    Ok((status, u64::try_from(usage.ru_maxrss).unwrap_or(0) * 1024))
+}
+
 /// Takes ownership of an inherited descriptor by number, after checking that
 /// it is open, and marks it close-on-exec.
 ///

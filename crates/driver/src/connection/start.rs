@@ -61,8 +61,13 @@ impl Connection {
                 Some(spec) => {
                     // This process is the launcher: its child is pid 1.
                     drop(cwd);
-                    let pid = (in_process.spawn_linux_pid1)(spec, &ctl_guest, &proof)
-                        .map_err(|e| backend_err(backend, "start the sandbox", e.to_string()))?;
+                    let pid =
+                        (in_process.spawn_linux_pid1)(spec, &ctl_guest, &proof).map_err(|e| {
+                            // Pid 1 short of descriptors ends before it is
+                            // released: say what it was short of.
+                            let why = format!("{e}{}", descriptors_hint());
+                            backend_err(backend, "start the sandbox", why)
+                        })?;
                     // Only pid 1 may hold the guest's end: its exit must
                     // show here as the connection closing.
                     drop(ctl_guest);
