@@ -118,6 +118,14 @@ impl AuditArg {
     }
 }
 
+impl AuditArg {
+    /// [`AuditArg::open`] for `state`, whose workspace may be gone (a
+    /// sandbox on it can still be removed or rolled back).
+    pub fn open_for(&self, state: &State) -> Result<ReviewLog, u8> {
+        self.open(state.name(), &state.workspace().unwrap_or_default())
+    }
+}
+
 impl ReviewLog {
     /// Records `op`.
     pub fn done(&self, op: ReviewOp) {

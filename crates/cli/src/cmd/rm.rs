@@ -20,9 +20,7 @@ pub fn run(args: RmArgs) -> u8 {
         Ok(state) => state,
         Err(code) => return code,
     };
-    // The workspace may be gone: a sandbox on it can still be removed.
-    let workspace = state.workspace().unwrap_or_default();
-    let log = match args.audit.open(state.name(), &workspace) {
+    let log = match args.audit.open_for(&state) {
         Ok(log) => log,
         Err(code) => return code,
     };

@@ -26,8 +26,7 @@ pub fn run(args: RollbackArgs) -> u8 {
         Ok(state) => state,
         Err(code) => return code,
     };
-    let workspace = state.workspace().unwrap_or_default();
-    let log = match args.audit.open(state.name(), &workspace) {
+    let log = match args.audit.open_for(&state) {
         Ok(log) => log,
         Err(code) => return code,
     };
