@@ -10,6 +10,7 @@
 
 use std::fmt::Write as _;
 use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 
 use similar::TextDiff;
 
@@ -50,8 +51,46 @@ fn text(layers: &Layers, change: &Change, side: Side) -> Text {
     }
 }
 
-fn shown(path: &std::path::Path) -> String {
-    path.to_string_lossy().into_owned()
+/// A path as `git diff` shows it (its `core.quotePath` default): as it
+/// is when every byte is printable ASCII other than `"` and `\`, else
+/// the whole token (with its `a/` or `b/` prefix) in double quotes, a
+/// control as `\n`, `\t` and the like, `"` and `\` escaped, and every
+/// other byte (a control, DEL, any byte of a non-ASCII name) as three
+/// octal digits. So no file name can start a line of the review of its
+/// own (a name holding a newline and `+++ b/...` would otherwise forge
+/// one), and two names never show alike.
+fn quoted(prefix: &str, path: &Path) -> String {
+    let bytes = path.as_os_str().as_bytes();
+    let plain = |b: u8| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\';
+    if bytes.iter().all(|&b| plain(b)) {
+        return format!("{prefix}{}", path.to_string_lossy());
+    }
+    let mut out = String::from("\"");
+    out.push_str(prefix);
+    for &b in bytes {
+        match b {
+            b'\x07' => out.push_str("\\a"),
+            b'\x08' => out.push_str("\\b"),
+            b'\t' => out.push_str("\\t"),
+            b'\n' => out.push_str("\\n"),
+            b'\x0b' => out.push_str("\\v"),
+            b'\x0c' => out.push_str("\\f"),
+            b'\r' => out.push_str("\\r"),
+            b'"' => out.push_str("\\\""),
+            b'\\' => out.push_str("\\\\"),
+            b if plain(b) => out.push(char::from(b)),
+            b => {
+                let _ = write!(out, "\\{b:03o}");
+            }
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A path as the text forms show it (see [`quoted`]).
+fn shown(path: &Path) -> String {
+    quoted("", path)
 }
 
 /// Lines added and removed between two texts.
@@ -94,11 +133,16 @@ fn hunks(out: &mut String, old: &[u8], new: &[u8]) {
 /// One file's part of the diff (one side of a change of kind).
 fn file_part(
     out: &mut String,
-    path: &str,
+    path: &Path,
     old: Option<(&Node, &Text)>,
     new: Option<(&Node, &Text)>,
 ) {
-    let _ = writeln!(out, "diff --git a/{path} b/{path}");
+    let _ = writeln!(
+        out,
+        "diff --git {} {}",
+        quoted("a/", path),
+        quoted("b/", path)
+    );
     match (old, new) {
         (None, Some((n, _))) => {
             let _ = writeln!(out, "new file mode {:06o}", n.git_mode());
@@ -118,12 +162,12 @@ fn file_part(
         match t {
             Text::Binary => {
                 let a = if old.is_some() {
-                    format!("a/{path}")
+                    quoted("a/", path)
                 } else {
                     "/dev/null".into()
                 };
                 let b = if new.is_some() {
-                    format!("b/{path}")
+                    quoted("b/", path)
                 } else {
                     "/dev/null".into()
                 };
@@ -131,11 +175,19 @@ fn file_part(
                 return;
             }
             Text::TooLarge(size) => {
-                let _ = writeln!(out, "# {path}: {size} bytes, too large to show as text");
+                let _ = writeln!(
+                    out,
+                    "# {}: {size} bytes, too large to show as text",
+                    shown(path)
+                );
                 return;
             }
             Text::Changed => {
-                let _ = writeln!(out, "# {path}: changed since it was listed; list it again");
+                let _ = writeln!(
+                    out,
+                    "# {}: changed since it was listed; list it again",
+                    shown(path)
+                );
                 return;
             }
             _ => {}
@@ -146,12 +198,12 @@ fn file_part(
         return;
     }
     let from = if old.is_some() {
-        format!("a/{path}")
+        quoted("a/", path)
     } else {
         "/dev/null".into()
     };
     let to = if new.is_some() {
-        format!("b/{path}")
+        quoted("b/", path)
     } else {
         "/dev/null".into()
     };
@@ -181,15 +233,15 @@ pub fn unified(layers: &Layers, changes: &[Change]) -> String {
         match change.status() {
             Status::TypeChanged => {
                 if let Some(o) = old {
-                    file_part(&mut out, &path, Some((o, &old_text)), None);
+                    file_part(&mut out, &change.path, Some((o, &old_text)), None);
                 }
                 if let Some(n) = new {
-                    file_part(&mut out, &path, None, Some((n, &new_text)));
+                    file_part(&mut out, &change.path, None, Some((n, &new_text)));
                 }
             }
             _ if old.is_some() || new.is_some() => file_part(
                 &mut out,
-                &path,
+                &change.path,
                 old.map(|o| (o, &old_text)),
                 new.map(|n| (n, &new_text)),
             ),
@@ -286,6 +338,20 @@ pub fn stat(layers: &Layers, changes: &[Change]) -> String {
     out
 }
 
+/// A name that is not UTF-8 is shown in JSON as its text with each
+/// invalid sequence replaced, which two names may share: beside it,
+/// `KEY_hex` then holds its bytes, in hex, exactly.
+fn with_hex(value: &mut serde_json::Value, key: &str, name: &std::ffi::OsStr) {
+    if name.to_str().is_none() {
+        if let Some(map) = value.as_object_mut() {
+            map.insert(
+                format!("{key}_hex"),
+                serde_json::Value::String(hex(name.as_bytes())),
+            );
+        }
+    }
+}
+
 fn node_json(node: &Option<Node>) -> serde_json::Value {
     match node {
         None => serde_json::Value::Null,
@@ -298,9 +364,13 @@ fn node_json(node: &Option<Node>) -> serde_json::Value {
             "kind": "file", "mode": format!("{mode:04o}"), "size": size,
             "sha256": hex(sha256), "binary": binary,
         }),
-        Some(Node::Symlink { target }) => serde_json::json!({
-            "kind": "symlink", "target": target.to_string_lossy(),
-        }),
+        Some(Node::Symlink { target }) => {
+            let mut node = serde_json::json!({
+                "kind": "symlink", "target": target.to_string_lossy(),
+            });
+            with_hex(&mut node, "target", target.as_os_str());
+            node
+        }
         Some(Node::Dir { mode }) => serde_json::json!({
             "kind": "dir", "mode": format!("{mode:04o}"),
         }),
@@ -318,15 +388,18 @@ pub fn json(layers: &Layers, changes: &[Change]) -> serde_json::Value {
         .iter()
         .map(|change| {
             let (added, removed) = change_counts(layers, change);
-            serde_json::json!({
-                "path": shown(&change.path),
+            let raw = change.path.as_os_str();
+            let mut entry = serde_json::json!({
+                "path": raw.to_string_lossy(),
                 "status": change.status(),
                 "old": node_json(&change.old),
                 "new": node_json(&change.new),
                 "insertions": added,
                 "deletions": removed,
                 "refused": change.refusal(),
-            })
+            });
+            with_hex(&mut entry, "path", raw);
+            entry
         })
         .collect();
     serde_json::json!({ "hash": diff_hash(changes), "changes": entries })

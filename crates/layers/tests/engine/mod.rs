@@ -234,6 +234,53 @@ fn a_file_named_with_odd_bytes_is_hashed_and_committed_losslessly() {
 }
 
 #[test]
+fn a_file_name_holding_a_newline_cannot_forge_a_line_of_the_review() {
+    use std::os::unix::ffi::OsStrExt;
+    let f = Fixture::new(|ws| put(&ws.join("safe"), "safe\n"));
+    // A path that, shown as it is, would end the header and start a
+    // forged file part of its
+    // own (a directory's name and its file's).
+    let forged = std::ffi::OsStr::from_bytes(b"x\n+++ b/safe\n@@ -1 +1 @@\n-safe\n+evil");
+    std::fs::create_dir(f.upper().join("x\n+++ b")).unwrap();
+    std::fs::write(f.upper().join(forged), "x\n").unwrap();
+    let odd = std::ffi::OsStr::from_bytes(b"caf\xe9 \"q\"\\");
+    std::fs::write(f.upper().join(odd), "y\n").unwrap();
+    let layers = f.layers();
+    let changes = f.changes();
+    let diff = render::unified(&layers, &changes);
+    assert!(
+        diff.lines().all(|l| l != "+++ b/safe" && l != "+evil"),
+        "a name forged a line:\n{diff}"
+    );
+    assert!(
+        diff.contains("diff --git \"a/x\\n+++ b/safe\\n@@ -1 +1 @@\\n-safe\\n+evil\" "),
+        "{diff}"
+    );
+    assert!(
+        diff.contains("+++ \"b/caf\\351 \\\"q\\\"\\\\\"\n"),
+        "{diff}"
+    );
+    let stat = render::stat(&layers, &changes);
+    assert_eq!(stat.lines().count(), 4, "{stat}");
+    // JSON keeps each name exactly: as text where it is UTF-8, else
+    // beside its lossy text as hex.
+    let json = render::json(&layers, &changes);
+    let entries = json["changes"].as_array().unwrap();
+    let odd_entry = entries
+        .iter()
+        .find(|e| e.get("path_hex").is_some())
+        .unwrap();
+    assert_eq!(
+        odd_entry["path_hex"],
+        hako_layers::hex(odd.as_bytes()).as_str()
+    );
+    assert!(entries
+        .iter()
+        .any(|e| e["path"] == "x\n+++ b/safe\n@@ -1 +1 @@\n-safe\n+evil"
+            && e.get("path_hex").is_none()));
+}
+
+#[test]
 fn a_diff_walks_only_what_changed_not_the_workspace() {
     let f = Fixture::new(|ws| {
         for i in 0..2_000 {
