@@ -684,6 +684,63 @@ fn hako_shell_works_on_a_real_terminal_and_restores_it() {
 }
 
 #[test]
+fn hako_shell_cow_on_a_real_terminal_keeps_what_was_typed_in_its_layer_for_review() {
+    let Some(tmux) = Tmux::start() else { return };
+    let d = dirs();
+    std::fs::write(d.ws.join("kept"), "kept\n").unwrap();
+    let state = d.outside.join("state");
+    let bin = env!("CARGO_BIN_EXE_hako");
+    let line = format!(
+        "{bin} shell --backend linux --cow --name typed --state {} --workspace {}",
+        state.display(),
+        d.ws.display()
+    );
+    tmux.send(&[&line, "Enter"]);
+    tmux.send(&[
+        "echo new > made; rm kept; cat made; echo DONE-$((6*7))",
+        "Enter",
+    ]);
+    let screen = tmux.wait_for("DONE-42");
+    assert!(screen.contains("\nnew\n"), "{screen}");
+    tmux.send(&["exit", "Enter"]);
+    let ws = d.ws.display().to_string();
+    let start = Instant::now();
+    while processes_with(&ws).iter().any(|p| p.contains(" shell ")) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "hako shell did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The workspace is as it was; the review shows what was typed.
+    assert_eq!(
+        std::fs::read_to_string(d.ws.join("kept")).unwrap(),
+        "kept\n"
+    );
+    assert!(!d.ws.join("made").exists());
+    let out = hako()
+        .args(["diff", "typed", "--stat", "--state"])
+        .arg(&state)
+        .output()
+        .unwrap();
+    let stat = text(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stat.contains(" kept ") && stat.contains(" made ") && stat.contains(" 2 changes,"),
+        "{stat}"
+    );
+    // And it is committed as reviewed.
+    let out = hako()
+        .args(["commit", "typed", "--state"])
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(std::fs::read_to_string(d.ws.join("made")).unwrap(), "new\n");
+    assert!(!d.ws.join("kept").exists());
+}
+
+#[test]
 fn hako_alone_needs_no_guest_binary_beside_it() {
     // The CLI runs the guest's code in a fork of itself: a lone copy of
     // `hako` runs commands, and opens one sandbox after another (the guest
