@@ -45,6 +45,7 @@ pub mod terminal;
 #[macro_use]
 mod check;
 mod cases;
+pub mod cow;
 mod harness;
 #[cfg(test)]
 mod naive;
