@@ -209,11 +209,30 @@ fn overlay_works() -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// Every case against `make`, all at once (each in a world of its own).
+fn run_all(make: std::sync::Arc<CowFactory>) -> Vec<(&'static super::CowCase, Outcome)> {
+    std::thread::scope(|scope| {
+        let running: Vec<_> = cow_cases()
+            .iter()
+            .map(|case| {
+                let make = make.clone();
+                (
+                    case,
+                    scope.spawn(move || run_cow_case(case.name, make.as_ref())),
+                )
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|(case, handle)| (case, handle.join().unwrap()))
+            .collect()
+    })
+}
+
 #[test]
 fn the_cow_kit_fails_a_backend_that_forgets_the_layers_in_every_case() {
-    let make = forgetful();
-    for case in cow_cases() {
-        match run_cow_case(case.name, make.as_ref()) {
+    for (case, outcome) in run_all(forgetful()) {
+        match outcome {
             Outcome::Failed(message) => {
                 eprintln!(
                     "forgetful twin, {}: failed as it must: {message}",
@@ -246,9 +265,7 @@ fn the_cow_kit_fails_a_layered_backend_with_a_lower_file_api_only_where_it_is_wr
         eprintln!("SKIPPED: an unprivileged overlay cannot be mounted here (unshare)");
         return;
     }
-    let make = lower_file_api();
-    for case in cow_cases() {
-        let outcome = run_cow_case(case.name, make.as_ref());
+    for (case, outcome) in run_all(lower_file_api()) {
         if WRONG_IN_LOWER_FILE_API.contains(&case.name) {
             match outcome {
                 Outcome::Failed(message) => {
