@@ -37,10 +37,14 @@ fn every_kind(ws: &Path) -> io::Result<()> {
     put(ws, "tolink", b"t\n", 0o644)?;
     put(ws, "todir", b"f\n", 0o644)?;
     put(ws, "bin.dat", b"old\0binary", 0o644)?;
+    put(ws, "replace/old", b"o\n", 0o644)?;
+    put(ws, "replace/sub/x", b"x\n", 0o644)?;
+    std::fs::set_permissions(ws.join("replace"), std::fs::Permissions::from_mode(0o755))?;
     put(ws, "keep.txt", b"kept\n", 0o644)
 }
 
-/// Changes, creates, deletes, renames, changes modes and makes symlinks.
+/// Changes, creates, deletes, renames, changes modes, makes symlinks and
+/// replaces a directory by a new one of the same name (an opaque one).
 const EVERY_KIND: &str = "set -e
 echo three >> edit.txt
 rm rm.txt
@@ -55,7 +59,8 @@ rm todir && mkdir todir && echo inside > todir/f
 printf 'new\\000bin' > bin.dat
 mkdir -p new/deep && echo n > new/deep/n
 echo created > created.txt
-ln -s new/deep link";
+ln -s new/deep link
+rm -r replace && mkdir -m 755 replace && echo fresh > replace/new";
 
 /// What [`EVERY_KIND`] changes.
 const EVERY_KIND_CHANGES: &[(&str, Status)] = &[
@@ -81,6 +86,10 @@ const EVERY_KIND_CHANGES: &[(&str, Status)] = &[
     ("new/deep", Status::Added),
     ("new/deep/n", Status::Added),
     ("private", Status::ModeChanged),
+    ("replace/new", Status::Added),
+    ("replace/old", Status::Deleted),
+    ("replace/sub", Status::Deleted),
+    ("replace/sub/x", Status::Deleted),
     ("rm.txt", Status::Deleted),
     ("run.sh", Status::ModeChanged),
     ("shared", Status::ModeChanged),
