@@ -236,20 +236,23 @@ pub(crate) fn a_whiteout_or_opaque_dir_cannot_delete_anything_outside_the_worksp
         std::fs::create_dir_all(ws.join("real/inner"))?;
         std::fs::write(ws.join("real/inner/f"), "f\n")?;
         std::os::unix::fs::symlink("real", ws.join("alias"))?;
-        std::fs::write(ws.join("inside"), "x\n")
+        std::fs::write(ws.join("inside"), "x\n")?;
+        std::fs::write(ws.join("replaced"), "r\n")
     })?;
     let before = w.snapshot_ws()?;
     let out = w.outside.display().to_string();
     let sb = w.open()?;
     // From inside: delete the symlinks and what they point to, a
-    // directory that is a symlink's target, and `..` games.
+    // directory that is a symlink's target, `..` games, and whiteouts
+    // made by `mknod` (a 0/0 device anyone may make).
     let _ = run(
         sb.sb(),
         &format!(
             "rm link; rm -rf link2/ link2/* link3/* link4/deep; rm -r real; \
              rm -rf ../outside ../outside/* '{out}/secret' '{out}/sub'; \
              ln -s .. up; rm -rf up/outside up/outside/*; \
-             mkdir -p dd && cd dd && rm -rf ../../outside; true"
+             mkdir -p dd && cd dd && rm -rf ../../outside; cd ..; \
+             rm replaced; mknod replaced c 0 0; mknod ghost c 0 0; true"
         ),
     )?;
     sb.close()?;
@@ -298,7 +301,9 @@ pub(crate) fn a_whiteout_or_opaque_dir_cannot_delete_anything_outside_the_worksp
         std::fs::symlink_metadata(w.ws.join("link")).is_err()
             && std::fs::symlink_metadata(w.ws.join("real")).is_err()
             && std::fs::read_link(w.ws.join("alias")).is_ok()
-            && w.ws.join("inside").is_file(),
+            && w.ws.join("inside").is_file()
+            && std::fs::symlink_metadata(w.ws.join("replaced")).is_err()
+            && std::fs::symlink_metadata(w.ws.join("ghost")).is_err(),
         "the workspace is not what the deletions should make it: {:?}",
         w.ws_view()?
     );
