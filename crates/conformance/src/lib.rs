@@ -30,6 +30,12 @@
 //! A skip passes with the reason printed, unless `HAKO_MUST_WORK=1` is set
 //! (CI sets it), which turns every skip into a failure.
 //!
+//! Beside the main suite: the network kit ([`net`], `network_tests!`), the
+//! copy-on-write kit ([`cow`], `cow_tests!`: a `--cow` sandbox reviewed,
+//! committed, discarded, checkpointed, and the attacks on its review),
+//! and cases each backend calls with a sandbox it opened ([`memory`],
+//! [`limits`], [`lost`], [`attacks`], [`terminal`]).
+//!
 //! Environment knobs:
 //! - `HAKO_MUST_WORK=1`: skips fail.
 //! - `HAKO_RACE_ITERATIONS`: iterations of the rename-race cases (default
@@ -45,6 +51,7 @@ pub mod terminal;
 #[macro_use]
 mod check;
 mod cases;
+pub mod cow;
 mod harness;
 #[cfg(test)]
 mod naive;

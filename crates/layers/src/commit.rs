@@ -9,7 +9,9 @@
 //! workspace path changed since the sandbox was based on it
 //! ([`Base::changed`]), nor one the sandbox copied up from a workspace
 //! file that is gone since (it shows as added: the person deleted or
-//! moved the file the sandbox changed; see [`Layers::copied_up`]). Then
+//! moved the file the sandbox changed; see [`Layers::copied_up`]), told
+//! from a file the sandbox renamed itself by the workspace directory
+//! that held it, which changed since ([`Base::parent_changed`]). Then
 //! the changes are applied one entry at a
 //! time, each atomically through the fence: removals deepest first, then
 //! directories, files and symlinks in path order. Each write checks, at
@@ -219,7 +221,9 @@ pub fn commit(
         .iter()
         .filter(|c| {
             base.changed(layers.lower(), &c.path, c.old.is_some())
-                || (c.old.is_none() && layers.copied_up(&c.path))
+                || (c.old.is_none()
+                    && layers.copied_up(&c.path)
+                    && base.parent_changed(layers.lower(), &c.path))
         })
         .map(|c| c.path.clone())
         .collect();
@@ -230,7 +234,20 @@ pub fn commit(
         hash,
         applied: Vec::new(),
     };
-    match apply(layers, base, &changes, &mut report) {
+    let applied = apply(layers, base, &changes, &mut report);
+    // The directories written in: what the commit left there is not a
+    // change of the workspace's since the base (see `Base::parent_changed`).
+    let mut dirs: Vec<&Path> = report
+        .applied
+        .iter()
+        .filter_map(|a| Path::new(&a.path).parent())
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    for dir in dirs {
+        base.committed_dir(layers.lower(), dir);
+    }
+    match applied {
         Ok(()) => Ok(report),
         Err(e) if report.applied.is_empty() => Err(e),
         Err(e) => Err(CommitError::Partial {

@@ -25,6 +25,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{DirBuilder, File, OpenOptions};
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -207,24 +208,46 @@ fn key(path: &Path) -> String {
     out
 }
 
-/// The workspace entry at `rel` (never following its last component).
+/// The workspace entry at `rel`, each component looked up in the
+/// directory above without following a symlink: a component that is
+/// missing, a symlink or not a directory means there is no entry at
+/// `rel` (as the scan, which never follows one, sees the workspace).
+/// The empty path is the workspace itself.
 fn lstat_beneath(fence: &Fence, rel: &Path) -> Result<Option<Stat>, Errno> {
-    let parent = rel.parent().filter(|p| !p.as_os_str().is_empty());
-    let Some(name) = rel.file_name() else {
-        return Err(Errno::INVAL);
+    use std::path::Component;
+    let mut names = Vec::new();
+    for part in rel.components() {
+        match part {
+            Component::Normal(name) => names.push(name),
+            Component::CurDir => {}
+            _ => return Err(Errno::INVAL),
+        }
+    }
+    let Some((last, parents)) = names.split_last() else {
+        return rfs::fstat(fence.root()).map(Some);
     };
-    let dir = match hako_fence::open_beneath(
-        fence.resolver(),
-        fence.root(),
-        parent.unwrap_or(Path::new(".")),
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) {
-        Ok(dir) => dir,
-        Err(Errno::NOENT) => return Ok(None),
-        Err(e) => return Err(e),
+    let mut dir: Option<std::os::fd::OwnedFd> = None;
+    for name in parents {
+        let at = match &dir {
+            Some(fd) => fd.as_fd(),
+            None => fence.root(),
+        };
+        match rfs::openat(
+            at,
+            *name,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => dir = Some(fd),
+            Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+    let at = match &dir {
+        Some(fd) => fd.as_fd(),
+        None => fence.root(),
     };
-    match rfs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+    match rfs::statat(at, *last, AtFlags::SYMLINK_NOFOLLOW) {
         Ok(stat) => Ok(Some(stat)),
         Err(Errno::NOENT) => Ok(None),
         Err(e) => Err(e),
@@ -263,6 +286,51 @@ impl Base {
         match self.written.get(&key(rel)) {
             Some(w) => (w.dev, w.ino, w.ctime) != (stat.st_dev, stat.st_ino, ctime(&stat)),
             None => ctime(&stat) >= self.since,
+        }
+    }
+
+    /// Whether the workspace directory that holds `rel` changed since the
+    /// sandbox was based on it: an entry was made, removed or renamed in
+    /// it (its change time is at or after the base time, or, for a
+    /// directory a commit wrote in, it is not what the commit left). A
+    /// parent that is gone is judged by the nearest directory above that
+    /// is not; one that is no longer a directory, or cannot be looked at,
+    /// counts as changed. A file the sandbox copied up that is listed as
+    /// added is a workspace file deleted or renamed since only if this
+    /// holds: otherwise the sandbox renamed it itself.
+    pub fn parent_changed(&self, fence: &Fence, rel: &Path) -> bool {
+        for dir in rel.ancestors().skip(1) {
+            let stat = match lstat_beneath(fence, dir) {
+                Ok(Some(stat)) => stat,
+                Ok(None) => continue,
+                Err(_) => return true,
+            };
+            if FileType::from_raw_mode(stat.st_mode) != FileType::Directory {
+                return true;
+            }
+            return match self.written.get(&key(dir)) {
+                Some(w) => (w.dev, w.ino, w.ctime) != (stat.st_dev, stat.st_ino, ctime(&stat)),
+                None => ctime(&stat) >= self.since,
+            };
+        }
+        true
+    }
+
+    /// Records what a commit left in the workspace directory `dir` (the
+    /// empty path is the workspace itself), which it wrote in.
+    pub fn committed_dir(&mut self, fence: &Fence, dir: &Path) {
+        match lstat_beneath(fence, dir) {
+            Ok(Some(stat)) if FileType::from_raw_mode(stat.st_mode) == FileType::Directory => {
+                self.written.insert(
+                    key(dir),
+                    Written {
+                        dev: stat.st_dev,
+                        ino: stat.st_ino,
+                        ctime: ctime(&stat),
+                    },
+                );
+            }
+            _ => self.forget(dir),
         }
     }
 

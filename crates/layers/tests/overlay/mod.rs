@@ -102,3 +102,65 @@ fn a_workspace_file_deleted_after_the_sandbox_changed_it_is_refused_at_commit() 
     );
     assert!(!f.ws().join("notes").exists());
 }
+
+#[test]
+fn a_file_renamed_in_the_sandbox_is_committed_not_refused_as_deleted_since() {
+    // overlayfs copies a workspace file up before renaming it, and marks
+    // the copy with its origin: listed as added, it was once taken for a
+    // workspace file the person deleted since.
+    let f = Fixture::new(|ws| {
+        put(&ws.join("notes"), "v1\n");
+        put(&ws.join("d/inner"), "i\n");
+    });
+    let merged = tempfile::tempdir().unwrap();
+    let script = "mv notes renamed && mv d/inner d/moved && echo more >> d/moved";
+    let Some(seen) = in_overlay(&f, merged.path(), script) else {
+        return;
+    };
+    let hash = diff_hash(&f.changes());
+    f.commit(&[], Some(&hash)).unwrap();
+    assert_eq!(tree(f.ws()), seen);
+}
+
+#[test]
+fn a_file_beneath_a_workspace_file_the_sandbox_made_a_directory_is_committed() {
+    // `todir/f` was judged changed in the workspace since the base: the
+    // workspace's `todir` is a file, and looking beneath it failed.
+    let f = Fixture::new(|ws| put(&ws.join("todir"), "f\n"));
+    let merged = tempfile::tempdir().unwrap();
+    let script = "rm todir && mkdir todir && echo inside > todir/f";
+    let Some(seen) = in_overlay(&f, merged.path(), script) else {
+        return;
+    };
+    f.commit(&[], None).unwrap();
+    assert_eq!(tree(f.ws()), seen);
+}
+
+#[test]
+fn a_workspace_file_renamed_or_its_directory_deleted_after_the_sandbox_changed_it_is_refused() {
+    // The person renames the file the sandbox changed.
+    let f = Fixture::new(|ws| put(&ws.join("notes"), "v1\n"));
+    let merged = tempfile::tempdir().unwrap();
+    if in_overlay(&f, merged.path(), "echo more >> notes").is_none() {
+        return;
+    }
+    std::fs::rename(f.ws().join("notes"), f.ws().join("elsewhere")).unwrap();
+    let err = f.commit(&[], None).unwrap_err();
+    assert!(
+        matches!(err, hako_layers::CommitError::ChangedInWorkspace { .. }),
+        "{err}"
+    );
+    // The person deletes the directory holding it.
+    let f = Fixture::new(|ws| put(&ws.join("d/notes"), "v1\n"));
+    let merged = tempfile::tempdir().unwrap();
+    if in_overlay(&f, merged.path(), "echo more >> d/notes").is_none() {
+        return;
+    }
+    std::fs::remove_dir_all(f.ws().join("d")).unwrap();
+    let err = f.commit(&[], None).unwrap_err();
+    assert!(
+        matches!(err, hako_layers::CommitError::ChangedInWorkspace { .. }),
+        "{err}"
+    );
+    assert!(!f.ws().join("d").exists());
+}
