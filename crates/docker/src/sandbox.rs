@@ -502,8 +502,9 @@ pub fn ready(image: &str, runtime: Option<&str>) -> std::result::Result<(), Stri
         .map_err(|e| e.to_string())
 }
 
-/// Removes, once per process, the containers of hako processes that are
-/// gone (a `kill -9` leaves its container behind only until then).
+/// Removes, once per process, the containers and copy-on-write volumes of
+/// hako processes that are gone (a `kill -9` leaves its container behind
+/// only until then, and its volume until then at the latest).
 /// On a thread of its own: the sandbox does not wait for it.
 fn collect_once(engine: &Arc<Engine>, runner: &Arc<dyn Runner>) {
     static ONCE: Once = Once::new();
@@ -514,6 +515,9 @@ fn collect_once(engine: &Arc<Engine>, runner: &Arc<dyn Runner>) {
             .spawn(move || {
                 if let Err(e) = crate::gc::collect(&engine, runner.as_ref()) {
                     tracing::debug!("docker: collecting stale containers: {e}");
+                }
+                if let Err(e) = crate::gc::collect_volumes(&engine, runner.as_ref()) {
+                    tracing::debug!("docker: collecting stale volumes: {e}");
                 }
                 crate::gc::collect_profiles();
             });
