@@ -9,7 +9,12 @@
 //! workspace path changed since the sandbox was based on it
 //! ([`Base::changed`]), nor one the sandbox copied up from a workspace
 //! file that is gone since (it shows as added: the person deleted or
-//! moved the file the sandbox changed; see [`Layers::copied_up`]). Then
+//! moved the file the sandbox changed; see [`Layers::copied_up`]). A
+//! copied-up entry is also what a rename inside the sandbox leaves (the
+//! file is copied up, then renamed; overlayfs's record of its origin, in
+//! a user namespace, does not say from where): it is taken as lost from
+//! the workspace only when the workspace's nearest directory above it
+//! had an entry added or removed since ([`Base::lost_beneath`]). Then
 //! the changes are applied one entry at a
 //! time, each atomically through the fence: removals deepest first, then
 //! directories, files and symlinks in path order. Each write checks, at
@@ -219,7 +224,9 @@ pub fn commit(
         .iter()
         .filter(|c| {
             base.changed(layers.lower(), &c.path, c.old.is_some())
-                || (c.old.is_none() && layers.copied_up(&c.path))
+                || (c.old.is_none()
+                    && layers.copied_up(&c.path)
+                    && base.lost_beneath(layers.lower(), &c.path))
         })
         .map(|c| c.path.clone())
         .collect();

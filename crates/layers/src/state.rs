@@ -266,6 +266,31 @@ impl Base {
         }
     }
 
+    /// Whether the workspace may have lost an entry at `rel` since the
+    /// sandbox was based on it: the nearest directory above `rel` that the
+    /// workspace still has had an entry added or removed (its change time
+    /// is at or after the base time; removing a file moves it, and no
+    /// unprivileged caller can set it back), or cannot be looked at.
+    /// Conservative: any entry added or removed in that directory counts.
+    pub fn lost_beneath(&self, fence: &Fence, rel: &Path) -> bool {
+        for dir in rel.ancestors().skip(1) {
+            let stat = if dir.as_os_str().is_empty() {
+                rfs::fstat(fence.root()).map(Some)
+            } else {
+                lstat_beneath(fence, dir)
+            };
+            match stat {
+                Ok(Some(stat)) => {
+                    return FileType::from_raw_mode(stat.st_mode) != FileType::Directory
+                        || ctime(&stat) >= self.since;
+                }
+                Ok(None) => continue,
+                Err(_) => return true,
+            }
+        }
+        true
+    }
+
     /// Records what a commit left at `rel`.
     pub fn committed(&mut self, fence: &Fence, rel: &Path) {
         match lstat_beneath(fence, rel) {
