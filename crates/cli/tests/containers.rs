@@ -85,6 +85,61 @@ fn containers_runs_report_their_backend_isolation_and_share_the_workspace() {
     }
 }
 
+#[test]
+fn containers_a_cow_run_on_docker_is_reviewed_by_hako_diff_and_applied_by_hako_commit() {
+    if !works("docker") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let (ws, state) = (root.join("ws"), root.join("state"));
+    std::fs::create_dir(&ws).unwrap();
+    std::fs::write(ws.join("a.txt"), "one\n").unwrap();
+    std::fs::write(ws.join("gone.txt"), "bye\n").unwrap();
+    let out = hako()
+        .args(["run", "--backend", "docker", "--cow", "--name", "n", "--state"])
+        .arg(&state)
+        .arg("--workspace")
+        .arg(&ws)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "echo two >> a.txt && echo new > b.txt && rm gone.txt && cat a.txt",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "one\ntwo\n");
+    // The workspace is untouched until the commit.
+    assert_eq!(std::fs::read_to_string(ws.join("a.txt")).unwrap(), "one\n");
+    assert!(!ws.join("b.txt").exists() && ws.join("gone.txt").exists());
+    let out = hako()
+        .args(["diff", "--state"])
+        .arg(&state)
+        .args(["n", "--stat"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stat = text(&out.stdout);
+    for path in ["a.txt", "b.txt", "gone.txt"] {
+        assert!(stat.contains(path), "{path} missing from {stat}");
+    }
+    let out = hako()
+        .args(["commit", "--state"])
+        .arg(&state)
+        .arg("n")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read_to_string(ws.join("a.txt")).unwrap(),
+        "one\ntwo\n"
+    );
+    assert_eq!(std::fs::read_to_string(ws.join("b.txt")).unwrap(), "new\n");
+    assert!(!ws.join("gone.txt").exists());
+}
+
 /// The labels of running containers whose owner is `pid`.
 fn containers_of(pid: u32) -> Vec<String> {
     let out = Command::new("docker")

@@ -1,5 +1,6 @@
-//! Removing what dead hako processes left behind: containers labelled with
-//! an owner that no longer runs (see `hako_container::Owner`).
+//! Removing what dead hako processes left behind: containers and
+//! copy-on-write volumes labelled with an owner that no longer runs (see
+//! `hako_container::Owner`), and seccomp profiles named after one.
 
 use hako_container::runner::Runner;
 use hako_container::{Engine, Owner, LABEL_PID, LABEL_START};
@@ -79,6 +80,65 @@ pub fn collect(engine: &Engine, runner: &dyn Runner) -> Result<Vec<String>> {
     Ok(stale)
 }
 
+/// The copy-on-write volumes (see `crate::cow`) whose owning hako
+/// process is gone.
+pub fn stale_volumes(engine: &Engine, runner: &dyn Runner) -> Result<Vec<String>> {
+    let io = |e: std::io::Error| failed("list volumes", e.to_string());
+    let ls = engine.command([
+        "volume",
+        "ls",
+        "--filter",
+        &format!("label={LABEL_PID}"),
+        "--format",
+        "{{.Name}}",
+    ]);
+    let out = runner.output(&ls).map_err(io)?;
+    if !out.success {
+        return Err(failed("list volumes", out.message()));
+    }
+    let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    if names.is_empty() {
+        return Ok(names);
+    }
+    let mut inspect = engine.command([
+        "volume".to_string(),
+        "inspect".into(),
+        "--format".into(),
+        format!(
+            "{{{{.Name}}}} {{{{index .Labels \"{LABEL_PID}\"}}}} {{{{index .Labels \"{LABEL_START}\"}}}}"
+        ),
+    ]);
+    inspect.extend(names.iter().cloned());
+    let out = runner.output(&inspect).map_err(io)?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(parse_owner_line)
+        .filter(|(_, owner)| !owner.alive())
+        .map(|(name, _)| name)
+        .collect())
+}
+
+/// Removes every stale copy-on-write volume (after the stale containers,
+/// which may hold one: see [`collect`]); returns those removed. One still
+/// in use (its container going) is left for the next collection.
+pub fn collect_volumes(engine: &Engine, runner: &dyn Runner) -> Result<Vec<String>> {
+    let mut removed = Vec::new();
+    for name in stale_volumes(engine, runner)? {
+        let out = runner
+            .output(&engine.command(["volume", "rm", name.as_str()]))
+            .map_err(|e| failed("remove stale volumes", e.to_string()))?;
+        if out.success {
+            removed.push(name);
+        } else {
+            tracing::debug!("docker: removing stale volume {name}: {}", out.message());
+        }
+    }
+    Ok(removed)
+}
+
 /// How the seccomp profiles hako writes for the runtime are named in its
 /// private directory: `hako-seccomp-PID-START-XXXXXX.json`, after the
 /// process that wrote it (its pid and start time).
@@ -143,6 +203,55 @@ mod tests {
         ] {
             assert!(profile_owner(other).is_none(), "{other}");
         }
+    }
+
+    #[test]
+    fn only_volumes_of_dead_owners_are_removed() {
+        let me = Owner::current();
+        let answer = |stdout: String| RunOutput {
+            success: true,
+            stdout: stdout.into_bytes(),
+            stderr: Vec::new(),
+        };
+        let recorder = Recorder {
+            script: vec![
+                (
+                    vec!["volume".into(), "ls".into()],
+                    answer("hako-a\nhako-b\n".into()),
+                ),
+                (
+                    vec!["volume".into(), "inspect".into()],
+                    answer(format!(
+                        "hako-a {} {}\nhako-b {} 5\n",
+                        me.pid,
+                        me.start,
+                        u32::MAX - 1
+                    )),
+                ),
+            ],
+            ..Recorder::default()
+        };
+        let engine = Engine {
+            argv: vec!["podman".into()],
+            kind: EngineKind::Podman,
+        };
+        let removed = collect_volumes(&engine, &recorder).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(removed, ["hako-b"]);
+        let calls = recorder.calls();
+        assert_eq!(
+            calls[0],
+            [
+                "podman",
+                "volume",
+                "ls",
+                "--filter",
+                "label=hako.owner.pid",
+                "--format",
+                "{{.Name}}"
+            ]
+        );
+        assert_eq!(calls.last().unwrap(), &["podman", "volume", "rm", "hako-b"]);
+        assert_eq!(calls.len(), 3);
     }
 
     #[test]

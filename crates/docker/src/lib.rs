@@ -11,7 +11,13 @@
 //! Kernel). What it does not: with runc or crun the container shares the
 //! host kernel, and a kernel bug is an escape; the daemon (dockerd) runs
 //! as root, so access to its socket is root on the host.
+//!
+//! With `--cow` the workspace is mounted through an overlay volume of the
+//! engine's local driver instead of bound, every change landing in the
+//! sandbox's upper layer (see the `cow` module): the workspace itself is
+//! never written.
 
+mod cow;
 pub mod exec_mode;
 pub mod gc;
 pub mod plan;
@@ -19,7 +25,8 @@ mod sandbox;
 
 pub use exec_mode::DockerExecSandbox;
 pub use plan::{
-    check_run_plan, is_gvisor_runtime, keeper_argv, run_argv, write_seccomp_profile, RunPlan,
+    check_run_plan, is_gvisor_runtime, keeper_argv, run_argv, volume_create_argv,
+    write_seccomp_profile, CowVolume, RunPlan,
 };
 pub use sandbox::{ready, DockerConfig, DockerSandbox};
 

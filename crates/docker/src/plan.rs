@@ -56,6 +56,22 @@ pub struct RunPlan {
     pub rw: Vec<PathBuf>,
     /// The network.
     pub network: RunNetwork,
+    /// A copy-on-write workspace: the volume mounted at the workspace's
+    /// path in place of its bind (see [`crate::cow`]).
+    pub cow: Option<CowVolume>,
+}
+
+/// A copy-on-write workspace's volume: the engine's local driver mounts
+/// overlayfs, the workspace its lower layer and `upper` taking every
+/// change, when the container starts (see [`crate::cow`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CowVolume {
+    /// The volume's name (the container's).
+    pub name: String,
+    /// The upper layer.
+    pub upper: PathBuf,
+    /// overlayfs's work directory.
+    pub work: PathBuf,
 }
 
 impl RunPlan {
@@ -100,6 +116,32 @@ fn bind(src: &Path, dst: &Path, read_only: bool) -> String {
         spec.push_str(",readonly");
     }
     spec
+}
+
+/// How the workspace is mounted: bound read-write at its own path, or,
+/// copy-on-write, the overlay volume there in its place. The engine never
+/// copies the image's files into the volume (`volume-nocopy`, Podman's
+/// `nocopy`, which only `--volume` takes: a workspace with a colon is
+/// refused for `--cow`, see [`check_run_plan`]).
+fn workspace_mount(engine: &Engine, plan: &RunPlan) -> [String; 2] {
+    match (&plan.cow, engine.kind) {
+        (None, _) => [
+            "--mount".into(),
+            bind(&plan.workspace, &plan.workspace, false),
+        ],
+        (Some(cow), EngineKind::Docker) => [
+            "--mount".into(),
+            format!(
+                "type=volume,src={},dst={},volume-nocopy",
+                cow.name,
+                plan.workspace.display()
+            ),
+        ],
+        (Some(cow), EngineKind::Podman) => [
+            "--volume".into(),
+            format!("{}:{}:nocopy", cow.name, plan.workspace.display()),
+        ],
+    }
 }
 
 /// The `docker run` (or `podman run`) argv that starts a sandbox's
@@ -186,9 +228,8 @@ fn lockdown_args(engine: &Engine, plan: &RunPlan) -> Vec<String> {
         format!("{}:{}", plan.user.0, plan.user.1),
         "--workdir".into(),
         plan.workspace.display().to_string(),
-        "--mount".into(),
-        bind(&plan.workspace, &plan.workspace, false),
     ];
+    a.extend(workspace_mount(engine, plan));
     if let RunNetwork::Proxy(dir) = &plan.network {
         a.extend(["--mount".into(), bind(dir, Path::new(NET_DIR), true)]);
     }
@@ -310,7 +351,74 @@ pub fn check_run_plan(plan: &RunPlan) -> Result<()> {
             )));
         }
     }
+    if let Some(cow) = &plan.cow {
+        check_cow(plan, cow).map_err(refuse)?;
+    }
     Ok(())
+}
+
+/// A copy-on-write workspace's paths go into overlayfs's options, where a
+/// comma ends an option and a colon separates lower layers (a backslash
+/// escapes either): none may hold one. Its layers must be out of the
+/// sandbox's reach, outside the workspace and every bind, and no bind
+/// inside them (`hako_layers::state` makes them so; a caller that
+/// builds the spec itself is held to the same).
+fn check_cow(plan: &RunPlan, cow: &CowVolume) -> std::result::Result<(), String> {
+    for path in [&plan.workspace, &cow.upper, &cow.work] {
+        let text = path.to_str().unwrap_or("");
+        if text.is_empty()
+            || text.contains([',', ':', '\\', '"', '\n', '\r'])
+            || !path.is_absolute()
+        {
+            return Err(format!(
+                "cannot use {path:?} for --cow: an overlay layer's path must be absolute UTF-8 and hold no comma, colon, backslash, quote or newline (overlayfs's option syntax)"
+            ));
+        }
+    }
+    let reachable = std::iter::once(&plan.workspace).chain(&plan.ro).chain(&plan.rw);
+    for dir in reachable {
+        for layer in [&cow.upper, &cow.work] {
+            if layer.starts_with(dir) || dir.starts_with(layer) {
+                return Err(format!(
+                    "refused --cow layer {layer:?}: the sandbox could reach it through {dir:?}; keep the layers outside the workspace and every bind"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The argv that makes a copy-on-write workspace's volume: the engine's
+/// local driver, which mounts overlayfs when the container starts, with
+/// the workspace as its lower layer. `userxattr` keeps overlayfs's marks
+/// (whiteouts, opaque directories) in `user.overlay.*`, which the review
+/// engine reads as any user, and implies no redirected directories and no
+/// metacopy, which it refuses (`hako_layers::scan`). Labelled with its
+/// owner, like the container, so that what a hako killed outright leaves
+/// is collected (see [`crate::gc::collect_volumes`]).
+pub fn volume_create_argv(engine: &Engine, plan: &RunPlan, cow: &CowVolume) -> Vec<String> {
+    engine.command([
+        "volume".to_string(),
+        "create".into(),
+        "--driver".into(),
+        "local".into(),
+        "--opt".into(),
+        "type=overlay".into(),
+        "--opt".into(),
+        "device=overlay".into(),
+        "--opt".into(),
+        format!(
+            "o=lowerdir={},upperdir={},workdir={},userxattr",
+            plan.workspace.display(),
+            cow.upper.display(),
+            cow.work.display()
+        ),
+        "--label".into(),
+        format!("{LABEL_PID}={}", plan.owner.pid),
+        "--label".into(),
+        format!("{LABEL_START}={}", plan.owner.start),
+        cow.name.clone(),
+    ])
 }
 
 #[cfg(test)]
@@ -333,6 +441,7 @@ mod tests {
             ro: Vec::new(),
             rw: Vec::new(),
             network: RunNetwork::None,
+            cow: None,
         }
     }
 
@@ -536,6 +645,98 @@ mod tests {
         let joined = argv.join(" ");
         assert!(joined.contains("--ulimit nofile=1024:1024"));
         assert!(joined.contains("--ulimit nproc=4096:4096"));
+    }
+
+    fn cow(p: &mut RunPlan) {
+        p.cow = Some(CowVolume {
+            name: p.name.clone(),
+            upper: "/s/n/upper".into(),
+            work: "/s/n/work".into(),
+        });
+    }
+
+    #[test]
+    fn a_cow_workspace_is_its_overlay_volume_in_place_of_the_bind() {
+        let mut p = plan();
+        cow(&mut p);
+        check_run_plan(&p).unwrap_or_else(|e| panic!("{e}"));
+        let argv = run_argv(&docker(), &p);
+        let joined = argv.join(" ");
+        assert!(
+            joined.contains("--mount type=volume,src=hako-1-0-0,dst=/w,volume-nocopy"),
+            "{joined}"
+        );
+        assert!(!joined.contains("type=bind,src=/w"), "{joined}");
+        // Neither layer is in the container but through the view.
+        assert!(!joined.contains("/s/n"), "{joined}");
+        let podman = Engine::from_words("podman").unwrap_or_else(|| panic!("parsed"));
+        let joined = run_argv(&podman, &p).join(" ");
+        assert!(joined.contains("--volume hako-1-0-0:/w:nocopy"), "{joined}");
+        assert!(!joined.contains("type=bind,src=/w"), "{joined}");
+        let cow = p.cow.clone().unwrap();
+        assert_eq!(
+            volume_create_argv(&docker(), &p, &cow),
+            [
+                "docker",
+                "volume",
+                "create",
+                "--driver",
+                "local",
+                "--opt",
+                "type=overlay",
+                "--opt",
+                "device=overlay",
+                "--opt",
+                "o=lowerdir=/w,upperdir=/s/n/upper,workdir=/s/n/work,userxattr",
+                "--label",
+                "hako.owner.pid=42",
+                "--label",
+                "hako.owner.start=7",
+                "hako-1-0-0"
+            ]
+        );
+    }
+
+    #[test]
+    fn overlay_option_injection_through_a_cow_path_is_refused() {
+        for bad in ["/w:/etc", "/w,upperdir=/etc", "/w\\x", "relative"] {
+            let mut p = plan();
+            cow(&mut p);
+            p.workspace = bad.into();
+            assert!(check_run_plan(&p).is_err(), "workspace {bad:?} accepted");
+            let mut p = plan();
+            cow(&mut p);
+            p.cow.as_mut().unwrap().upper = bad.into();
+            assert!(check_run_plan(&p).is_err(), "upper {bad:?} accepted");
+        }
+        // A colon is fine in a plain workspace's bind.
+        let mut p = plan();
+        p.workspace = "/w:x".into();
+        check_run_plan(&p).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    #[test]
+    fn cow_layers_the_sandbox_could_reach_are_refused() {
+        let cases: [(&str, &str, &str); 4] = [
+            ("/w/.state/upper", "", ""),
+            ("/s/n/upper", "/s", ""),
+            ("/s/n/upper", "", "/s/n"),
+            ("/s/n/upper", "", "/s/n/upper/x"),
+        ];
+        for (upper, ro, rw) in cases {
+            let mut p = plan();
+            cow(&mut p);
+            p.cow.as_mut().unwrap().upper = upper.into();
+            p.ro = [ro].iter().filter(|s| !s.is_empty()).map(PathBuf::from).collect();
+            p.rw = [rw].iter().filter(|s| !s.is_empty()).map(PathBuf::from).collect();
+            let err = check_run_plan(&p).unwrap_err().to_string();
+            assert!(err.contains("could reach"), "{upper} {ro} {rw}: {err}");
+        }
+        let mut p = plan();
+        cow(&mut p);
+        p.ro = vec!["/data".into()];
+        p.rw = vec!["/w/cache".into()];
+        check_run_plan(&p).unwrap_or_else(|e| panic!("{e}"));
     }
 
     #[test]

@@ -16,8 +16,10 @@ use hako_driver::sandbox::{common_limits, open_workspace, GuestConfig, GuestSand
 use hako_driver::LaunchOptions;
 
 use crate::exec_mode::{DockerExecSandbox, EXEC_MODE_OPTIONAL};
+use crate::cow::{Volume, VolumeLauncher};
 use crate::plan::{
-    check_run_plan, is_gvisor_runtime, keeper_argv, run_argv, write_seccomp_profile, RunPlan,
+    check_run_plan, is_gvisor_runtime, keeper_argv, run_argv, write_seccomp_profile, CowVolume,
+    RunPlan,
 };
 use crate::{DEFAULT_IMAGE, NAME};
 
@@ -88,7 +90,12 @@ impl Prepared {
     /// `guest`: the static guest is needed (guest mode).
     fn new(config: &DockerConfig, guest: bool, optional: hako_core::Optional) -> Result<Self> {
         let spec = &config.spec;
-        spec.refuse_cow(NAME)?;
+        if spec.cow.is_some() && !guest {
+            return Err(Error::Unsupported {
+                backend: NAME.into(),
+                capability: crate::cow::WITHOUT_GUEST,
+            });
+        }
         let fence = open_workspace(&spec.workspace, &config.launch.fence)?;
         let network = NetworkSetup::new(&spec.network.clone().unwrap_or_else(NetworkPolicy::none))?;
         if network.spec.is_some() && !guest {
@@ -102,6 +109,15 @@ impl Prepared {
             Some(engine) => Arc::new(engine.clone()),
             None => hako_container::engine::shared(runner.as_ref())?,
         };
+        if spec.cow.is_some()
+            && engine.kind == EngineKind::Podman
+            && !hako_sys::rustix::process::geteuid().is_root()
+        {
+            return Err(Error::Unsupported {
+                backend: NAME.into(),
+                capability: crate::cow::ROOTLESS_PODMAN,
+            });
+        }
         collect_once(&engine, &runner);
         let with_guest = guest;
         let guest = if with_guest {
@@ -123,8 +139,14 @@ impl Prepared {
         // policy itself; the runtime's profile lets it mount until then.
         let owner = Owner::current();
         let profile = write_seccomp_profile(gvisor, sealed, &owner)?;
+        let name = hako_container::unique_name("hako");
         let plan = RunPlan {
-            name: hako_container::unique_name("hako"),
+            cow: spec.cow.as_ref().map(|layers| CowVolume {
+                name: name.clone(),
+                upper: layers.upper.clone(),
+                work: layers.work.clone(),
+            }),
+            name,
             owner,
             workspace: fence.workdir().to_path_buf(),
             guest,
@@ -278,10 +300,17 @@ impl DockerSandbox {
             caps,
             network,
         } = Prepared::new(&config, true, OPTIONAL)?;
+        // The copy-on-write volume, made before the container that mounts
+        // it; removed with it (by the launcher's close, or dropped here on
+        // the way out of a failure).
+        let volume = match &plan.cow {
+            Some(cow) => Some(Volume::create(&engine, &runner, &plan, cow)?),
+            None => None,
+        };
         let launcher = ContainerLauncher {
             backend: NAME,
             program: engine.name(),
-            runner,
+            runner: Arc::clone(&runner),
             name: plan.name.clone(),
             argv: run_argv(&engine, &plan),
             workspace: plan.workspace.clone(),
@@ -292,21 +321,49 @@ impl DockerSandbox {
             memory: plan.memory_watch(),
             self_cleaning: false,
         };
+        let launcher: Box<dyn hako_driver::sandbox::Launcher> = match volume {
+            Some(volume) => Box::new(VolumeLauncher {
+                inner: launcher,
+                volume,
+            }),
+            None => Box::new(launcher),
+        };
         let mut env = base_env(&config.spec.env);
         network.apply_env(&mut env);
+        let mut inner = GuestSandbox::new(GuestConfig {
+            backend: NAME,
+            fence,
+            caps,
+            base_env: env,
+            guest: None,
+            max_output: config.spec.max_output,
+            idle_timeout: config.launch.idle_timeout,
+            driver: config.launch.driver.clone(),
+            launcher,
+            proxy: network.proxy,
+        })?;
+        if let Some(cow) = &plan.cow {
+            // The fence opened above is on the workspace itself, the
+            // overlay's lower layer: its file operations (and the
+            // commands' working directories) go through the layered view
+            // instead, now that the engine has mounted it.
+            let view = crate::cow::open_view(
+                &engine,
+                runner.as_ref(),
+                cow,
+                &plan.workspace,
+                config.launch.fence.clone(),
+            );
+            match view {
+                Ok(view) => inner.set_fence(view),
+                Err(e) => {
+                    let _ = hako_core::Sandbox::close(&inner);
+                    return Err(e);
+                }
+            }
+        }
         Ok(DockerSandbox {
-            inner: GuestSandbox::new(GuestConfig {
-                backend: NAME,
-                fence,
-                caps,
-                base_env: env,
-                guest: None,
-                max_output: config.spec.max_output,
-                idle_timeout: config.launch.idle_timeout,
-                driver: config.launch.driver.clone(),
-                launcher: Box::new(launcher),
-                proxy: network.proxy,
-            })?,
+            inner,
             name: plan.name,
         })
     }
@@ -445,8 +502,9 @@ pub fn ready(image: &str, runtime: Option<&str>) -> std::result::Result<(), Stri
         .map_err(|e| e.to_string())
 }
 
-/// Removes, once per process, the containers of hako processes that are
-/// gone (a `kill -9` leaves its container behind only until then).
+/// Removes, once per process, the containers and copy-on-write volumes of
+/// hako processes that are gone (a `kill -9` leaves its container behind
+/// only until then, and its volume until then at the latest).
 /// On a thread of its own: the sandbox does not wait for it.
 fn collect_once(engine: &Arc<Engine>, runner: &Arc<dyn Runner>) {
     static ONCE: Once = Once::new();
@@ -457,6 +515,9 @@ fn collect_once(engine: &Arc<Engine>, runner: &Arc<dyn Runner>) {
             .spawn(move || {
                 if let Err(e) = crate::gc::collect(&engine, runner.as_ref()) {
                     tracing::debug!("docker: collecting stale containers: {e}");
+                }
+                if let Err(e) = crate::gc::collect_volumes(&engine, runner.as_ref()) {
+                    tracing::debug!("docker: collecting stale volumes: {e}");
                 }
                 crate::gc::collect_profiles();
             });
@@ -472,21 +533,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cow_is_refused_with_a_typed_error_before_any_container_is_made() {
+    fn cow_without_the_guest_is_refused_with_a_typed_error_before_any_container_is_made() {
         let dir = tempfile::tempdir().unwrap();
         let mut config = DockerConfig::new(dir.path());
+        let recorder = Arc::new(hako_container::runner::Recorder::default());
+        config.runner = recorder.clone();
         config.spec.cow = Some(hako_core::CowLayers {
             upper: dir.path().join("upper"),
             work: dir.path().join("work"),
         });
-        for err in [
-            DockerSandbox::new(config.clone()).unwrap_err(),
-            DockerExecSandbox::new(config).unwrap_err(),
-        ] {
-            assert!(
-                matches!(err, hako_core::Error::Unsupported { ref backend, .. } if backend == NAME),
-                "{err}"
-            );
-        }
+        let err = DockerExecSandbox::new(config).unwrap_err();
+        assert!(
+            matches!(err, hako_core::Error::Unsupported { ref backend, capability } if backend == NAME && capability.contains("exec mode")),
+            "{err}"
+        );
+        assert!(recorder.calls().is_empty(), "{:?}", recorder.calls());
     }
 }

@@ -82,6 +82,7 @@ fn a_docker_sandbox_makes_exactly_the_recorded_calls() {
         ro: Vec::new(),
         rw: Vec::new(),
         network: hako_container::RunNetwork::None,
+        cow: None,
     };
     assert_eq!(run, &docker::run_argv(&engine, &plan));
     // The client (here, the guest itself) exited cleanly: nothing to

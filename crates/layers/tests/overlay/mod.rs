@@ -164,3 +164,41 @@ fn a_workspace_file_renamed_or_its_directory_deleted_after_the_sandbox_changed_i
     );
     assert!(!f.ws().join("d").exists());
 }
+
+#[test]
+fn a_workspace_file_the_sandbox_renamed_is_committed_as_a_rename() {
+    let f = Fixture::new(|ws| {
+        put(&ws.join("old-name"), "moved\n");
+        put(&ws.join("d/inner"), "in\n");
+        put(&ws.join("kept"), "kept\n");
+    });
+    let merged = tempfile::tempdir().unwrap();
+    // overlayfs copies each file up (recording its origin) before the
+    // rename: the added names carry the origin of files the workspace
+    // still has, at the names the sandbox deleted or replaced.
+    let script = "mv old-name new-name; mv d/inner d/renamed; mv kept kept.bak; echo again > kept";
+    let Some(seen) = in_overlay(&f, merged.path(), script) else {
+        return;
+    };
+    f.commit(&[], None).unwrap();
+    assert_eq!(tree(f.ws()), seen);
+    assert!(f.changes().is_empty(), "{:?}", f.changes());
+}
+
+#[test]
+fn a_file_the_sandbox_renamed_whose_source_the_person_replaced_since_is_refused() {
+    let f = Fixture::new(|ws| put(&ws.join("old-name"), "v1\n"));
+    let merged = tempfile::tempdir().unwrap();
+    if in_overlay(&f, merged.path(), "mv old-name new-name").is_none() {
+        return;
+    }
+    // Another file at the source's name: not the one the sandbox moved.
+    std::fs::remove_file(f.ws().join("old-name")).unwrap();
+    put(&f.ws().join("old-name"), "v2\n");
+    let err = f.commit(&[], None).unwrap_err();
+    assert!(
+        matches!(err, hako_layers::CommitError::ChangedInWorkspace { .. }),
+        "{err}"
+    );
+    assert!(!f.ws().join("new-name").exists());
+}
