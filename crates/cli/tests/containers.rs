@@ -97,7 +97,15 @@ fn containers_a_cow_run_on_docker_is_reviewed_by_hako_diff_and_applied_by_hako_c
     std::fs::write(ws.join("a.txt"), "one\n").unwrap();
     std::fs::write(ws.join("gone.txt"), "bye\n").unwrap();
     let out = hako()
-        .args(["run", "--backend", "docker", "--cow", "--name", "n", "--state"])
+        .args([
+            "run",
+            "--backend",
+            "docker",
+            "--cow",
+            "--name",
+            "n",
+            "--state",
+        ])
         .arg(&state)
         .arg("--workspace")
         .arg(&ws)

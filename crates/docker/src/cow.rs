@@ -223,10 +223,11 @@ pub(crate) fn open_view(
                 .into(),
         ));
     }
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| Error::Io {
-        op: "read /proc/self/mountinfo",
-        source,
-    })?;
+    let mountinfo =
+        std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| Error::Io {
+            op: "read /proc/self/mountinfo",
+            source,
+        })?;
     let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
     let seen = find_mount(&mountinfo, stx.stx_mnt_id);
     let ours = seen.as_ref().is_some_and(|m| {
@@ -314,14 +315,12 @@ fn unescape(field: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let octal = bytes.get(i + 1..i + 4).filter(|d| {
-            bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c))
-        });
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
         match octal {
             Some(d) => {
-                let value = d
-                    .iter()
-                    .fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
+                let value = d.iter().fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
                 out.push(u8::try_from(value).unwrap_or(b'?'));
                 i += 4;
             }

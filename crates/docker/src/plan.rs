@@ -375,7 +375,9 @@ fn check_cow(plan: &RunPlan, cow: &CowVolume) -> std::result::Result<(), String>
             ));
         }
     }
-    let reachable = std::iter::once(&plan.workspace).chain(&plan.ro).chain(&plan.rw);
+    let reachable = std::iter::once(&plan.workspace)
+        .chain(&plan.ro)
+        .chain(&plan.rw);
     for dir in reachable {
         for layer in [&cow.upper, &cow.work] {
             if layer.starts_with(dir) || dir.starts_with(layer) {
@@ -727,8 +729,16 @@ mod tests {
             let mut p = plan();
             cow(&mut p);
             p.cow.as_mut().unwrap().upper = upper.into();
-            p.ro = [ro].iter().filter(|s| !s.is_empty()).map(PathBuf::from).collect();
-            p.rw = [rw].iter().filter(|s| !s.is_empty()).map(PathBuf::from).collect();
+            p.ro = [ro]
+                .iter()
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from)
+                .collect();
+            p.rw = [rw]
+                .iter()
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from)
+                .collect();
             let err = check_run_plan(&p).unwrap_err().to_string();
             assert!(err.contains("could reach"), "{upper} {ro} {rw}: {err}");
         }

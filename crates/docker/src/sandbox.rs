@@ -15,8 +15,8 @@ use hako_driver::network::NetworkSetup;
 use hako_driver::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
 use hako_driver::LaunchOptions;
 
-use crate::exec_mode::{DockerExecSandbox, EXEC_MODE_OPTIONAL};
 use crate::cow::{Volume, VolumeLauncher};
+use crate::exec_mode::{DockerExecSandbox, EXEC_MODE_OPTIONAL};
 use crate::plan::{
     check_run_plan, is_gvisor_runtime, keeper_argv, run_argv, write_seccomp_profile, CowVolume,
     RunPlan,
@@ -27,7 +27,8 @@ use crate::{DEFAULT_IMAGE, NAME};
 /// is opened from) and how this process launches it.
 #[derive(Debug, Clone)]
 pub struct DockerConfig {
-    /// The sandbox: workspace (bound read-write at the same path), image
+    /// The sandbox: workspace (bound read-write at the same path, or with
+    /// `cow` an overlay volume there: see the `cow` module), image
     /// (`None` is [`DEFAULT_IMAGE`]), OCI runtime (`runsc` for gVisor;
     /// `None` is the daemon's default), environment, output cap, limits,
     /// binds, network (`None` is `none`) and `best_effort` (run even when

@@ -48,7 +48,10 @@ impl Kind {
         match reason {
             Ok(()) => true,
             Err(reason) => {
-                assert!(!hako_conformance::must_work(), "{self:?} is needed: {reason}");
+                assert!(
+                    !hako_conformance::must_work(),
+                    "{self:?} is needed: {reason}"
+                );
                 eprintln!("SKIPPED: {reason}");
                 false
             }
@@ -217,7 +220,11 @@ fn every_change_lands_in_the_upper_layer_is_reviewed_and_commits_to_what_the_san
     let layers = Layers::open(&c.ws, &c.state.upper()).unwrap();
     let mut base = c.state.base().unwrap();
     hako_layers::commit(&layers, &mut base, &[], None).unwrap();
-    assert_eq!(tree(&c.ws), saw, "the workspace is not what the sandbox saw");
+    assert_eq!(
+        tree(&c.ws),
+        saw,
+        "the workspace is not what the sandbox saw"
+    );
 }
 
 fn a_second_sandbox_continues_on_the_same_layers_and_discard_leaves_nothing(kind: Kind) {
@@ -310,7 +317,10 @@ fn binds_beside_a_cow_workspace_keep_working(kind: Kind) {
     let c = cow(|ws| std::fs::write(ws.join("a"), "a\n").unwrap());
     let ro = tempfile::tempdir().unwrap();
     let rw = tempfile::tempdir().unwrap();
-    let (ro, rw) = (ro.path().canonicalize().unwrap(), rw.path().canonicalize().unwrap());
+    let (ro, rw) = (
+        ro.path().canonicalize().unwrap(),
+        rw.path().canonicalize().unwrap(),
+    );
     std::fs::write(ro.join("r"), "read only\n").unwrap();
     let mut config = config(kind, &c);
     config.spec.ro = vec![ro.clone()];
@@ -325,7 +335,10 @@ fn binds_beside_a_cow_workspace_keep_working(kind: Kind) {
     assert_eq!((code, out.as_str()), (0, "read only\n"), "{err}");
     sb.close().unwrap();
     assert_eq!(std::fs::read_to_string(rw.join("w")).unwrap(), "w\n");
-    assert_eq!(std::fs::read_to_string(ro.join("r")).unwrap(), "read only\n");
+    assert_eq!(
+        std::fs::read_to_string(ro.join("r")).unwrap(),
+        "read only\n"
+    );
     assert_eq!(std::fs::read_to_string(c.ws.join("a")).unwrap(), "a\n");
     assert_eq!(changes(&c), want(&[("a", Status::Modified)]));
 }
@@ -354,7 +367,11 @@ fn the_volume_is_gone_after_close_and_after_the_container_is_killed(kind: Kind) 
     let err = sb.exec(&Command::shell("echo hi")).unwrap_err();
     assert!(matches!(err, Error::SandboxLost { .. }), "{err}");
     drop(sb);
-    assert_eq!(volume(kind, &name), None, "{name} outlived its lost sandbox");
+    assert_eq!(
+        volume(kind, &name),
+        None,
+        "{name} outlived its lost sandbox"
+    );
     assert!(!mounted(&view));
     // The layers are intact, and a new sandbox goes on with them.
     let sb = open(kind, &c);
@@ -416,7 +433,9 @@ fn volumes_of_a_dead_owner_are_collected_and_a_live_owners_are_not() {
     };
     let removed = hako_docker::gc::collect_volumes(&engine, &hako_container::runner::CliRunner);
     let live_left = volume(Kind::Runc, &live).is_some();
-    let _ = Process::new("docker").args(["volume", "rm", &live]).output();
+    let _ = Process::new("docker")
+        .args(["volume", "rm", &live])
+        .output();
     let removed = removed.unwrap();
     assert!(removed.contains(&stale), "{removed:?}");
     assert!(!removed.contains(&live), "{removed:?}");
