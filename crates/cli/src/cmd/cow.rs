@@ -1,5 +1,5 @@
 //! `--cow`, `--name`, `--state` of `hako run` and `hako shell`: a
-//! copy-on-write workspace (the `linux` backend), its layers kept as a
+//! copy-on-write workspace (the `linux` and `gvisor` backends), its layers kept as a
 //! named sandbox or in a temporary place for one run, and held (locked)
 //! until the sandbox is gone.
 
@@ -12,7 +12,7 @@ use hako_runtime::BackendArg;
 /// The copy-on-write flags.
 #[derive(Debug, Clone, Args)]
 pub struct CowArgs {
-    /// Copy-on-write workspace (linux): changes land in a private layer,
+    /// Copy-on-write workspace (linux, gvisor): changes land in a private layer,
     /// never in the workspace; review them with `hako diff NAME`.
     #[arg(long)]
     pub cow: bool,
@@ -27,7 +27,8 @@ pub struct CowArgs {
 
 impl CowArgs {
     /// With `--cow`: opens (or makes) the layers, sets them in `spec`, and
-    /// has `auto` pick `linux` (any other backend refuses them by name).
+    /// has `auto` pick `linux` (`gvisor` gives them when asked for; a
+    /// backend that cannot refuses them by name).
     /// Keep what it returns until the sandbox is gone.
     pub fn apply(
         &self,
