@@ -453,6 +453,78 @@ fn containers_a_gvisor_run_leaves_no_bundle_even_when_hako_is_killed() {
     assert_eq!(bundles_left_by(pid), Vec::<std::path::PathBuf>::new());
 }
 
+/// `hako run --backend gvisor --cow --name N --state DIR`: the command
+/// changes the workspace it sees and the real one is untouched; `hako diff
+/// N` shows every change and `hako commit N` applies them, after which the
+/// workspace is what the sandbox saw.
+#[test]
+fn containers_a_gvisor_cow_run_is_shown_by_hako_diff_and_applied_by_hako_commit() {
+    if !works("gvisor") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().canonicalize().unwrap().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    std::fs::write(ws.join("a.txt"), "one\n").unwrap();
+    std::fs::write(ws.join("b.txt"), "bee\n").unwrap();
+    let state = dir.path().join("state");
+    let named = |args: &[&str]| {
+        hako()
+            .args(args)
+            .arg("--state")
+            .arg(&state)
+            .output()
+            .unwrap()
+    };
+    let out = hako()
+        .args([
+            "run",
+            "--backend",
+            "gvisor",
+            "--cow",
+            "--name",
+            "gv",
+            "--state",
+        ])
+        .arg(&state)
+        .arg("--workspace")
+        .arg(&ws)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "echo two >> a.txt && rm b.txt && mkdir c && echo new > c/new.txt && cat a.txt",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "one\ntwo\n");
+    assert_eq!(std::fs::read_to_string(ws.join("a.txt")).unwrap(), "one\n");
+    assert!(ws.join("b.txt").exists() && !ws.join("c").exists());
+    let diff = named(&["diff", "gv"]);
+    assert!(diff.status.success(), "{}", text(&diff.stderr));
+    let shown = text(&diff.stdout);
+    for part in [
+        "--- a/a.txt\n+++ b/a.txt\n@@ -1 +1,2 @@\n one\n+two\n",
+        "deleted file mode 100644\n--- a/b.txt\n+++ /dev/null\n",
+        "new file mode 100644\n--- /dev/null\n+++ b/c/new.txt\n",
+    ] {
+        assert!(shown.contains(part), "{part:?} not in {shown}");
+    }
+    let commit = named(&["commit", "gv"]);
+    assert!(commit.status.success(), "{}", text(&commit.stderr));
+    assert_eq!(
+        std::fs::read_to_string(ws.join("a.txt")).unwrap(),
+        "one\ntwo\n"
+    );
+    assert!(!ws.join("b.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(ws.join("c/new.txt")).unwrap(),
+        "new\n"
+    );
+    assert!(named(&["rm", "gv"]).status.success());
+}
+
 /// `hako shell` with `backend` (its flags) on a real terminal: Ctrl-C and
 /// Ctrl-\\ end the interactive shell's foreground job, Ctrl-Z stops it,
 /// and each time the shell prompts again and runs the next line; the shell

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use hako_container::{RunNetwork, GUEST_INSIDE};
-use hako_core::Limits;
+use hako_core::{CowLayers, Limits};
 use hako_driver::network::NET_DIR;
 use hako_proto::{Seal, GUEST_FD_DIRS};
 use hako_view::{HostFacts, HostPath};
@@ -47,6 +47,10 @@ pub struct BundlePlan {
     pub system_dirs: Vec<PathBuf>,
     /// The network.
     pub network: RunNetwork,
+    /// A copy-on-write workspace: the host view mounts it over the
+    /// workspace's path before `runsc` starts (see `crate::host_view`), and
+    /// the bundle binds that path as always.
+    pub cow: Option<CowLayers>,
 }
 
 fn bind(src: &Path, dst: &Path, read_only: bool) -> Value {
@@ -207,9 +211,10 @@ impl BundlePlan {
 }
 
 /// The argv prefix that starts `runsc` through the guest's `--host-view`
-/// mode (see `crate::host_view`): it mounts the plan's
-/// [`host_binds`](BundlePlan::host_binds) in a mount namespace of its own,
-/// and leaves a cleaner that removes `bundle` once `runsc` has exited.
+/// mode (see `crate::host_view`): it mounts the plan's copy-on-write
+/// workspace and [`host_binds`](BundlePlan::host_binds) in a mount
+/// namespace of its own, and leaves a cleaner that removes `bundle` once
+/// `runsc` has exited.
 pub fn view_argv(plan: &BundlePlan, bundle: &Path) -> Vec<String> {
     let mut argv = vec![
         plan.guest.display().to_string(),
@@ -221,6 +226,14 @@ pub fn view_argv(plan: &BundlePlan, bundle: &Path) -> Vec<String> {
             "--bind".into(),
             source.display().to_string(),
             inside.display().to_string(),
+        ]);
+    }
+    if let Some(cow) = &plan.cow {
+        argv.extend([
+            host_view::COW_FLAG.into(),
+            plan.workspace.display().to_string(),
+            cow.upper.display().to_string(),
+            cow.work.display().to_string(),
         ]);
     }
     argv.extend(["--remove".into(), bundle.display().to_string(), "--".into()]);
@@ -353,6 +366,7 @@ mod tests {
             masked_dirs: vec!["/etc/sudoers.d".into()],
             system_dirs: vec!["/usr".into(), "/etc".into()],
             network: RunNetwork::None,
+            cow: None,
         }
     }
 
@@ -457,6 +471,33 @@ mod tests {
         let guest = mount_at(&config, GUEST_INSIDE).unwrap();
         assert_eq!(guest["source"], "/g");
         assert!(guest["options"].to_string().contains("\"ro\""));
+    }
+
+    #[test]
+    fn a_cow_workspace_is_mounted_by_the_host_view_and_bound_as_always() {
+        let mut p = plan();
+        p.cow = Some(CowLayers {
+            upper: "/s/upper".into(),
+            work: "/s/work".into(),
+        });
+        let view = view_argv(&p, Path::new("/b"));
+        let at = view.iter().position(|a| a == "--cow").unwrap();
+        assert_eq!(view[at + 1..at + 4], ["/w", "/s/upper", "/s/work"]);
+        assert_eq!(view[at + 4..], ["--remove", "/b", "--"]);
+        // An image's root too: the overlay is the host view's, whatever
+        // the root.
+        p.host_view = false;
+        assert!(view_argv(&p, Path::new("/b")).contains(&"--cow".to_string()));
+        // The bundle binds the workspace's path (the overlay there), and
+        // neither layer.
+        let config = config_json(&p);
+        let ws = mount_at(&config, "/w").unwrap();
+        assert_eq!(ws["source"], "/w");
+        let text = config.to_string();
+        assert!(
+            !text.contains("/s/upper") && !text.contains("/s/work"),
+            "{text}"
+        );
     }
 
     #[test]

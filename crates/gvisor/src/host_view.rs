@@ -20,9 +20,22 @@
 //! bundle as stale while it works; if it is killed, the bundle is
 //! collected as usual once every owner is gone.
 //!
-//! Argv: `--host-view ROOT [--bind SOURCE INSIDE]... [--remove BUNDLE] --
-//! PROGRAM [ARG]...`, where `INSIDE` is an absolute path inside the view
-//! (a directory or file already made there).
+//! With `--cow WORKSPACE UPPER WORK` (a copy-on-write sandbox), the first
+//! thing mounted in the new namespace is an overlayfs on the workspace's
+//! own path: its lower layer the workspace, its upper and work directories
+//! those given (the named sandbox's, outside the workspace and every bind).
+//! `runsc`, its gofer and the bundle's bind of the workspace then find the
+//! layered view where the workspace is, and every change lands in the
+//! upper layer; the real workspace is never written. It is mounted with
+//! `userxattr`, as the `linux` backend mounts its own: the same layers
+//! serve either backend, and no redirected directory or metacopy file is
+//! ever made (the review engine refuses both). If it cannot be mounted,
+//! nothing runs: the mode fails and says why (never the workspace bound
+//! writable in its place).
+//!
+//! Argv: `--host-view ROOT [--bind SOURCE INSIDE]... [--cow WORKSPACE UPPER
+//! WORK] [--remove BUNDLE] -- PROGRAM [ARG]...`, where `INSIDE` is an
+//! absolute path inside the view (a directory or file already made there).
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -44,9 +57,26 @@ pub struct Plan {
     pub binds: Vec<(PathBuf, PathBuf)>,
     /// The bundle the cleaner removes once the program has exited.
     pub remove: Option<PathBuf>,
+    /// The copy-on-write workspace to mount first, if any.
+    pub cow: Option<CowMount>,
     /// What to run once they are mounted.
     pub program: Vec<OsString>,
 }
+
+/// The overlay `--cow` mounts: `workspace` (a host path) seen through
+/// overlayfs, itself the lower layer.
+#[derive(Debug, PartialEq, Eq)]
+pub struct CowMount {
+    /// The workspace: the lower layer, and where the overlay is mounted.
+    pub workspace: PathBuf,
+    /// The upper layer.
+    pub upper: PathBuf,
+    /// overlayfs's work directory (on the upper layer's file system).
+    pub work: PathBuf,
+}
+
+/// The argument that gives [`CowMount`]'s three directories.
+pub const COW_FLAG: &str = "--cow";
 
 /// Reads the argv that follows [`FLAG`].
 pub fn parse(args: &[OsString]) -> Result<Plan, GuestError> {
@@ -61,8 +91,30 @@ pub fn parse(args: &[OsString]) -> Result<Plan, GuestError> {
     }
     let mut binds = Vec::new();
     let mut remove = None;
+    let mut cow = None;
     loop {
         match it.next().and_then(|a| a.to_str()) {
+            Some(COW_FLAG) => {
+                let (Some(workspace), Some(upper), Some(work)) = (it.next(), it.next(), it.next())
+                else {
+                    return Err(usage(
+                        "--cow needs the workspace, the upper and the work directory",
+                    ));
+                };
+                let dirs = [workspace, upper, work].map(PathBuf::from);
+                if let Some(relative) = dirs.iter().find(|d| !d.is_absolute()) {
+                    return Err(GuestError::Usage(format!(
+                        "--cow {}: not absolute",
+                        relative.display()
+                    )));
+                }
+                let [workspace, upper, work] = dirs;
+                cow = Some(CowMount {
+                    workspace,
+                    upper,
+                    work,
+                });
+            }
             Some("--remove") => {
                 let dir = PathBuf::from(
                     it.next()
@@ -102,7 +154,11 @@ pub fn parse(args: &[OsString]) -> Result<Plan, GuestError> {
                 binds.push((source, inside));
             }
             Some("--") => break,
-            _ => return Err(usage("expected --bind, --remove or -- before the program")),
+            _ => {
+                return Err(usage(
+                    "expected --bind, --cow, --remove or -- before the program",
+                ))
+            }
         }
     }
     let program: Vec<OsString> = it.cloned().collect();
@@ -113,6 +169,7 @@ pub fn parse(args: &[OsString]) -> Result<Plan, GuestError> {
         root,
         binds,
         remove,
+        cow,
         program,
     })
 }
@@ -144,19 +201,81 @@ pub fn parse_owners(text: &str) -> Option<Vec<(u32, u64)>> {
     (!owners.is_empty()).then_some(owners)
 }
 
-/// Mounts the plan's binds in a new mount namespace of this process. Any
-/// failure stops here, before anything is mounted where it should not be:
-/// the binds are made only once the namespace is new and propagates
-/// nothing back to the host's.
-fn mount_view(plan: &Plan) -> std::io::Result<()> {
-    hako_sys::ns::unshare(hako_sys::ns::CLONE_NEWNS)?;
+/// The overlayfs options of `cow`, its layers named by the descriptors
+/// given (`/proc/self/fd/N`): no path is resolved again, and none holds
+/// the commas or colons overlayfs's options would split on.
+pub fn overlay_options(lower: &Path, upper: &Path, work: &Path) -> String {
+    format!(
+        "lowerdir={},upperdir={},workdir={},userxattr",
+        lower.display(),
+        upper.display(),
+        work.display()
+    )
+}
+
+/// Mounts the copy-on-write workspace (see the module's documentation):
+/// each layer opened first (a directory, no symlink followed at its end),
+/// then the overlay on the workspace's path.
+fn mount_cow(cow: &CowMount) -> std::io::Result<()> {
+    use hako_sys::rustix::fs::{open, Mode, OFlags};
+    let layer = |what: &str, path: &Path| {
+        open(
+            path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| {
+            std::io::Error::new(
+                std::io::Error::from(e).kind(),
+                format!("the {what} {}: {e}", path.display()),
+            )
+        })
+    };
+    let lower = layer("workspace", &cow.workspace)?;
+    let upper = layer("upper layer", &cow.upper)?;
+    let work = layer("work directory", &cow.work)?;
+    let options = overlay_options(
+        &mount::fd_path(std::os::fd::AsFd::as_fd(&lower)),
+        &mount::fd_path(std::os::fd::AsFd::as_fd(&upper)),
+        &mount::fd_path(std::os::fd::AsFd::as_fd(&work)),
+    );
+    mount::mount(
+        Some(Path::new("overlay")),
+        &cow.workspace,
+        Some("overlay"),
+        mount::MS_NOSUID | mount::MS_NODEV,
+        Some(&options),
+    )
+}
+
+/// Mounts the plan's copy-on-write workspace and binds in a new mount
+/// namespace of this process. Any failure stops here, before anything is
+/// mounted where it should not be: they are made only once the namespace
+/// is new and propagates nothing back to the host's.
+fn mount_view(plan: &Plan) -> Result<(), String> {
+    let bind = |e: std::io::Error| format!("cannot bind the root view: {e}");
+    hako_sys::ns::unshare(hako_sys::ns::CLONE_NEWNS).map_err(bind)?;
     mount::mount(
         None,
         Path::new("/"),
         None,
         mount::MS_REC | mount::MS_PRIVATE,
         None,
-    )?;
+    )
+    .map_err(bind)?;
+    if let Some(cow) = &plan.cow {
+        mount_cow(cow).map_err(|e| {
+            format!(
+                "cannot mount the copy-on-write workspace (overlayfs over {}): {e}",
+                cow.workspace.display()
+            )
+        })?;
+    }
+    bind_view(plan).map_err(bind)
+}
+
+/// Binds the plan's host directories into the root view, read-only.
+fn bind_view(plan: &Plan) -> std::io::Result<()> {
     for (source, inside) in &plan.binds {
         let at = in_view(&plan.root, inside);
         mount::mount(
@@ -238,7 +357,7 @@ pub fn main(args: &[OsString]) -> GuestExit {
         }
     }
     if let Err(e) = mount_view(&plan) {
-        eprintln!("hako-guest {FLAG}: cannot bind the root view: {e}");
+        eprintln!("hako-guest {FLAG}: {e}");
         return GuestExit::SetUp;
     }
     let err = std::process::Command::new(&plan.program[0])
@@ -293,6 +412,43 @@ mod tests {
     }
 
     #[test]
+    fn parses_a_copy_on_write_workspace_and_names_its_layers_by_descriptor() {
+        let plan = parse(&args(&[
+            "/b/rootfs",
+            "--cow",
+            "/w",
+            "/s/upper",
+            "/s/work",
+            "--remove",
+            "/b",
+            "--",
+            "runsc",
+        ]))
+        .unwrap();
+        assert_eq!(
+            plan.cow,
+            Some(CowMount {
+                workspace: "/w".into(),
+                upper: "/s/upper".into(),
+                work: "/s/work".into(),
+            })
+        );
+        assert_eq!(plan.remove, Some(PathBuf::from("/b")));
+        // The same options as the linux backend's overlay: user xattrs,
+        // so no redirect or metacopy is made, and the layers by their
+        // descriptors' paths.
+        assert_eq!(
+            overlay_options(
+                Path::new("/proc/self/fd/3"),
+                Path::new("/proc/self/fd/4"),
+                Path::new("/proc/self/fd/5")
+            ),
+            "lowerdir=/proc/self/fd/3,upperdir=/proc/self/fd/4,workdir=/proc/self/fd/5,userxattr"
+        );
+        assert_eq!(parse(&args(&["/r", "--", "x"])).unwrap().cow, None);
+    }
+
+    #[test]
     fn refuses_a_bind_that_climbs_out_of_the_view_or_a_missing_program() {
         for bad in [
             &["/r", "--bind", "/usr", "/../etc", "--", "x"][..],
@@ -304,6 +460,9 @@ mod tests {
             &["/r", "--bindx", "--", "x"],
             &["/r", "--remove", "b", "--", "x"],
             &["/r", "--remove"],
+            &["/r", "--cow", "/w", "/u", "--", "x"],
+            &["/r", "--cow", "/w", "u", "/k", "--", "x"],
+            &["/r", "--cow", "w", "/u", "/k", "--", "x"],
             &[],
         ] {
             assert!(parse(&args(bad)).is_err(), "{bad:?}");

@@ -2,7 +2,7 @@
 //! private directory, and opening it.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex, Once, OnceLock};
 
 use hako_container::runner::{CliRunner, Runner};
 use hako_container::{
@@ -11,8 +11,11 @@ use hako_container::{
 };
 use hako_core::{Capabilities, Error, Isolation, NetworkPolicy, Result, SandboxSpec};
 use hako_driver::network::NetworkSetup;
-use hako_driver::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
+use hako_driver::sandbox::{
+    common_limits, open_workspace, GuestConfig, GuestSandbox, GuestStart, Launcher, OPTIONAL,
+};
 use hako_driver::LaunchOptions;
+use hako_fence::{Fence, FenceOptions};
 
 use crate::bundle::{build_view, config_json, run_argv, BundlePlan};
 use crate::gc::BUNDLE_PREFIX;
@@ -23,7 +26,8 @@ use crate::{NAME, RUNSC_VAR};
 /// is opened from) and how this process launches it.
 #[derive(Debug, Clone)]
 pub struct GvisorConfig {
-    /// The sandbox: workspace (bound read-write at the same path), image
+    /// The sandbox: workspace (bound read-write at the same path, or seen
+    /// through an overlayfs with `cow`, see [`GvisorSandbox::new`]), image
     /// (a root file system directory; `None` is a read-only view of the
     /// host's system directories), environment, output cap, limits, binds,
     /// network (`None` is `none`) and `best_effort` (run even when a limit
@@ -85,10 +89,21 @@ hako_driver::delegate_sandbox!(GvisorSandbox, inner);
 
 impl GvisorSandbox {
     /// Writes the bundle, starts `runsc run` and waits for the guest.
+    ///
+    /// With `spec.cow`, the host view mounts an overlayfs over the
+    /// workspace's path in its own mount namespace before it becomes
+    /// `runsc` (the workspace its lower layer, `cow`'s directories its
+    /// upper and work), so gVisor's gofer serves the layered view and the
+    /// real workspace is never written; an overlay that cannot be mounted
+    /// fails the start, naming why. The file operations then go through
+    /// the same view (see [`layered_view`]).
     pub fn new(config: GvisorConfig) -> Result<Self> {
         let spec = &config.spec;
-        spec.refuse_cow(NAME)?;
         let fence = open_workspace(&spec.workspace, &config.launch.fence)?;
+        // What the real workspace is, to make sure the layered view is not it.
+        let real = hako_sys::rustix::fs::fstat(fence.root())
+            .map(|st| (st.st_dev, st.st_ino))
+            .map_err(|e| backend_err("open the workspace", e.to_string()))?;
         let network = NetworkSetup::new(&spec.network.clone().unwrap_or_else(NetworkPolicy::none))?;
         let runner = Arc::clone(&config.runner);
         collect_once();
@@ -157,6 +172,7 @@ impl GvisorSandbox {
                 .collect(),
             system_dirs: facts.bound_dirs().map(Path::to_path_buf).collect(),
             network: RunNetwork::of(&network),
+            cow: spec.cow.clone(),
         };
         if host_view {
             build_view(&plan, &facts).map_err(io("build the root view"))?;
@@ -211,28 +227,134 @@ impl GvisorSandbox {
             memory: hako_container::memory_watch(&limits, true),
             self_cleaning: true,
         };
+        let client = Arc::new(OnceLock::new());
+        let launcher: Box<dyn Launcher> = match &spec.cow {
+            None => Box::new(launcher),
+            Some(_) => Box::new(CowLauncher {
+                inner: launcher,
+                client: Arc::clone(&client),
+            }),
+        };
         let mut env = base_env(&spec.env);
         network.apply_env(&mut env);
-        Ok(GvisorSandbox {
-            inner: GuestSandbox::new(GuestConfig {
-                backend: NAME,
-                fence,
-                caps,
-                base_env: env,
-                guest: None,
-                max_output: spec.max_output,
-                idle_timeout: config.launch.idle_timeout,
-                driver: config.launch.driver.clone(),
-                launcher: Box::new(launcher),
-                proxy: network.proxy,
-            })?,
-            name,
-        })
+        let mut inner = GuestSandbox::new(GuestConfig {
+            backend: NAME,
+            fence,
+            caps,
+            base_env: env,
+            guest: None,
+            max_output: spec.max_output,
+            idle_timeout: config.launch.idle_timeout,
+            driver: config.launch.driver.clone(),
+            launcher,
+            proxy: network.proxy,
+        })?;
+        if spec.cow.is_some() {
+            // The fence opened above is on the workspace itself, the
+            // overlay's lower layer: a write through it would land behind
+            // the commands' view. Its file operations (and the commands'
+            // working directories) go through the layered view instead.
+            let view = layered_view(
+                client.get().copied(),
+                &plan.workspace,
+                config.launch.fence.clone(),
+                real,
+            );
+            match view {
+                Ok(view) => inner.set_fence(view),
+                Err(e) => {
+                    let _ = hako_core::Sandbox::close(&inner);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(GvisorSandbox { inner, name })
     }
 
     /// The container's id (as `runsc list` shows it).
     pub fn container(&self) -> &str {
         &self.name
+    }
+}
+
+/// overlayfs's `f_type`.
+const OVERLAYFS_SUPER_MAGIC: i64 = 0x794c_7630;
+
+/// The fence of a copy-on-write sandbox: the workspace as its commands see
+/// it, the overlay the host view mounted over the workspace's path in the
+/// mount namespace it left to `runsc`, reached by `/proc/PID/root` of the
+/// runtime's client (`client`: the host view, which became `runsc run`
+/// and is hako's child, not yet reaped, so its pid names it for sure).
+/// Checked to be an overlay, and not the real workspace (`real`: its device
+/// and inode): never a fence that would write the workspace in its place.
+fn layered_view(
+    client: Option<u32>,
+    workspace: &Path,
+    options: FenceOptions,
+    real: (u64, u64),
+) -> Result<Fence> {
+    let err = |message: String| backend_err("open the layered view", message);
+    let pid = client.ok_or_else(|| err("the runtime's client was not started".into()))?;
+    let root = PathBuf::from(format!("/proc/{pid}/root"))
+        .join(workspace.strip_prefix("/").unwrap_or(workspace));
+    let fence = Fence::open_as(&root, workspace, options).map_err(|e| err(e.to_string()))?;
+    let fs = hako_sys::rustix::fs::fstatfs(fence.root()).map_err(|e| err(e.to_string()))?;
+    #[allow(clippy::unnecessary_cast)] // `f_type`'s type differs by target
+    if fs.f_type as i64 != OVERLAYFS_SUPER_MAGIC {
+        return Err(err(format!(
+            "{} is not the overlay the host view mounts (file system type {:#x})",
+            root.display(),
+            fs.f_type
+        )));
+    }
+    let st = hako_sys::rustix::fs::fstat(fence.root()).map_err(|e| err(e.to_string()))?;
+    if (st.st_dev, st.st_ino) == real {
+        return Err(err(format!(
+            "{} is the workspace itself, not its layered view",
+            root.display()
+        )));
+    }
+    Ok(fence)
+}
+
+/// The launcher of a copy-on-write sandbox: the container's, which it
+/// runs, keeping the pid of the runtime's client (for [`layered_view`]);
+/// and closing always waits for the client, so that the overlay, which
+/// lives as long as its mount namespace, is gone before the layers are
+/// let go (reviewed, committed, or mounted by the next sandbox).
+#[derive(Debug)]
+struct CowLauncher {
+    inner: ContainerLauncher,
+    client: Arc<OnceLock<u32>>,
+}
+
+impl Launcher for CowLauncher {
+    fn start(&self) -> Result<GuestStart> {
+        let start = self.inner.start()?;
+        if let GuestStart::Piped { child, .. } = &start {
+            let _ = self.client.set(child.id());
+        }
+        Ok(start)
+    }
+
+    fn cwd_inside(&self, rel: &Path) -> Option<PathBuf> {
+        self.inner.cwd_inside(rel)
+    }
+
+    fn close(&self, guest_exited_cleanly: bool) {
+        self.inner.close(guest_exited_cleanly);
+    }
+
+    fn waits_for_guest(&self) -> bool {
+        true
+    }
+
+    fn cleans_up_after_itself(&self) -> bool {
+        self.inner.cleans_up_after_itself()
+    }
+
+    fn abandon(&self) {
+        self.inner.abandon();
     }
 }
 
@@ -279,17 +401,47 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cow_is_refused_with_a_typed_error_before_anything_runs() {
+    fn a_cow_sandbox_s_launcher_always_waits_for_the_client_and_delegates_the_rest() {
+        let launcher = ContainerLauncher {
+            backend: NAME,
+            program: "runsc",
+            runner: Arc::new(CliRunner),
+            name: "n".into(),
+            argv: vec![],
+            workspace: "/w".into(),
+            cleanup: vec![],
+            keep: Mutex::new(vec![]),
+            network: None,
+            seal: None,
+            memory: None,
+            self_cleaning: true,
+        };
+        let cow = CowLauncher {
+            inner: launcher,
+            client: Arc::new(OnceLock::new()),
+        };
+        assert!(cow.waits_for_guest());
+        assert!(cow.cleans_up_after_itself());
+        assert_eq!(cow.cwd_inside(Path::new("d")), Some(PathBuf::from("/w/d")));
+    }
+
+    #[test]
+    fn a_layered_view_that_is_not_an_overlay_or_is_the_workspace_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let mut config = GvisorConfig::new(dir.path());
-        config.spec.cow = Some(hako_core::CowLayers {
-            upper: dir.path().join("upper"),
-            work: dir.path().join("work"),
-        });
-        let err = GvisorSandbox::new(config).unwrap_err();
+        let ws = dir.path().canonicalize().unwrap();
+        let st = std::fs::metadata(&ws).unwrap();
+        let real = (
+            std::os::unix::fs::MetadataExt::dev(&st),
+            std::os::unix::fs::MetadataExt::ino(&st),
+        );
+        // This process's own root: the workspace itself, seen as it is.
+        let me = std::process::id();
+        let err = layered_view(Some(me), &ws, FenceOptions::default(), real).unwrap_err();
         assert!(
-            matches!(err, hako_core::Error::Unsupported { ref backend, .. } if backend == NAME),
+            err.to_string().contains("not the overlay") || err.to_string().contains("itself"),
             "{err}"
         );
+        let err = layered_view(None, &ws, FenceOptions::default(), real).unwrap_err();
+        assert!(err.to_string().contains("not started"), "{err}");
     }
 }

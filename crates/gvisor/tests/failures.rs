@@ -151,3 +151,75 @@ fn runscs_sandbox_process_killed_mid_command_session_and_process_is_reported_los
 fn runscs_gofer_killed_mid_command_session_and_process_is_reported_lost() {
     lost_when_killed("runsc-gofer");
 }
+
+/// Whether any host process's mount table mentions `path` (the overlay
+/// a copy-on-write sandbox's host view mounts over the workspace, or
+/// runsc's bind of it).
+fn mounted_anywhere(path: &std::path::Path) -> Vec<String> {
+    let needle = format!(" {} ", path.display());
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|e| std::fs::read_to_string(e.path().join("mountinfo")).ok())
+        .flat_map(|t| t.lines().map(str::to_owned).collect::<Vec<_>>())
+        .filter(|l| l.contains(&needle))
+        .collect()
+}
+
+/// A copy-on-write sandbox closed, and one lost to its `runsc-sandbox`
+/// killed: neither leaves its overlay mounted nor a runsc
+/// process running, the real workspace is never written, and the layers
+/// are free for the next sandbox, which continues on them.
+#[test]
+fn a_cow_gvisor_sandbox_leaves_nothing_mounted_or_running_when_closed_or_lost() {
+    let _one = one_at_a_time();
+    if let Err(reason) = hako_gvisor::ready() {
+        assert!(!hako_conformance::must_work(), "{reason}");
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let (_d, ws) = workspace();
+    std::fs::write(ws.join("a"), "a\n").unwrap();
+    let state_dir = tempfile::tempdir().unwrap();
+    let state =
+        hako_layers::state::State::create(&state_dir.path().join("hako"), "n", &ws, &[]).unwrap();
+    let open = || {
+        let mut config = GvisorConfig::new(&ws);
+        config.spec.cow = Some(hako_core::CowLayers {
+            upper: state.upper(),
+            work: state.work(),
+        });
+        GvisorSandbox::new(config).unwrap()
+    };
+    for lose in [false, true] {
+        let sandbox = open();
+        let id = sandbox.container().to_string();
+        let out = sandbox.exec(&Command::shell("echo x >> a")).unwrap();
+        assert!(out.status.success());
+        // The overlay is there while the sandbox is (in runsc's namespace).
+        let open_mounts = mounted_anywhere(&ws);
+        assert!(
+            open_mounts.iter().any(|l| l.contains(" - overlay ")),
+            "{open_mounts:?}"
+        );
+        if lose {
+            kill_runsc_process("runsc-sandbox", &id).unwrap();
+            let err = sandbox.exec(&Command::shell("true")).unwrap_err();
+            assert!(err.to_string().contains("guest ended"), "{err}");
+        }
+        sandbox.close().unwrap();
+        assert!(
+            runsc_processes("runsc-sandbox", &id).is_empty(),
+            "a runsc process of {id} is left"
+        );
+        assert_eq!(mounted_anywhere(&ws), Vec::<String>::new(), "lose: {lose}");
+        drop(sandbox);
+        assert_eq!(std::fs::read_to_string(ws.join("a")).unwrap(), "a\n");
+    }
+    // Contained: the next sandbox continues on the layers both left.
+    let sandbox = open();
+    let out = sandbox.exec(&Command::shell("cat a")).unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "a\nx\nx\n");
+    sandbox.close().unwrap();
+}

@@ -1,5 +1,5 @@
 //! `--cow`, `--name`, `--state` of `hako run` and `hako shell`: a
-//! copy-on-write workspace (the `linux` and `docker` backends), its layers kept as a
+//! copy-on-write workspace (the `linux`, `docker` and `gvisor` backends), its layers kept as a
 //! named sandbox or in a temporary place for one run, and held (locked)
 //! until the sandbox is gone.
 
@@ -12,7 +12,7 @@ use hako_runtime::BackendArg;
 /// The copy-on-write flags.
 #[derive(Debug, Clone, Args)]
 pub struct CowArgs {
-    /// Copy-on-write workspace (linux, docker): changes land in a private layer,
+    /// Copy-on-write workspace (linux, docker, gvisor): changes land in a private layer,
     /// never in the workspace; review them with `hako diff NAME`.
     #[arg(long)]
     pub cow: bool,

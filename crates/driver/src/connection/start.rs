@@ -176,11 +176,18 @@ impl Connection {
             let sent = proto::encode(&Frame::Message(ToGuest::Hello(Box::new(hello))))
                 .and_then(|bytes| wire.send(&bytes, None));
             if let Err(e) = sent {
+                // The runtime's client may have failed before reading
+                // anything (gVisor's host view that cannot mount what it
+                // was asked to): what it said is the reason.
+                let said = describe
+                    .as_ref()
+                    .map(|describe| format!("; {}", describe()))
+                    .unwrap_or_default();
                 return failed(
                     wire,
                     child,
                     format!(
-                        "hako-guest ended without a reply: {e}{}",
+                        "hako-guest ended without a reply: {e}{said}{}",
                         descriptors_hint()
                     ),
                 );
