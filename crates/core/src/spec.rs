@@ -76,7 +76,7 @@ pub struct SandboxSpec {
     /// Long-lived processes running at once in one sandbox
     /// (`--max-processes`); one more is refused the same way.
     pub max_processes: usize,
-    /// A copy-on-write workspace (`--cow`; the `linux` backend); `None`
+    /// A copy-on-write workspace (`--cow`; `linux`, `docker`, `gvisor`); `None`
     /// binds the workspace read-write. A backend that cannot give one
     /// refuses it with [`Error::Unsupported`](crate::Error::Unsupported).
     pub cow: Option<CowLayers>,
@@ -112,7 +112,7 @@ impl SandboxSpec {
         match self.cow {
             Some(_) => Err(crate::Error::Unsupported {
                 backend: backend.into(),
-                capability: "--cow (a copy-on-write workspace; use --backend linux)",
+                capability: "--cow (a copy-on-write workspace; use --backend linux, docker or gvisor)",
             }),
             None => Ok(()),
         }
