@@ -59,6 +59,38 @@ impl Kind {
     }
 }
 
+/// A sandbox of `kind` on `ws` with `layers`, for the conformance kit's
+/// copy-on-write cases; `Unsupported` (the kit's skip) where the engine
+/// cannot run here.
+fn open_for_kit(kind: Kind, ws: &Path, layers: CowLayers) -> Result<DockerSandbox, Error> {
+    if !kind.ready() {
+        return Err(Error::Unsupported {
+            backend: "docker".into(),
+            capability: "running on this host (see the reason printed above)",
+        });
+    }
+    let mut config = DockerConfig::new(ws);
+    config.spec.cow = Some(layers);
+    match kind {
+        Kind::Runc => {}
+        Kind::Runsc => config.spec.runtime = Some("runsc".into()),
+        Kind::Podman => config.engine = hako_container::Engine::from_words("podman"),
+    }
+    DockerSandbox::new(config)
+}
+
+hako_conformance::cow_tests!(kit_runc, |ws: &Path, layers: CowLayers| {
+    Ok(Box::new(open_for_kit(Kind::Runc, ws, layers)?))
+});
+
+hako_conformance::cow_tests!(kit_runsc, |ws: &Path, layers: CowLayers| {
+    Ok(Box::new(open_for_kit(Kind::Runsc, ws, layers)?))
+});
+
+hako_conformance::cow_tests!(kit_podman, |ws: &Path, layers: CowLayers| {
+    Ok(Box::new(open_for_kit(Kind::Podman, ws, layers)?))
+});
+
 /// A workspace and a named sandbox's state beside it (outside it).
 struct Cow {
     _dir: tempfile::TempDir,

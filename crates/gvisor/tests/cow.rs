@@ -27,6 +27,18 @@ fn ready() -> bool {
     }
 }
 
+hako_conformance::cow_tests!(kit, |ws: &Path, layers: CowLayers| {
+    if !ready() {
+        return Err(hako_core::Error::Unsupported {
+            backend: "gvisor".into(),
+            capability: "running on this host (see the reason printed above)",
+        });
+    }
+    let mut config = GvisorConfig::new(ws);
+    config.spec.cow = Some(layers);
+    Ok(Box::new(GvisorSandbox::new(config)?))
+});
+
 /// Every entry beneath `root` with its kind, permission bits and content
 /// or target: what "byte-for-byte unchanged" compares.
 fn tree(root: &Path) -> Vec<(PathBuf, String)> {
