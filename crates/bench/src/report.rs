@@ -102,6 +102,10 @@ pub struct Report {
     pub references: Vec<Reference>,
     /// What could not be measured, one line each (a backend that failed).
     pub errors: Vec<String>,
+    /// The copy-on-write findings (`hako bench --cow`) beside their
+    /// ratios; absent from other runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cow: Option<crate::cow::CowFindings>,
 }
 
 impl Report {
@@ -116,6 +120,7 @@ impl Report {
             throughput: Vec::new(),
             references: Vec::new(),
             errors: Vec::new(),
+            cow: None,
         }
     }
 
@@ -187,6 +192,32 @@ impl fmt::Display for Table<'_> {
                 (None, Some(why)) => writeln!(f, "reference {:<52} skipped: {why}", r.tool)?,
                 _ => {}
             }
+        }
+        if let Some(cow) = &report.cow {
+            if let (Some(ratio), Some(met)) = (cow.write_ratio, cow.write_meets_goal) {
+                writeln!(
+                    f,
+                    "copy-on-write write job: ratio {ratio:.2}, goal at most {:.2}: {}",
+                    cow.write_goal,
+                    if met { "met" } else { "NOT met" }
+                )?;
+            }
+            writeln!(
+                f,
+                "hako diff walked {} upper-layer entries and {} workspace entries, listed {} workspace directories, found {} of {} changes (git status listed {}) in {} files",
+                cow.visited.upper_entries,
+                cow.visited.lower_entries,
+                cow.visited.lower_dirs_listed,
+                cow.changes_found,
+                cow.diff_changes,
+                cow.git_status_lines,
+                cow.diff_files
+            )?;
+            writeln!(
+                f,
+                "setup (trees, tar, git repository): {:.1} s",
+                cow.setup_s
+            )?;
         }
         for e in &report.errors {
             writeln!(f, "error: {e}")?;
