@@ -341,4 +341,48 @@ mod tests {
         assert_eq!(lines[5], "error: Docker: no daemon");
         assert!(table.ends_with('\n'));
     }
+
+    #[test]
+    fn a_cow_report_carries_its_findings_and_says_whether_the_goal_is_met() {
+        let mut report = Report::new(2, "static");
+        report.comparisons.push(compare(
+            crate::cow::figure::WRITE.into(),
+            "linux --cow: untar".into(),
+            Some("linux"),
+            stats(120.0),
+            "plain",
+            stats(100.0),
+        ));
+        report.cow = Some(crate::cow::CowFindings {
+            files: 20_000,
+            rewritten: 2_000,
+            write_goal: crate::cow::WRITE_GOAL,
+            write_ratio: Some(1.2),
+            write_meets_goal: Some(false),
+            diff_files: 100_000,
+            diff_changes: 100,
+            changes_found: 100,
+            git_status_lines: 100,
+            visited: crate::cow::Walked {
+                upper_entries: 250,
+                lower_entries: 250,
+                lower_dirs_listed: 0,
+            },
+            setup_s: 1.5,
+        });
+        report.index_figures();
+        assert_eq!(report.figures["linux"]["cow_write.ratio_vs_plain"], 1.2);
+        let v: serde_json::Value =
+            serde_json::from_str(&report.to_json()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(v["cow"]["visited"]["upper_entries"], 250);
+        assert_eq!(v["cow"]["write_meets_goal"], false);
+        let table = report.table().to_string();
+        assert!(
+            table.contains("copy-on-write write job: ratio 1.20, goal at most 1.15: NOT met"),
+            "{table}"
+        );
+        assert!(table.contains("walked 250 upper-layer entries"), "{table}");
+        // Without it, the JSON has no `cow` key (its shape is unchanged).
+        assert!(sample().to_json().find("\"cow\"").is_none());
+    }
 }
