@@ -354,18 +354,24 @@ const APPENDED: &str = "a line the sandbox added\n";
 /// The edits as a shell script run in the sandbox.
 fn edits_script(edits: &[Edit]) -> String {
     let mut script = String::from("set -e\n");
+    let mut deleted = String::new();
     for edit in edits {
         let line = match *edit {
             Edit::Modify(i) => format!(
-                "printf '{}' >> {}",
+                "printf '{}' >> {}\n",
                 APPENDED.replace('\n', "\\n"),
                 file_path(i).display()
             ),
-            Edit::Delete(i) => format!("rm {}", file_path(i).display()),
-            Edit::Add(i, j) => format!("printf 'added {j}\\n' > {}", added_path(i, j).display()),
+            Edit::Delete(i) => {
+                deleted.push_str(&format!(" {}", file_path(i).display()));
+                continue;
+            }
+            Edit::Add(i, j) => format!("printf 'added {j}\\n' > {}\n", added_path(i, j).display()),
         };
         script.push_str(&line);
-        script.push('\n');
+    }
+    if !deleted.is_empty() {
+        script.push_str(&format!("rm{deleted}\n"));
     }
     script
 }
@@ -416,9 +422,19 @@ fn bench_diff(
     let (min_lines, spread) = (1, 10);
     write_tree(&ws, files, min_lines, spread).map_err(|e| format!("write the tree: {e}"))?;
     write_tree(&repo, files, min_lines, spread).map_err(|e| format!("write the tree: {e}"))?;
+    // Made without syncing each object (setting up, not measured).
     status_ok(git(&repo).args(["init", "--quiet"]))?;
-    status_ok(git(&repo).args(["add", "--all"]))?;
-    status_ok(git(&repo).args(["commit", "--quiet", "--message", "the tree"]))?;
+    status_ok(git(&repo).args(["-c", "core.fsync=none", "add", "--all"]))?;
+    status_ok(git(&repo).args([
+        "-c",
+        "core.fsync=none",
+        "-c",
+        "maintenance.auto=false",
+        "commit",
+        "--quiet",
+        "--message",
+        "the tree",
+    ]))?;
     let edits = edits(files);
     apply_edits(&repo, &edits).map_err(|e| format!("change the git tree: {e}"))?;
     let name = "diff";

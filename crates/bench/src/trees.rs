@@ -113,7 +113,7 @@ pub(crate) fn write_tar(
         out.write_all(&vec![0u8; pad])?;
     }
     out.write_all(&[0u8; 1024])?;
-    out.into_inner().map_err(|e| e.into_error())?.sync_all()
+    out.flush()
 }
 
 #[cfg(test)]

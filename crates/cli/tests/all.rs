@@ -1457,7 +1457,14 @@ fn bench_cow_measures_the_write_jobs_and_a_diff_that_walks_only_what_changed() {
     // time is asserted: it is a benchmark; this checks that it works, and
     // what the review engine's scan looked at).
     let out = hako()
-        .args(["bench", "--cow", "--cow-files", "200", "--diff-files", "3000"])
+        .args([
+            "bench",
+            "--cow",
+            "--cow-files",
+            "100",
+            "--diff-files",
+            "1000",
+        ])
         .args(["--iterations", "1", "--json"])
         .stdin(Stdio::null())
         .output()
@@ -1476,22 +1483,22 @@ fn bench_cow_measures_the_write_jobs_and_a_diff_that_walks_only_what_changed() {
         assert!(ratio.is_some_and(|r| r > 0.0), "{figure} missing from {v}");
     }
     let cow = &v["cow"];
-    assert_eq!(cow["files"], 200, "{v}");
-    assert_eq!(cow["rewritten"], 20, "{v}");
+    assert_eq!(cow["files"], 100, "{v}");
+    assert_eq!(cow["rewritten"], 10, "{v}");
     assert_eq!(cow["write_goal"], 1.15, "{v}");
     assert!(cow["write_meets_goal"].is_boolean(), "{v}");
     // Both sides saw the same 100 changes.
     assert_eq!(cow["changes_found"], 100, "{v}");
     assert_eq!(cow["git_status_lines"], 100, "{v}");
-    // The 3,000 files are in 30 directories of 100 under 3 top ones
-    // (3,033 entries); the 100 changes are spread over all 30. The scan
-    // looks at the 100 changed names, the 30 directories and 3 top ones
-    // above them in the upper layer, each looked up once in the
-    // workspace, and lists no workspace directory: the size of the
-    // change, not of the workspace.
+    // The 1,000 files are in 10 directories of 100 under one top one
+    // (1,011 entries); the 100 changes are spread over all 10. The scan
+    // looks at the 100 changed names and the 11 directories above them
+    // in the upper layer, each looked up once in the workspace, and lists
+    // no workspace directory: the size of the change, not of the
+    // workspace.
     assert_eq!(
         cow["visited"],
-        serde_json::json!({"upper_entries": 133, "lower_entries": 133, "lower_dirs_listed": 0}),
+        serde_json::json!({"upper_entries": 111, "lower_entries": 111, "lower_dirs_listed": 0}),
         "{v}"
     );
 }
