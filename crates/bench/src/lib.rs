@@ -34,10 +34,19 @@
 //!   commands run in each from concurrent clients, against the same work
 //!   done with `docker run -d` and `docker exec`.
 //!
-//! Modules: `load` (the load benchmark, and `http` its client), (timing and statistics), `reference` (the reference
-//! tools), `runs` (one backend's cold, warm and fence runs), `proxy` (the
-//! egress proxy's throughput), `report` (the findings and their printing).
+//! - **Copy-on-write** ([`run_cow`], `hako bench --cow`, `linux`): a
+//!   write-heavy job (untar 20,000 small files, rewrite a tenth) and a
+//!   rewrite of existing files (copy-up) in a `--cow` sandbox against a
+//!   plain one, and `hako diff` of 100 changes in a 100,000-file
+//!   workspace against `git status` of the same tree.
+//!
+//! Modules: `load` (the load benchmark, and `http` its client), `measure`
+//! (timing and statistics), `reference` (the reference tools), `runs` (one
+//! backend's cold, warm and fence runs), `proxy` (the egress proxy's
+//! throughput), `cow` (the copy-on-write figures, and `trees` the trees
+//! and tar they work on), `report` (the findings and their printing).
 
+mod cow;
 mod http;
 mod load;
 mod measure;
@@ -45,11 +54,13 @@ mod proxy;
 mod reference;
 mod report;
 mod runs;
+mod trees;
 
 use std::path::PathBuf;
 
 use hako_runtime::{BackendArg, BackendKind};
 
+pub use cow::{figure as cow_figure, CowFindings, CowOptions, Walked, DIFF_CHANGES, WRITE_GOAL};
 pub use load::{run_load, LoadOptions, LoadReport, LoadSide};
 pub use measure::Stats;
 pub use report::{Comparison, Reference, Report, Table, Throughput};
@@ -136,5 +147,37 @@ pub fn run(options: &Options) -> Result<Report, WorkspaceError> {
     report.references = reference::references(n);
     report.index_figures();
     let _ = std::fs::remove_dir_all(&workspace);
+    Ok(report)
+}
+
+/// Measures the copy-on-write figures on `linux` (see [`CowOptions`]): the
+/// ratios are among [`Report::comparisons`] (backend `linux`), and the
+/// rest in [`Report::cow`]. A part that cannot be measured is reported in
+/// [`Report::errors`]; only a scratch directory that cannot be created
+/// stops the run.
+///
+/// Call it while this process has one thread, as [`run`].
+pub fn run_cow(options: &CowOptions) -> Result<Report, WorkspaceError> {
+    let exe = match &options.hako {
+        Some(path) => Some(path.clone()),
+        None => std::env::current_exe().ok(),
+    };
+    let mut report = Report::new(options.iterations.max(1), report::linkage(exe.as_deref()));
+    let scratch = std::env::temp_dir().join(format!("hako-bench-cow-{}", std::process::id()));
+    if let Err(source) = std::fs::create_dir_all(&scratch) {
+        return Err(WorkspaceError {
+            path: scratch,
+            source,
+        });
+    }
+    let findings = cow::bench_cow(
+        options,
+        &scratch,
+        &mut report.comparisons,
+        &mut report.errors,
+    );
+    report.cow = Some(findings);
+    report.index_figures();
+    let _ = cow::remove_scratch(&scratch);
     Ok(report)
 }

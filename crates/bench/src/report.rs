@@ -102,6 +102,10 @@ pub struct Report {
     pub references: Vec<Reference>,
     /// What could not be measured, one line each (a backend that failed).
     pub errors: Vec<String>,
+    /// The copy-on-write findings (`hako bench --cow`) beside their
+    /// ratios; absent from other runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cow: Option<crate::cow::CowFindings>,
 }
 
 impl Report {
@@ -116,6 +120,7 @@ impl Report {
             throughput: Vec::new(),
             references: Vec::new(),
             errors: Vec::new(),
+            cow: None,
         }
     }
 
@@ -187,6 +192,32 @@ impl fmt::Display for Table<'_> {
                 (None, Some(why)) => writeln!(f, "reference {:<52} skipped: {why}", r.tool)?,
                 _ => {}
             }
+        }
+        if let Some(cow) = &report.cow {
+            if let (Some(ratio), Some(met)) = (cow.write_ratio, cow.write_meets_goal) {
+                writeln!(
+                    f,
+                    "copy-on-write write job: ratio {ratio:.2}, goal at most {:.2}: {}",
+                    cow.write_goal,
+                    if met { "met" } else { "NOT met" }
+                )?;
+            }
+            writeln!(
+                f,
+                "hako diff walked {} upper-layer entries and {} workspace entries, listed {} workspace directories, found {} of {} changes (git status listed {}) in {} files",
+                cow.visited.upper_entries,
+                cow.visited.lower_entries,
+                cow.visited.lower_dirs_listed,
+                cow.changes_found,
+                cow.diff_changes,
+                cow.git_status_lines,
+                cow.diff_files
+            )?;
+            writeln!(
+                f,
+                "setup (trees, tar, git repository): {:.1} s",
+                cow.setup_s
+            )?;
         }
         for e in &report.errors {
             writeln!(f, "error: {e}")?;
@@ -309,5 +340,49 @@ mod tests {
         assert!(lines[4].ends_with("skipped: bwrap is not installed"));
         assert_eq!(lines[5], "error: Docker: no daemon");
         assert!(table.ends_with('\n'));
+    }
+
+    #[test]
+    fn a_cow_report_carries_its_findings_and_says_whether_the_goal_is_met() {
+        let mut report = Report::new(2, "static");
+        report.comparisons.push(compare(
+            crate::cow::figure::WRITE.into(),
+            "linux --cow: untar".into(),
+            Some("linux"),
+            stats(120.0),
+            "plain",
+            stats(100.0),
+        ));
+        report.cow = Some(crate::cow::CowFindings {
+            files: 20_000,
+            rewritten: 2_000,
+            write_goal: crate::cow::WRITE_GOAL,
+            write_ratio: Some(1.2),
+            write_meets_goal: Some(false),
+            diff_files: 100_000,
+            diff_changes: 100,
+            changes_found: 100,
+            git_status_lines: 100,
+            visited: crate::cow::Walked {
+                upper_entries: 250,
+                lower_entries: 250,
+                lower_dirs_listed: 0,
+            },
+            setup_s: 1.5,
+        });
+        report.index_figures();
+        assert_eq!(report.figures["linux"]["cow_write.ratio_vs_plain"], 1.2);
+        let v: serde_json::Value =
+            serde_json::from_str(&report.to_json()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(v["cow"]["visited"]["upper_entries"], 250);
+        assert_eq!(v["cow"]["write_meets_goal"], false);
+        let table = report.table().to_string();
+        assert!(
+            table.contains("copy-on-write write job: ratio 1.20, goal at most 1.15: NOT met"),
+            "{table}"
+        );
+        assert!(table.contains("walked 250 upper-layer entries"), "{table}");
+        // Without it, the JSON has no `cow` key (its shape is unchanged).
+        assert!(sample().to_json().find("\"cow\"").is_none());
     }
 }

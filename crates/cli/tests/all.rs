@@ -1509,6 +1509,58 @@ fn bench_load_opens_sandboxes_through_serve_runs_commands_in_each_and_closes_the
 }
 
 #[test]
+fn bench_cow_measures_the_write_jobs_and_a_diff_that_walks_only_what_changed() {
+    // The copy-on-write benchmark's whole code path at a small scale (no
+    // time is asserted: it is a benchmark; this checks that it works, and
+    // what the review engine's scan looked at).
+    let out = hako()
+        .args([
+            "bench",
+            "--cow",
+            "--cow-files",
+            "100",
+            "--diff-files",
+            "1000",
+        ])
+        .args(["--iterations", "1", "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["errors"], serde_json::json!([]), "{v}");
+    for figure in [
+        "cow_write.ratio_vs_plain",
+        "cow_copy_up.ratio_vs_plain",
+        "cow_diff.ratio_vs_git_status",
+        "cow_diff_process.ratio_vs_git_status",
+    ] {
+        let ratio = v["figures"]["linux"][figure].as_f64();
+        assert!(ratio.is_some_and(|r| r > 0.0), "{figure} missing from {v}");
+    }
+    let cow = &v["cow"];
+    assert_eq!(cow["files"], 100, "{v}");
+    assert_eq!(cow["rewritten"], 10, "{v}");
+    assert_eq!(cow["write_goal"], 1.15, "{v}");
+    assert!(cow["write_meets_goal"].is_boolean(), "{v}");
+    // Both sides saw the same 100 changes.
+    assert_eq!(cow["changes_found"], 100, "{v}");
+    assert_eq!(cow["git_status_lines"], 100, "{v}");
+    // The 1,000 files are in 10 directories of 100 under one top one
+    // (1,011 entries); the 100 changes are spread over all 10. The scan
+    // looks at the 100 changed names and the 11 directories above them
+    // in the upper layer, each looked up once in the workspace, and lists
+    // no workspace directory: the size of the change, not of the
+    // workspace.
+    assert_eq!(
+        cow["visited"],
+        serde_json::json!({"upper_entries": 111, "lower_entries": 111, "lower_dirs_listed": 0}),
+        "{v}"
+    );
+}
+
+#[test]
 fn an_audit_log_cut_mid_line_by_a_crash_is_named_and_the_next_run_goes_on() {
     let d = dirs();
     let log = d.outside.join("audit.log");

@@ -11,9 +11,9 @@ pub struct BenchArgs {
     /// Backend to measure (repeatable) [default: host].
     #[arg(long, value_enum)]
     backend: Vec<BackendFlag>,
-    /// Runs per measurement.
-    #[arg(long, default_value_t = 50)]
-    iterations: usize,
+    /// Runs per measurement [default: 50; 10 with --cow].
+    #[arg(long)]
+    iterations: Option<usize>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -33,6 +33,17 @@ pub struct BenchArgs {
     /// With --load: at most this many Docker containers (0: none).
     #[arg(long, default_value_t = 100, requires = "load")]
     docker_containers: usize,
+    /// Instead: the copy-on-write figures on linux (a write-heavy job
+    /// under --cow against a plain sandbox; `hako diff` of 100 changes
+    /// against `git status` of the same tree).
+    #[arg(long, conflicts_with_all = ["load", "backend"])]
+    cow: bool,
+    /// With --cow: files the write job unpacks (and rewrites a tenth of).
+    #[arg(long, default_value_t = 20_000, requires = "cow")]
+    cow_files: usize,
+    /// With --cow: files in the workspace `hako diff` is timed on.
+    #[arg(long, default_value_t = 100_000, requires = "cow")]
+    diff_files: usize,
 }
 
 /// Runs `hako bench`: 0 when every backend was measured, 1 when one could
@@ -42,12 +53,21 @@ pub fn run(args: BenchArgs) -> u8 {
     if args.load {
         return load(&args);
     }
-    let options = hako_bench::Options {
-        backends: args.backend.iter().map(|flag| flag.0).collect(),
-        iterations: args.iterations,
-        hako: None,
+    let report = if args.cow {
+        hako_bench::run_cow(&hako_bench::CowOptions {
+            files: args.cow_files,
+            diff_files: args.diff_files,
+            iterations: args.iterations.unwrap_or(10),
+            hako: None,
+        })
+    } else {
+        hako_bench::run(&hako_bench::Options {
+            backends: args.backend.iter().map(|flag| flag.0).collect(),
+            iterations: args.iterations.unwrap_or(50),
+            hako: None,
+        })
     };
-    let report = match hako_bench::run(&options) {
+    let report = match report {
         Ok(report) => report,
         Err(e) => {
             eprintln!("hako: {e}");
