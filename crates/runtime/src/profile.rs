@@ -99,6 +99,12 @@ pub struct Profile {
     pub max_sessions: Option<Scalar>,
     /// `--max-processes`.
     pub max_processes: Option<Scalar>,
+    /// `--cow`.
+    pub cow: Option<bool>,
+    /// `--name`: the copy-on-write sandbox's name.
+    pub name: Option<String>,
+    /// `--state`: where named sandboxes are kept.
+    pub state: Option<PathBuf>,
 }
 
 impl Profile {
@@ -117,6 +123,9 @@ impl Profile {
         };
         if let Some(ws) = profile.workspace.as_mut() {
             absolute(ws);
+        }
+        if let Some(state) = profile.state.as_mut() {
+            absolute(state);
         }
         profile.ro.iter_mut().for_each(absolute);
         profile.rw.iter_mut().for_each(absolute);
