@@ -1,5 +1,6 @@
 //! Turning a spec into a backend's configuration and opening it.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use hako_core::{Error, Isolation, Sandbox};
@@ -66,6 +67,16 @@ impl Opener {
     ) -> Result<Self, Error> {
         let min_isolation = min_isolation.max(plan.spec.min_isolation);
         kind.require_isolation(min_isolation)?;
+        if kind == BackendKind::Host && plan.cow.is_some() {
+            // Refused before any layer is made: the host backend has no
+            // boundary to mount a view in.
+            let mut spec = plan.spec.clone();
+            spec.cow = Some(hako_core::CowLayers {
+                upper: PathBuf::new(),
+                work: PathBuf::new(),
+            });
+            spec.refuse_cow(kind.name())?;
+        }
         Ok(Opener {
             kind,
             spec: plan.spec,
