@@ -26,6 +26,7 @@ mod exec;
 mod files;
 mod gate;
 mod reply;
+mod review;
 mod routes;
 mod sandboxes;
 mod state;
@@ -58,6 +59,12 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/sandboxes/{id}/dir"),
     ("post", "/v1/sandboxes/{id}/sessions"),
     ("delete", "/v1/sandboxes/{id}/sessions/{session}"),
+    ("get", "/v1/sandboxes/{id}/changes"),
+    ("get", "/v1/sandboxes/{id}/checkpoints"),
+    ("post", "/v1/sandboxes/{id}/checkpoints"),
+    ("post", "/v1/sandboxes/{id}/rollback"),
+    ("post", "/v1/sandboxes/{id}/commit"),
+    ("post", "/v1/sandboxes/{id}/discard"),
 ];
 
 /// The most bytes a request body may carry (a file written, a command's
