@@ -192,6 +192,10 @@ fn python_mcp_client_reviews_checkpoints_rolls_back_and_commits_a_cow_sandbox_on
         .unwrap()
         .flatten()
         .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .any(|c| String::from_utf8_lossy(&c).replace('\0', " ").contains("sleep 300"));
+        .any(|c| {
+            String::from_utf8_lossy(&c)
+                .replace('\0', " ")
+                .contains("sleep 300")
+        });
     assert!(!leftover);
 }

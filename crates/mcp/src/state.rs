@@ -310,10 +310,7 @@ impl State {
     /// ends, and their handles are void), and the next tool call opens
     /// another on the layers as `f` left them. No sandbox is opened
     /// meanwhile (the slot's lock is held throughout). Blocking.
-    pub fn with_sandbox_closed<T>(
-        &self,
-        f: impl FnOnce(&CowHold) -> T,
-    ) -> Result<T, ToolError> {
+    pub fn with_sandbox_closed<T>(&self, f: impl FnOnce(&CowHold) -> T) -> Result<T, ToolError> {
         let cow = self.cow.clone().ok_or_else(not_cow)?;
         let _alone = cow.exclusive();
         let mut slot = self.slot();

@@ -23,11 +23,11 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use hako_audit::{Committed, FrontEnd, Record, Review, ReviewOp};
 use hako_core::{CowLayers, SandboxSpec};
+pub use hako_layers::checkpoint::Checkpoint as CheckpointInfo;
 use hako_layers::checkpoint::{Checkpoint, CheckpointError};
 use hako_layers::commit::{select, Applied};
-use hako_layers::state::{state_root, validate_name, State};
 pub use hako_layers::state::StateError;
-pub use hako_layers::checkpoint::Checkpoint as CheckpointInfo;
+use hako_layers::state::{state_root, validate_name, State};
 use hako_layers::{diff_hash, render, CommitError, CommitReport, Layers};
 
 /// What the flags and the profile ask of a copy-on-write workspace.
@@ -171,7 +171,8 @@ impl CowHold {
                         path: std::env::temp_dir(),
                         source,
                     })?;
-                let state = State::create(&dir.path().join("hako"), "cow", &spec.workspace, &binds)?;
+                let state =
+                    State::create(&dir.path().join("hako"), "cow", &spec.workspace, &binds)?;
                 Ok(CowHold {
                     state: Some(state),
                     temporary: Some(dir),
@@ -375,4 +376,54 @@ impl Drop for CowHold {
 /// and a temporary layer left behind is worth knowing of.
 fn tracing_free_warn(message: &str) {
     eprintln!("hako: cannot remove a temporary copy-on-write layer: {message}");
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn a_temporary_layer_is_removed_when_its_last_holder_lets_go() {
+        let ws = tempfile::tempdir().unwrap();
+        let spec = SandboxSpec::new(ws.path().to_path_buf());
+        let hold = std::sync::Arc::new(CowHold::open(&CowRequest::default(), None, &spec).unwrap());
+        let layers = hold.layers();
+        assert!(layers.upper.is_dir() && layers.work.is_dir());
+        assert_eq!(hold.name(), None);
+        let second = hold.clone();
+        drop(hold);
+        assert!(layers.upper.is_dir(), "still held");
+        drop(second);
+        assert!(!layers.upper.exists());
+    }
+
+    #[test]
+    fn a_named_layer_is_locked_while_held_and_kept_after() {
+        let ws = tempfile::tempdir().unwrap();
+        let st = tempfile::tempdir().unwrap();
+        let spec = SandboxSpec::new(ws.path().to_path_buf());
+        let request = CowRequest {
+            name: Some("n".into()),
+            state: Some(st.path().join("hako")),
+        };
+        let hold = CowHold::open(&request, Some("n"), &spec).unwrap();
+        assert_eq!(hold.name(), Some("n"));
+        std::fs::write(hold.layers().upper.join("new.txt"), "x\n").unwrap();
+        let busy = CowHold::open(&request, Some("n"), &spec).unwrap_err();
+        assert!(matches!(busy, StateError::Busy { .. }), "{busy}");
+        let changes = hold.changes(&[], None, None).unwrap();
+        assert_eq!(changes.count, 1);
+        assert!(changes.unified.contains("+x"), "{}", changes.unified);
+        let cp = hold.checkpoint(Some("one")).unwrap();
+        std::fs::write(hold.layers().upper.join("later.txt"), "y\n").unwrap();
+        assert_eq!(hold.rollback("one").unwrap().id, cp.id);
+        assert_eq!(hold.changes(&[], None, None).unwrap().count, 1);
+        let upper = hold.layers().upper;
+        drop(hold);
+        assert!(upper.join("new.txt").is_file(), "a named layer is kept");
+        let again = CowHold::open(&request, Some("n"), &spec).unwrap();
+        let err = again.rollback("nine").unwrap_err();
+        assert!(err.is_refusal() && err.is_not_found(), "{err}");
+    }
 }

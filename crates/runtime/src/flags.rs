@@ -589,4 +589,96 @@ mod tests {
         .unwrap();
         assert_eq!(spec.min_isolation, Isolation::Process, "the flag wins");
     }
+
+    #[test]
+    fn a_profile_with_cow_true_asks_for_a_copy_on_write_workspace_that_spec_never_drops() {
+        let flags = || SandboxFlags {
+            workspace: Some("/ws".into()),
+            ..SandboxFlags::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.toml");
+        std::fs::write(&path, "cow = true\nname = \"fix-1\"\nstate = \"st\"\n").unwrap();
+        let plan = SandboxFlags {
+            profile: Some(path.clone()),
+            ..flags()
+        }
+        .plan()
+        .unwrap();
+        let cow = plan.cow.clone().unwrap();
+        assert_eq!(cow.name.as_deref(), Some("fix-1"));
+        assert_eq!(
+            cow.state,
+            Some(dir.path().join("st")),
+            "relative to the profile"
+        );
+        assert_eq!(
+            plan.backend(),
+            BackendArg::Linux,
+            "auto with --cow is linux"
+        );
+        assert!(plan.spec.cow.is_none(), "the layers are made when opened");
+        // The plain spec refuses it rather than give a read-write workspace.
+        let err = SandboxFlags {
+            profile: Some(path),
+            ..flags()
+        }
+        .spec()
+        .unwrap_err();
+        assert!(err.contains("--cow"), "{err}");
+        // A flag wins over the key.
+        let plan = SandboxFlags {
+            cow: true,
+            name: Some("b".into()),
+            ..flags()
+        }
+        .plan()
+        .unwrap();
+        assert_eq!(plan.cow.unwrap().name.as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn a_bad_cow_name_or_a_name_without_cow_is_refused_naming_the_flag_or_key() {
+        let flags = || SandboxFlags {
+            workspace: Some("/ws".into()),
+            ..SandboxFlags::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.toml");
+        std::fs::write(&path, "cow = true\nname = \"../x\"\n").unwrap();
+        let err = SandboxFlags {
+            profile: Some(path),
+            ..flags()
+        }
+        .plan()
+        .unwrap_err();
+        assert!(
+            err.starts_with("profile key `name`: invalid sandbox name"),
+            "{err}"
+        );
+        let err = SandboxFlags {
+            cow: true,
+            name: Some("a/b".into()),
+            ..flags()
+        }
+        .plan()
+        .unwrap_err();
+        assert!(err.starts_with("--name: invalid sandbox name"), "{err}");
+        let err = SandboxFlags {
+            name: Some("a".into()),
+            ..flags()
+        }
+        .plan()
+        .unwrap_err();
+        assert!(err.contains("give --cow"), "{err}");
+        let err = SandboxFlags {
+            state: Some("/st".into()),
+            ..flags()
+        }
+        .plan()
+        .unwrap_err();
+        assert!(err.contains("give --cow"), "{err}");
+        let err = with_profile("cow = \"yes\"\n", flags()).unwrap_err();
+        assert!(err.contains("boolean"), "{err}");
+    }
 }

@@ -172,6 +172,9 @@ mod tests {
             min_isolation = "process"
             max_sessions = 4
             max_processes = 8
+            cow = true
+            name = "fix-1"
+            state = "state"
             "#,
         )
         .unwrap();
@@ -186,6 +189,8 @@ mod tests {
         assert_eq!(p.min_isolation.as_deref(), Some("process"));
         assert_eq!(p.max_sessions.unwrap().text(), "4");
         assert_eq!(p.max_processes.unwrap().text(), "8");
+        assert_eq!((p.cow, p.name.as_deref()), (Some(true), Some("fix-1")));
+        assert!(p.state.unwrap().is_absolute());
     }
 
     #[test]

@@ -165,9 +165,8 @@ pub struct ServeConfig {
 
 /// Makes the copy-on-write layers of a new sandbox: the named sandbox the
 /// create request names (locked while held), or a temporary layer.
-pub type MakeLayers = dyn Fn(Option<&str>) -> Result<Arc<CowHold>, hako_runtime::cow::StateError>
-    + Send
-    + Sync;
+pub type MakeLayers =
+    dyn Fn(Option<&str>) -> Result<Arc<CowHold>, hako_runtime::cow::StateError> + Send + Sync;
 
 /// Opens a sandbox on copy-on-write layers, which it holds.
 pub type OpenOn = dyn Fn(Arc<CowHold>) -> hako_core::Result<Box<dyn Sandbox>> + Send + Sync;

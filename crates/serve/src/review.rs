@@ -74,8 +74,13 @@ fn body_of<T: for<'de> Deserialize<'de> + Default>(body: &[u8]) -> Result<T, Rep
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(body)
-        .map_err(|e| error(400, "bad_request", format!("the body is not what this route takes: {e}")))
+    serde_json::from_slice(body).map_err(|e| {
+        error(
+            400,
+            "bad_request",
+            format!("the body is not what this route takes: {e}"),
+        )
+    })
 }
 
 /// `GET /v1/sandboxes/{id}/changes?path=P&from=A&to=B`: the changes (at
@@ -262,7 +267,11 @@ pub(crate) fn rollback(state: &State, sid: &str, body: &[u8]) -> Reply {
         Which::Number(id) => id.to_string(),
         Which::Text(t) if !t.is_empty() => t,
         Which::Text(_) => {
-            return error(400, "bad_request", "name the checkpoint: {\"checkpoint\": N or LABEL}")
+            return error(
+                400,
+                "bad_request",
+                "name the checkpoint: {\"checkpoint\": N or LABEL}",
+            )
         }
     };
     let (done, sandbox) = match with_closed(state, n, &layers, |l| l.rollback(&which)) {
@@ -351,7 +360,10 @@ pub(crate) fn discard(state: &State, sid: &str, body: &[u8]) -> Reply {
     };
     match result {
         Ok(removed) => {
-            audit(state, layers.record(FrontEnd::Serve, Some(n), discard_op(&removed)));
+            audit(
+                state,
+                layers.record(FrontEnd::Serve, Some(n), discard_op(&removed)),
+            );
             let shown: Vec<String> = removed
                 .iter()
                 .map(|p| p.to_string_lossy().into_owned())

@@ -286,7 +286,8 @@ fn query_values(query: &str, key: &str) -> Result<Vec<String>, Reply> {
         .filter_map(|kv| kv.split_once('='))
         .filter(|(k, _)| *k == key)
         .map(|(_, v)| {
-            percent_decode(v).map_err(|why| error(400, "bad_path", format!("the query's {key} {why}")))
+            percent_decode(v)
+                .map_err(|why| error(400, "bad_path", format!("the query's {key} {why}")))
         })
         .collect()
 }

@@ -226,7 +226,13 @@ fn the_openapi_file_matches_what_the_server_serves() {
         // The review routes need a copy-on-write sandbox, which this
         // server (the host backend) has not: they say so. They answer on
         // linux in the CLI's serve tests.
-        let review = ["/changes", "/checkpoints", "/rollback", "/commit", "/discard"];
+        let review = [
+            "/changes",
+            "/checkpoints",
+            "/rollback",
+            "/commit",
+            "/discard",
+        ];
         if review.iter().any(|r| template.ends_with(r)) {
             assert_eq!(
                 (status, value["kind"].as_str()),

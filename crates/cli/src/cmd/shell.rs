@@ -90,8 +90,8 @@ pub fn run(args: ShellArgs) -> u8 {
     // The backend is chosen and the policy gate passed first; a
     // copy-on-write workspace's layers are held by the sandbox until the
     // shell ends.
-    let opened = hako_runtime::Opener::from_plan(plan, Isolation::None)
-        .and_then(|opener| opener.open());
+    let opened =
+        hako_runtime::Opener::from_plan(plan, Isolation::None).and_then(|opener| opener.open());
     let sandbox: Arc<dyn Sandbox> = match opened {
         Ok(sb) => Arc::from(sb),
         Err(e) => return fail(&e),

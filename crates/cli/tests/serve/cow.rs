@@ -111,7 +111,11 @@ fn serve_cow_gives_each_sandbox_its_own_layers_and_refuses_an_agent_commit_witho
     assert_eq!(b["cow"]["name"], "fix-1");
     let b = b["id"].as_u64().unwrap();
     let (status, v) = s.call("POST", "/v1/sandboxes", json!({"name": "fix-1"}));
-    assert_eq!((status, v["kind"].as_str()), (409, Some("name_in_use")), "{v}");
+    assert_eq!(
+        (status, v["kind"].as_str()),
+        (409, Some("name_in_use")),
+        "{v}"
+    );
     let (status, v) = s.call("POST", "/v1/sandboxes", json!({"name": "../x"}));
     assert_eq!((status, v["kind"].as_str()), (400, Some("bad_name")), "{v}");
     assert_eq!(temporary_layers(tmp), 1);
@@ -153,7 +157,11 @@ fn serve_cow_gives_each_sandbox_its_own_layers_and_refuses_an_agent_commit_witho
     assert_eq!(status, 201, "{cp}");
     assert_eq!(cp["id"], 1);
     s.exec(b, "echo later > c.txt");
-    let (_, list) = s.call("GET", &format!("/v1/sandboxes/{b}/checkpoints"), Value::Null);
+    let (_, list) = s.call(
+        "GET",
+        &format!("/v1/sandboxes/{b}/checkpoints"),
+        Value::Null,
+    );
     assert_eq!(list["checkpoints"][0]["label"], "t1", "{list}");
     let (status, rb) = s.call(
         "POST",
@@ -168,7 +176,11 @@ fn serve_cow_gives_each_sandbox_its_own_layers_and_refuses_an_agent_commit_witho
         &format!("/v1/sandboxes/{b}/rollback"),
         json!({"checkpoint": 7}),
     );
-    assert_eq!((status, v["kind"].as_str()), (404, Some("not_found")), "{v}");
+    assert_eq!(
+        (status, v["kind"].as_str()),
+        (404, Some("not_found")),
+        "{v}"
+    );
     assert!(!ws.join("c.txt").exists() && ws.join("base.txt").exists());
 
     // An agent's commit (or discard) is refused without the flag.
@@ -199,14 +211,21 @@ fn serve_cow_gives_each_sandbox_its_own_layers_and_refuses_an_agent_commit_witho
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&diff.stdout);
-    assert!(text.contains("b.txt") && !text.contains("c.txt"), "{diff:?}");
+    assert!(
+        text.contains("b.txt") && !text.contains("c.txt"),
+        "{diff:?}"
+    );
     let records = hako_audit::records(&log).unwrap();
     let rollback = records
         .iter()
         .find(|r| r["kind"] == "review" && r["op"] == "rollback")
         .unwrap_or_else(|| panic!("{records:?}"));
     assert_eq!(
-        (&rollback["front_end"], &rollback["name"], &rollback["sandbox"]),
+        (
+            &rollback["front_end"],
+            &rollback["name"],
+            &rollback["sandbox"]
+        ),
         (&json!("serve"), &json!("fix-1"), &json!(b))
     );
 

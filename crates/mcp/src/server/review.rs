@@ -256,10 +256,7 @@ impl HakoServer {
         description = WORKSPACE_CHANGES,
         annotations(title = "Show workspace changes", read_only_hint = true, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
     )]
-    async fn workspace_changes(
-        &self,
-        Parameters(args): Parameters<ChangesArgs>,
-    ) -> CallToolResult {
+    async fn workspace_changes(&self, Parameters(args): Parameters<ChangesArgs>) -> CallToolResult {
         self.review("workspace_changes", move |state| {
             let cow = state.cow().ok_or_else(not_cow)?;
             let from = args.from.as_ref().map(CheckpointRef::text);
