@@ -33,7 +33,8 @@ pub enum FrontEnd {
     Serve,
     /// `hako mcp`, the MCP server.
     Mcp,
-    /// The review commands (`hako commit`, `hako discard`, `hako rm`).
+    /// The review commands (`hako commit`, `hako discard`, `hako rm`,
+    /// `hako rollback`).
     Review,
 }
 
@@ -76,13 +77,18 @@ pub enum Record {
     Review(Review),
 }
 
-/// What a review command did to a named copy-on-write sandbox.
+/// What a review operation did to a copy-on-write sandbox: a review
+/// command (`hako commit`, ...), or an agent's call through `hako mcp`
+/// or `hako serve`; the same record whoever did it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Review {
     /// Who did it.
     pub front_end: FrontEnd,
-    /// The sandbox's name.
-    pub name: String,
+    /// The sandbox's name; `null` for a temporary layer (a `--cow`
+    /// sandbox without `--name`).
+    pub name: Option<String>,
+    /// The server's id of the sandbox (`hako serve`); `null` otherwise.
+    pub sandbox: Option<u64>,
     /// The operation and what it changed.
     #[serde(flatten)]
     pub op: ReviewOp,
@@ -798,7 +804,8 @@ mod tests {
             (
                 Record::Review(Review {
                     front_end: FrontEnd::Review,
-                    name: "fix-1".into(),
+                    name: Some("fix-1".into()),
+                    sandbox: None,
                     op: ReviewOp::Commit {
                         diff_hash: "ab".into(),
                         changes: vec![Committed {
@@ -815,7 +822,8 @@ mod tests {
             (
                 Record::Review(Review {
                     front_end: FrontEnd::Review,
-                    name: "fix-1".into(),
+                    name: Some("fix-1".into()),
+                    sandbox: None,
                     op: ReviewOp::Remove,
                 }),
                 "review",

@@ -192,6 +192,12 @@ async def run(hako, backend, ws, audit):
             await expect_ok(s, "close_session", {"session": sid}, "close it")
             await expect_error(s, "run_command", {"command": "true", "session": sid}, "use a closed session")
 
+            # A sandbox that is not copy-on-write has nothing to review.
+            text = await expect_error(s, "workspace_changes", {}, "the changes of a plain sandbox")
+            check("not copy-on-write" in text and "--cow" in text, "the error says to start with --cow", text)
+            text = await expect_error(s, "commit", {}, "a commit on a plain sandbox")
+            check("--cow" in text, "the error says to start with --cow", text)
+
             # Bad input is a tool error, not a protocol error.
             text = await expect_error(s, "run_command", {}, "a missing argument")
             check("command" in text, "the error names the missing field", text)

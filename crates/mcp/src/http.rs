@@ -102,8 +102,11 @@ pub fn serve_http(config: McpConfig, http: HttpConfig) -> std::io::Result<()> {
         .enable_all()
         .thread_name("hako-mcp")
         .build()?;
-    let state =
-        Arc::new(State::new(config.make_sandbox, config.audit).with_max_calls(config.max_calls));
+    let state = Arc::new(
+        State::new(config.make_sandbox, config.audit)
+            .with_max_calls(config.max_calls)
+            .with_cow(config.cow, config.allow_agent_commit),
+    );
     let result = runtime.block_on(serve(state.clone(), http));
     // Every session has ended: close the sandbox first, which kills
     // whatever tool calls are still waiting on it, then let them finish.

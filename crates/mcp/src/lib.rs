@@ -70,17 +70,36 @@ pub struct McpConfig {
     pub audit: Option<Arc<AuditLog>>,
     /// The most tool calls running at once ([`MAX_TOOL_CALLS`] by default).
     pub max_calls: usize,
+    /// The copy-on-write layers `make_sandbox` opens the sandbox on
+    /// (`--cow`), held for the server's life: the review tools
+    /// (`workspace_changes`, `checkpoint`, `list_checkpoints`, `rollback`)
+    /// act on them. `None`: no review tools.
+    pub cow: Option<Arc<hako_runtime::CowHold>>,
+    /// `--allow-agent-commit`: the `commit` and `discard` tools are
+    /// offered; without it an agent's commit is refused, naming the flag.
+    pub allow_agent_commit: bool,
 }
 
 impl McpConfig {
     /// A server whose sandbox the runtime opens: the backend `opener`
-    /// chose for its spec, gated by the isolation it requires.
-    pub fn new(opener: hako_runtime::Opener, audit: Option<Arc<AuditLog>>) -> Self {
-        McpConfig {
-            make_sandbox: Box::new(move || opener.open()),
+    /// chose for its spec, gated by the isolation it requires. With a
+    /// copy-on-write workspace, its layers are made now (a named
+    /// sandbox's locked for the server's life; a temporary one removed
+    /// when the server ends), and every sandbox is opened on them.
+    pub fn new(
+        opener: hako_runtime::Opener,
+        audit: Option<Arc<AuditLog>>,
+    ) -> hako_core::Result<Self> {
+        let cow = opener.hold(None)?;
+        let layers = cow.clone();
+        let driver = hako_runtime::DriverOptions::default();
+        Ok(McpConfig {
+            make_sandbox: Box::new(move || opener.open_on(layers.clone(), &driver)),
             audit,
             max_calls: MAX_TOOL_CALLS,
-        }
+            cow,
+            allow_agent_commit: false,
+        })
     }
 }
 
@@ -111,7 +130,9 @@ pub fn serve_stdio(config: McpConfig) -> std::io::Result<()> {
         .thread_name("hako-mcp")
         .build()?;
     let state = Arc::new(
-        state::State::new(config.make_sandbox, config.audit).with_max_calls(config.max_calls),
+        state::State::new(config.make_sandbox, config.audit)
+            .with_max_calls(config.max_calls)
+            .with_cow(config.cow, config.allow_agent_commit),
     );
     let result = runtime.block_on(serve(state.clone()));
     // The client is gone: close the sandbox first, which kills whatever

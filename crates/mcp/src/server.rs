@@ -19,6 +19,8 @@ use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+mod review;
+
 use crate::exec::{self, RunRequest};
 use crate::files::{self, GrepArgs};
 use crate::state::{Owner, Reply, State, ToolError};
@@ -224,6 +226,9 @@ const LIST_PROCESSES: &str = "List the processes run_command handed out handles 
 /// The server's instructions to the client.
 const INSTRUCTIONS: &str = "Every tool acts inside a hako sandbox: a workspace directory and commands run behind its boundary. Paths are relative to the workspace root and cannot leave it. Use read_file, write_file and edit_file for files, list_dir, glob and grep to find things, run_command for commands (open_session for state kept between commands), and read_output, send_input, kill_process and list_processes for commands that outlive a call.";
 
+/// What the instructions add for a copy-on-write sandbox.
+const COW_INSTRUCTIONS: &str = "The workspace is copy-on-write: every change (through a tool or a command) lands in a private layer and the real workspace is untouched; workspace_changes shows them, checkpoint records them and rollback returns to a checkpoint.";
+
 /// The MCP server over one sandbox.
 #[derive(Clone)]
 pub struct HakoServer {
@@ -301,12 +306,24 @@ fn secs(value: Option<u64>, default: u64, max: u64, name: &str) -> Result<Durati
 
 #[tool_router]
 impl HakoServer {
-    /// A server whose sandbox comes from `state`.
+    /// A server whose sandbox comes from `state`; with a copy-on-write
+    /// sandbox, the review tools too (`commit` and `discard` only when
+    /// the agent is allowed to commit).
     pub fn new(state: Arc<State>) -> Self {
+        let mut tool_router = Self::tool_router();
+        if state.cow().is_some() {
+            let mut review = Self::review_router();
+            if !state.allow_commit() {
+                for name in review::COMMIT_TOOLS {
+                    review.remove_route(name);
+                }
+            }
+            tool_router.merge(review);
+        }
         HakoServer {
+            owner: Arc::new(Owner::new(state.generation())),
             state,
-            owner: Arc::new(Owner::default()),
-            tool_router: Self::tool_router(),
+            tool_router,
         }
     }
 
@@ -568,6 +585,24 @@ impl ServerHandler for HakoServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let name = request.name.to_string();
+        // A review tool this server does not offer is answered with why,
+        // not as an unknown tool.
+        if !self.tool_router.has_route(&name) {
+            let err = if review::COMMIT_TOOLS.contains(&name.as_str()) && self.state.cow().is_some()
+            {
+                Some(review::commit_refused(&self.state))
+            } else if review::REVIEW_TOOLS.contains(&name.as_str())
+                || review::COMMIT_TOOLS.contains(&name.as_str())
+            {
+                Some(crate::state::not_cow())
+            } else {
+                None
+            };
+            if let Some(err) = err {
+                self.state.record_failure(&name, &err);
+                return Ok(CallToolResult::error(vec![ContentBlock::text(err.message)]).into());
+            }
+        }
         let ctx = ToolCallContext::new(self, request, context);
         match self.tool_router.call(ctx).await {
             Ok(CallToolResponse::Complete(result)) if result.is_error == Some(true) => {
@@ -598,9 +633,14 @@ impl ServerHandler for HakoServer {
     }
 
     fn get_info(&self) -> ServerConfig {
+        let instructions = match (self.state.cow().is_some(), self.state.allow_commit()) {
+            (false, _) => INSTRUCTIONS.to_owned(),
+            (true, false) => format!("{INSTRUCTIONS} {COW_INSTRUCTIONS} Committing them to the real workspace is left to the person."),
+            (true, true) => format!("{INSTRUCTIONS} {COW_INSTRUCTIONS} commit applies them to the real workspace and discard throws them away."),
+        };
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("hako", env!("CARGO_PKG_VERSION")))
-            .with_instructions(INSTRUCTIONS)
+            .with_instructions(instructions)
     }
 }
 

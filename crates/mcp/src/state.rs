@@ -2,6 +2,7 @@
 //! the audit log, and the error every tool failure becomes.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use hako_audit::{
@@ -9,6 +10,7 @@ use hako_audit::{
     SandboxOpened,
 };
 use hako_core::{FenceError, ProcessId, Sandbox, SessionId};
+use hako_runtime::CowHold;
 
 use crate::MakeSandbox;
 
@@ -54,6 +56,14 @@ impl From<hako_core::Error> for ToolError {
     }
 }
 
+/// The answer of a review tool on a server whose sandbox is not
+/// copy-on-write.
+pub fn not_cow() -> ToolError {
+    ToolError::new(
+        "this server's sandbox is not copy-on-write: its changes land in the workspace as they are made, so there is nothing to review, checkpoint or roll back; start hako mcp with --cow (and --name NAME to keep the layers)",
+    )
+}
+
 /// A hint for the model where the error alone does not say what to do.
 fn hint(err: &hako_core::Error) -> Option<&'static str> {
     match err {
@@ -83,13 +93,22 @@ fn hint(err: &hako_core::Error) -> Option<&'static str> {
 /// mistyped, guessed or remembered from another conversation must not
 /// read, feed, kill or run in what another client started. Each tool that
 /// takes a handle checks it here first.
+///
+/// When the sandbox is closed and another opened on its layers (a
+/// rollback, commit or discard of a copy-on-write sandbox), every handle
+/// of the old one is void: the new one numbers its own from the start, so
+/// each set is forgotten once the state's generation has moved.
 #[derive(Debug, Default)]
 pub struct Owner {
     owned: Mutex<Owned>,
+    /// The state's generation (see [`State::generation`]).
+    generation: Arc<AtomicU64>,
 }
 
 #[derive(Debug, Default)]
 struct Owned {
+    /// The generation these handles belong to.
+    generation: u64,
     processes: BTreeSet<u64>,
     /// Of `processes`, those whose handle a tool gave the client:
     /// `list_processes` shows these and the ones still running, not every
@@ -107,9 +126,26 @@ fn remember(set: &mut BTreeSet<u64>, id: u64) {
 }
 
 impl Owner {
+    /// An owner of no handles yet, of the sandbox whose generation
+    /// `generation` counts.
+    pub fn new(generation: Arc<AtomicU64>) -> Self {
+        Owner {
+            owned: Mutex::default(),
+            generation,
+        }
+    }
+
     fn owned(&self) -> MutexGuard<'_, Owned> {
         // Every change is one set operation: a panic cannot leave it torn.
-        self.owned.lock().unwrap_or_else(PoisonError::into_inner)
+        let mut owned = self.owned.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = self.generation.load(Ordering::SeqCst);
+        if owned.generation != now {
+            *owned = Owned {
+                generation: now,
+                ..Owned::default()
+            };
+        }
+        owned
     }
 
     /// This client started the process.
@@ -210,6 +246,14 @@ pub struct State {
     calls: Arc<std::sync::atomic::AtomicUsize>,
     /// The most tool calls running at once.
     max_calls: usize,
+    /// The copy-on-write layers the sandbox is opened on (`--cow`), held
+    /// for the server's life.
+    cow: Option<Arc<CowHold>>,
+    /// `--allow-agent-commit`: the `commit` and `discard` tools exist.
+    allow_commit: bool,
+    /// Moves each time the sandbox is closed to change its layers and
+    /// another is to be opened on them: handles of the old one are void.
+    generation: Arc<AtomicU64>,
 }
 
 /// One running tool call: given back when dropped (a panic included).
@@ -231,9 +275,63 @@ impl State {
             audit,
             calls: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             max_calls: crate::MAX_TOOL_CALLS,
+            cow: None,
+            allow_commit: false,
+            generation: Arc::new(AtomicU64::new(0)),
         }
     }
 
+    /// The sandbox is opened on `cow` (a copy-on-write workspace, whose
+    /// review tools are offered); `allow_commit` offers `commit` and
+    /// `discard` too.
+    pub fn with_cow(mut self, cow: Option<Arc<CowHold>>, allow_commit: bool) -> Self {
+        self.cow = cow;
+        self.allow_commit = allow_commit;
+        self
+    }
+
+    /// The copy-on-write layers, if the sandbox has them.
+    pub fn cow(&self) -> Option<&Arc<CowHold>> {
+        self.cow.as_ref()
+    }
+
+    /// Whether an agent may commit and discard (`--allow-agent-commit`).
+    pub fn allow_commit(&self) -> bool {
+        self.allow_commit
+    }
+
+    /// The generation of the sandbox, for [`Owner::new`].
+    pub fn generation(&self) -> Arc<AtomicU64> {
+        self.generation.clone()
+    }
+
+    /// Runs `f` on the copy-on-write layers with no sandbox on them: the
+    /// open sandbox is closed first (every process and session in it
+    /// ends, and their handles are void), and the next tool call opens
+    /// another on the layers as `f` left them. No sandbox is opened
+    /// meanwhile (the slot's lock is held throughout). Blocking.
+    pub fn with_sandbox_closed<T>(&self, f: impl FnOnce(&CowHold) -> T) -> Result<T, ToolError> {
+        let cow = self.cow.clone().ok_or_else(not_cow)?;
+        let _alone = cow.exclusive();
+        let mut slot = self.slot();
+        match std::mem::replace(&mut *slot, Slot::Idle) {
+            Slot::Open(sandbox) => {
+                self.generation.fetch_add(1, Ordering::SeqCst);
+                self.close_sandbox(&sandbox);
+            }
+            Slot::Closed => {
+                *slot = Slot::Closed;
+                return Err(ToolError::new(
+                    "the server is shutting down; the sandbox is closed",
+                ));
+            }
+            // A lost sandbox stays lost (see `Slot::Lost`); its layers
+            // may still be reviewed.
+            Slot::Lost(message) => *slot = Slot::Lost(message),
+            Slot::Idle => {}
+        }
+        Ok(f(&cow))
+    }
     /// At most `max` tool calls running at once (of every client).
     pub fn with_max_calls(mut self, max: usize) -> Self {
         self.max_calls = max;
@@ -387,28 +485,34 @@ impl State {
     pub fn shutdown(&self) {
         let previous = std::mem::replace(&mut *self.slot(), Slot::Closed);
         if let Slot::Open(sandbox) = previous {
-            // What is still running dies with the sandbox: say which.
-            if let Some(Ok(list)) = sandbox.processes().map(|p| p.list()) {
-                for st in list.iter().filter(|st| !st.finished()) {
-                    self.record(Record::Process(Process {
-                        process: st.id.0,
-                        op: ProcessOp::KilledAtClose {
-                            argv: st.argv.clone(),
-                        },
-                    }));
-                }
-            }
-            if let Err(err) = sandbox.close() {
-                tracing::warn!("closing the sandbox: {err}");
-            }
-            // Closing ends every connection from inside, so each is recorded.
-            self.drain_network(sandbox.as_ref());
-            self.record(Record::SandboxClosed(SandboxClosed {
-                front_end: FrontEnd::Mcp,
-                sandbox: None,
-            }));
-            tracing::info!("sandbox closed");
+            self.close_sandbox(&sandbox);
         }
+    }
+
+    /// Closes `sandbox` (everything started in it is killed, each process
+    /// recorded), records what the egress proxy decided and the close.
+    fn close_sandbox(&self, sandbox: &Arc<dyn Sandbox>) {
+        // What is still running dies with the sandbox: say which.
+        if let Some(Ok(list)) = sandbox.processes().map(|p| p.list()) {
+            for st in list.iter().filter(|st| !st.finished()) {
+                self.record(Record::Process(Process {
+                    process: st.id.0,
+                    op: ProcessOp::KilledAtClose {
+                        argv: st.argv.clone(),
+                    },
+                }));
+            }
+        }
+        if let Err(err) = sandbox.close() {
+            tracing::warn!("closing the sandbox: {err}");
+        }
+        // Closing ends every connection from inside, so each is recorded.
+        self.drain_network(sandbox.as_ref());
+        self.record(Record::SandboxClosed(SandboxClosed {
+            front_end: FrontEnd::Mcp,
+            sandbox: None,
+        }));
+        tracing::info!("sandbox closed");
     }
 
     /// Writes the audit log's closing record.

@@ -28,6 +28,9 @@ pub(crate) struct Bounded {
     /// Held while a process is counted and started, so that concurrent
     /// spawns cannot pass the bound between the count and the start.
     spawning: Mutex<()>,
+    /// The copy-on-write layers the sandbox is on: dropped after `inner`
+    /// (fields drop in order), so a temporary layer outlives its mount.
+    _layers: Option<std::sync::Arc<crate::cow::CowHold>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -43,7 +46,14 @@ impl Bounded {
             max_processes,
             sessions: Mutex::new(BTreeSet::new()),
             spawning: Mutex::new(()),
+            _layers: None,
         }
+    }
+
+    /// The same, holding `layers` until it is dropped.
+    pub(crate) fn holding(mut self, layers: Option<std::sync::Arc<crate::cow::CowHold>>) -> Self {
+        self._layers = layers;
+        self
     }
 
     fn inner_sessions(&self) -> Result<&dyn Sessions> {

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use hako_core::env::EnvPolicy;
 use hako_core::{Isolation, Limits, NetMode, NetworkPolicy};
 
+use crate::cow::CowRequest;
 use crate::limits;
 use crate::profile::{Profile, Scalar};
 use crate::{BackendArg, SandboxSpec};
@@ -67,6 +68,39 @@ pub struct SandboxFlags {
     /// `--max-processes N`: long-lived processes running at once in one
     /// sandbox.
     pub max_processes: Option<usize>,
+    /// `--cow`: a copy-on-write workspace (every change in a private
+    /// layer, the workspace never written).
+    pub cow: bool,
+    /// `--name NAME`: keep the `--cow` layers as the named sandbox NAME.
+    pub name: Option<String>,
+    /// `--state DIR`: where named sandboxes are kept.
+    pub state: Option<PathBuf>,
+}
+
+/// What the flags and the profile describe: the backend, the spec, and
+/// the copy-on-write layers asked for (made when a sandbox is opened, by
+/// [`crate::Opener`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The backend asked for (`auto` stays `auto`; see [`Plan::backend`]).
+    pub backend: BackendArg,
+    /// The sandbox, without its layers (`spec.cow` is set when they are
+    /// made).
+    pub spec: SandboxSpec,
+    /// `--cow` (with its name and state directory), if asked for.
+    pub cow: Option<CowRequest>,
+}
+
+impl Plan {
+    /// The backend to resolve: `auto` with `--cow` is `linux`, the backend
+    /// that has always given one (any other refuses it by name when it
+    /// cannot).
+    pub fn backend(&self) -> BackendArg {
+        match (self.backend, &self.cow) {
+            (BackendArg::Auto, Some(_)) => BackendArg::Linux,
+            (backend, _) => backend,
+        }
+    }
 }
 
 impl SandboxFlags {
@@ -84,8 +118,21 @@ impl SandboxFlags {
 
     /// The backend and the backend-neutral settings these flags (and the
     /// profile, if one is named) describe; an error names the profile key
-    /// or the file at fault.
+    /// or the file at fault. A copy-on-write workspace (`--cow`, or the
+    /// profile's `cow = true`) is refused here: its layers must be made
+    /// and held by the runtime ([`SandboxFlags::plan`], [`crate::Opener`]),
+    /// never dropped for a plain read-write workspace.
     pub fn spec(&self) -> Result<(BackendArg, SandboxSpec), String> {
+        let plan = self.plan()?;
+        if plan.cow.is_some() {
+            return Err("--cow (or the profile's `cow = true`) needs its layers made and held by the runtime; open this sandbox through an Opener".into());
+        }
+        Ok((plan.backend, plan.spec))
+    }
+
+    /// [`SandboxFlags::spec`] with the copy-on-write layers asked for; an
+    /// error names the flag, the profile key or the file at fault.
+    pub fn plan(&self) -> Result<Plan, String> {
         let p = match &self.profile {
             Some(path) => Profile::load(path)?,
             None => Profile::default(),
@@ -254,7 +301,28 @@ impl SandboxFlags {
             max_processes,
             cow: None,
         };
-        Ok((backend, spec))
+        let cow_on = self.cow || p.cow.unwrap_or(false);
+        let name = self.name.clone().or(p.name);
+        let state = self.state.clone().or(p.state);
+        let cow = if cow_on {
+            let request = CowRequest { name, state };
+            if let Err(e) = request.check() {
+                return Err(match self.name {
+                    Some(_) => format!("--name: {e}"),
+                    None => key("name", e),
+                });
+            }
+            Some(request)
+        } else {
+            if name.is_some() {
+                return Err("--name (or the profile key `name`) keeps a copy-on-write sandbox's layers: give --cow (or `cow = true`) too".into());
+            }
+            if state.is_some() {
+                return Err("--state (or the profile key `state`) is where copy-on-write sandboxes are kept: give --cow (or `cow = true`) too".into());
+            }
+            None
+        };
+        Ok(Plan { backend, spec, cow })
     }
 }
 
@@ -520,5 +588,97 @@ mod tests {
         )
         .unwrap();
         assert_eq!(spec.min_isolation, Isolation::Process, "the flag wins");
+    }
+
+    #[test]
+    fn a_profile_with_cow_true_asks_for_a_copy_on_write_workspace_that_spec_never_drops() {
+        let flags = || SandboxFlags {
+            workspace: Some("/ws".into()),
+            ..SandboxFlags::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.toml");
+        std::fs::write(&path, "cow = true\nname = \"fix-1\"\nstate = \"st\"\n").unwrap();
+        let plan = SandboxFlags {
+            profile: Some(path.clone()),
+            ..flags()
+        }
+        .plan()
+        .unwrap();
+        let cow = plan.cow.clone().unwrap();
+        assert_eq!(cow.name.as_deref(), Some("fix-1"));
+        assert_eq!(
+            cow.state,
+            Some(dir.path().join("st")),
+            "relative to the profile"
+        );
+        assert_eq!(
+            plan.backend(),
+            BackendArg::Linux,
+            "auto with --cow is linux"
+        );
+        assert!(plan.spec.cow.is_none(), "the layers are made when opened");
+        // The plain spec refuses it rather than give a read-write workspace.
+        let err = SandboxFlags {
+            profile: Some(path),
+            ..flags()
+        }
+        .spec()
+        .unwrap_err();
+        assert!(err.contains("--cow"), "{err}");
+        // A flag wins over the key.
+        let plan = SandboxFlags {
+            cow: true,
+            name: Some("b".into()),
+            ..flags()
+        }
+        .plan()
+        .unwrap();
+        assert_eq!(plan.cow.unwrap().name.as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn a_bad_cow_name_or_a_name_without_cow_is_refused_naming_the_flag_or_key() {
+        let flags = || SandboxFlags {
+            workspace: Some("/ws".into()),
+            ..SandboxFlags::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.toml");
+        std::fs::write(&path, "cow = true\nname = \"../x\"\n").unwrap();
+        let err = SandboxFlags {
+            profile: Some(path),
+            ..flags()
+        }
+        .plan()
+        .unwrap_err();
+        assert!(
+            err.starts_with("profile key `name`: invalid sandbox name"),
+            "{err}"
+        );
+        let err = SandboxFlags {
+            cow: true,
+            name: Some("a/b".into()),
+            ..flags()
+        }
+        .plan()
+        .unwrap_err();
+        assert!(err.starts_with("--name: invalid sandbox name"), "{err}");
+        let err = SandboxFlags {
+            name: Some("a".into()),
+            ..flags()
+        }
+        .plan()
+        .unwrap_err();
+        assert!(err.contains("give --cow"), "{err}");
+        let err = SandboxFlags {
+            state: Some("/st".into()),
+            ..flags()
+        }
+        .plan()
+        .unwrap_err();
+        assert!(err.contains("give --cow"), "{err}");
+        let err = with_profile("cow = \"yes\"\n", flags()).unwrap_err();
+        assert!(err.contains("boolean"), "{err}");
     }
 }

@@ -35,6 +35,7 @@
 
 mod backend;
 mod bounded;
+pub mod cow;
 mod flags;
 pub mod http;
 pub mod limits;
@@ -44,7 +45,8 @@ mod profile;
 pub mod token;
 
 pub use backend::{resolve, BackendArg, BackendKind, ParseBackendError};
-pub use flags::{parse_key_value, parse_resolve, parse_size, parse_size_u64, SandboxFlags};
+pub use cow::{CowHold, CowRequest};
+pub use flags::{parse_key_value, parse_resolve, parse_size, parse_size_u64, Plan, SandboxFlags};
 pub use hako_core::{SandboxSpec, DEFAULT_MAX_PROCESSES, DEFAULT_MAX_SESSIONS};
 pub use hako_driver::{DriverOptions, ExitFollowsClose};
 pub use limits::parse_cpus;

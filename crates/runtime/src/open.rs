@@ -1,19 +1,31 @@
 //! Turning a spec into a backend's configuration and opening it.
 
+use std::path::PathBuf;
+use std::sync::Arc;
+
 use hako_core::{Error, Isolation, Sandbox};
 use hako_driver::LaunchOptions;
 
 use crate::bounded::Bounded;
-use crate::{probe, resolve, BackendArg, BackendKind, DriverOptions, SandboxSpec};
+use crate::cow::{CowHold, CowRequest, StateError};
+use crate::{probe, resolve, BackendArg, BackendKind, DriverOptions, Plan, SandboxSpec};
 
 /// A backend chosen for a spec and gated by the isolation required: what a
 /// front end opens its sandboxes from (the one `hako mcp` opens on the
 /// first tool call, each one a `hako serve` client asks for).
+///
+/// With a copy-on-write workspace ([`Opener::from_plan`] of a plan that
+/// asks for one), each sandbox is opened on layers ([`Opener::hold`]) it
+/// holds until it is dropped: [`Opener::open`] makes them for it (the
+/// named sandbox of the request, or a temporary layer of its own), and
+/// [`Opener::open_on`] opens one on layers a front end keeps (to review
+/// them, or to open another sandbox on them after a rollback).
 #[derive(Debug, Clone)]
 pub struct Opener {
     kind: BackendKind,
     spec: SandboxSpec,
     min_isolation: Isolation,
+    cow: Option<CowRequest>,
 }
 
 impl Opener {
@@ -33,7 +45,71 @@ impl Opener {
             kind,
             spec,
             min_isolation,
+            cow: None,
         })
+    }
+
+    /// [`Opener::new`] for what the flags and profile describe, with the
+    /// copy-on-write workspace they ask for (`auto` is then `linux`: see
+    /// [`Plan::backend`]).
+    pub fn from_plan(plan: Plan, min_isolation: Isolation) -> Result<Self, Error> {
+        let kind = resolve(plan.backend())?;
+        Opener::with_kind(kind, plan, min_isolation)
+    }
+
+    /// [`Opener::from_plan`] on a backend already resolved (from
+    /// [`Plan::backend`]): refuses, before anything starts, one weaker
+    /// than `min_isolation` or the spec's own.
+    pub fn with_kind(
+        kind: BackendKind,
+        plan: Plan,
+        min_isolation: Isolation,
+    ) -> Result<Self, Error> {
+        let min_isolation = min_isolation.max(plan.spec.min_isolation);
+        kind.require_isolation(min_isolation)?;
+        if kind == BackendKind::Host && plan.cow.is_some() {
+            // Refused before any layer is made: the host backend has no
+            // boundary to mount a view in.
+            let mut spec = plan.spec.clone();
+            spec.cow = Some(hako_core::CowLayers {
+                upper: PathBuf::new(),
+                work: PathBuf::new(),
+            });
+            spec.refuse_cow(kind.name())?;
+        }
+        Ok(Opener {
+            kind,
+            spec: plan.spec,
+            min_isolation,
+            cow: plan.cow,
+        })
+    }
+
+    /// The copy-on-write workspace asked for, if one is.
+    pub fn cow(&self) -> Option<&CowRequest> {
+        self.cow.as_ref()
+    }
+
+    /// The layers of one sandbox, when a copy-on-write workspace is asked
+    /// for: the named sandbox `name` (or, without one, the request's
+    /// name), locked while held, or a temporary layer removed when the
+    /// last holder drops it. `None` without `--cow`.
+    pub fn hold(&self, name: Option<&str>) -> Result<Option<Arc<CowHold>>, Error> {
+        self.hold_layers(name).map_err(|e| Error::Backend {
+            backend: self.kind.name().into(),
+            op: "hold the copy-on-write layers",
+            message: e.to_string(),
+        })
+    }
+
+    /// [`Opener::hold`], its failure as the state directory's (a name
+    /// refused, in use, ...).
+    pub fn hold_layers(&self, name: Option<&str>) -> Result<Option<Arc<CowHold>>, StateError> {
+        let Some(request) = &self.cow else {
+            return Ok(None);
+        };
+        let name = name.or(request.name.as_deref());
+        CowHold::open(request, name, &self.spec).map(|hold| Some(Arc::new(hold)))
     }
 
     /// The backend chosen.
@@ -52,9 +128,31 @@ impl Opener {
     }
 
     /// Opens one sandbox, and refuses it (closed again) if what it
-    /// enforces here is weaker than required.
+    /// enforces here is weaker than required. With `--cow`, on layers of
+    /// its own ([`Opener::hold`]), which it holds.
     pub fn open(&self) -> Result<Box<dyn Sandbox>, Error> {
-        let sandbox = open(self.kind, &self.spec)?;
+        self.open_on(self.hold(None)?, &DriverOptions::default())
+    }
+
+    /// Opens one sandbox on `layers` (from [`Opener::hold`]; `None`
+    /// without `--cow`), with the driver reading and closing it as
+    /// `driver` says. The sandbox holds the layers until it is dropped.
+    pub fn open_on(
+        &self,
+        layers: Option<Arc<CowHold>>,
+        driver: &DriverOptions,
+    ) -> Result<Box<dyn Sandbox>, Error> {
+        if self.cow.is_some() && layers.is_none() {
+            // Fail closed: never the workspace itself in their place.
+            return Err(Error::Backend {
+                backend: self.kind.name().into(),
+                op: "open",
+                message: "a copy-on-write workspace was asked for and no layers were given".into(),
+            });
+        }
+        let mut spec = self.spec.clone();
+        spec.cow = layers.as_ref().map(|l| l.layers());
+        let sandbox = open_held(self.kind, &spec, driver, layers)?;
         if let Err(e) = hako_core::require_isolation(sandbox.as_ref(), self.min_isolation) {
             let _ = sandbox.close();
             return Err(e);
@@ -79,14 +177,24 @@ pub fn open_with(
     spec: &SandboxSpec,
     driver: &DriverOptions,
 ) -> Result<Box<dyn Sandbox>, Error> {
+    open_held(kind, spec, driver, None)
+}
+
+/// [`open_with`], the sandbox holding `layers` until it is dropped (after
+/// the backend's own sandbox, so a temporary layer is removed only once
+/// nothing is mounted on it).
+fn open_held(
+    kind: BackendKind,
+    spec: &SandboxSpec,
+    driver: &DriverOptions,
+    layers: Option<Arc<CowHold>>,
+) -> Result<Box<dyn Sandbox>, Error> {
     let sandbox = open_backend(kind, spec, driver)?;
     // Every sandbox bounds the sessions and processes a client can make
     // it hold at once.
-    Ok(Box::new(Bounded::new(
-        sandbox,
-        spec.max_sessions,
-        spec.max_processes,
-    )))
+    Ok(Box::new(
+        Bounded::new(sandbox, spec.max_sessions, spec.max_processes).holding(layers),
+    ))
 }
 
 /// The backend's own sandbox, unbounded.

@@ -99,6 +99,12 @@ pub struct Profile {
     pub max_sessions: Option<Scalar>,
     /// `--max-processes`.
     pub max_processes: Option<Scalar>,
+    /// `--cow`.
+    pub cow: Option<bool>,
+    /// `--name`: the copy-on-write sandbox's name.
+    pub name: Option<String>,
+    /// `--state`: where named sandboxes are kept.
+    pub state: Option<PathBuf>,
 }
 
 impl Profile {
@@ -117,6 +123,9 @@ impl Profile {
         };
         if let Some(ws) = profile.workspace.as_mut() {
             absolute(ws);
+        }
+        if let Some(state) = profile.state.as_mut() {
+            absolute(state);
         }
         profile.ro.iter_mut().for_each(absolute);
         profile.rw.iter_mut().for_each(absolute);
@@ -163,6 +172,9 @@ mod tests {
             min_isolation = "process"
             max_sessions = 4
             max_processes = 8
+            cow = true
+            name = "fix-1"
+            state = "state"
             "#,
         )
         .unwrap();
@@ -177,6 +189,8 @@ mod tests {
         assert_eq!(p.min_isolation.as_deref(), Some("process"));
         assert_eq!(p.max_sessions.unwrap().text(), "4");
         assert_eq!(p.max_processes.unwrap().text(), "8");
+        assert_eq!((p.cow, p.name.as_deref()), (Some(true), Some("fix-1")));
+        assert!(p.state.unwrap().is_absolute());
     }
 
     #[test]

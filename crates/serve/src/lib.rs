@@ -26,6 +26,7 @@ mod exec;
 mod files;
 mod gate;
 mod reply;
+mod review;
 mod routes;
 mod sandboxes;
 mod state;
@@ -35,6 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hako_core::Sandbox;
+use hako_runtime::CowHold;
 
 use conn::accept_loop;
 use state::{close_all, Slots, State, Table};
@@ -57,6 +59,12 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/sandboxes/{id}/dir"),
     ("post", "/v1/sandboxes/{id}/sessions"),
     ("delete", "/v1/sandboxes/{id}/sessions/{session}"),
+    ("get", "/v1/sandboxes/{id}/changes"),
+    ("get", "/v1/sandboxes/{id}/checkpoints"),
+    ("post", "/v1/sandboxes/{id}/checkpoints"),
+    ("post", "/v1/sandboxes/{id}/rollback"),
+    ("post", "/v1/sandboxes/{id}/commit"),
+    ("post", "/v1/sandboxes/{id}/discard"),
 ];
 
 /// The most bytes a request body may carry (a file written, a command's
@@ -145,6 +153,31 @@ pub struct ServeConfig {
     /// and the audit log). Off by default: a library must not take a
     /// process's signals unasked.
     pub stop_on_signals: bool,
+    /// A copy-on-write workspace for every sandbox (`--cow`): how its
+    /// layers are made and a sandbox opened on them. `None`: sandboxes
+    /// are opened by `make_sandbox`, and the review routes answer
+    /// `not_cow`.
+    pub cow: Option<CowConfig>,
+    /// `--allow-agent-commit`: clients may commit and discard; without
+    /// it those routes answer `403` `agent_commit_refused`.
+    pub allow_agent_commit: bool,
+}
+
+/// Makes the copy-on-write layers of a new sandbox: the named sandbox the
+/// create request names (locked while held), or a temporary layer.
+pub type MakeLayers =
+    dyn Fn(Option<&str>) -> Result<Arc<CowHold>, hako_runtime::cow::StateError> + Send + Sync;
+
+/// Opens a sandbox on copy-on-write layers, which it holds.
+pub type OpenOn = dyn Fn(Arc<CowHold>) -> hako_core::Result<Box<dyn Sandbox>> + Send + Sync;
+
+/// How a server with a copy-on-write workspace makes each sandbox.
+pub struct CowConfig {
+    /// Makes a sandbox's layers.
+    pub layers: Box<MakeLayers>,
+    /// Opens a sandbox on them (at create, and again after a rollback,
+    /// commit or discard, which close it first).
+    pub open_on: Box<OpenOn>,
 }
 
 impl ServeConfig {
@@ -164,6 +197,8 @@ impl ServeConfig {
             max_connections: MAX_CONNECTIONS,
             max_sandboxes: MAX_SANDBOXES,
             stop_on_signals: false,
+            cow: None,
+            allow_agent_commit: false,
         }
     }
 
@@ -175,7 +210,23 @@ impl ServeConfig {
         token: String,
         audit: Option<Arc<hako_audit::AuditLog>>,
     ) -> Self {
-        ServeConfig::new(Box::new(move || opener.open()), token, audit)
+        let opener = Arc::new(opener);
+        let cow = opener.cow().is_some().then(|| {
+            let (a, b) = (Arc::clone(&opener), Arc::clone(&opener));
+            CowConfig {
+                layers: Box::new(move |name| {
+                    a.hold_layers(name).and_then(|held| {
+                        held.ok_or_else(|| hako_runtime::cow::StateError::NoStateHome)
+                    })
+                }),
+                open_on: Box::new(move |layers| {
+                    b.open_on(Some(layers), &hako_runtime::DriverOptions::default())
+                }),
+            }
+        });
+        let mut config = ServeConfig::new(Box::new(move || opener.open()), token, audit);
+        config.cow = cow;
+        config
     }
 }
 

@@ -17,7 +17,7 @@ use crate::reply::{
     busy, closing, cut_short, error, no_sandbox, reply, response, too_large, Body, Reply,
 };
 use crate::state::{lookup, State};
-use crate::{files, sandboxes};
+use crate::{files, review, sandboxes};
 use crate::{MAX_BODY, OPENAPI};
 
 /// What a route costs: the pool its slot comes from, if any.
@@ -170,12 +170,29 @@ pub(crate) async fn handle(state: Arc<State>, request: Request<Incoming>) -> Res
             )
         }
         _ => {
-            drop(body);
+            // A POST's body is small JSON (a name, a label, paths), read
+            // within the same bounds as any other.
+            let body = if method == Method::POST {
+                match read_body(&state, body, declared, chunked, false).await {
+                    Ok(b) => b,
+                    Err(r) => return r,
+                }
+            } else {
+                drop(body);
+                Vec::new()
+            };
+            let query = url.split_once('?').map(|(_, q)| q.to_string());
             response(
                 blocking(move || {
                     let _slot = slot;
                     let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
-                    route(&state, &method, &parts, &path, file)
+                    let request = Routed {
+                        path: &path,
+                        file,
+                        query: query.as_deref().unwrap_or(""),
+                        body: &body,
+                    };
+                    route(&state, &method, &parts, request)
                 })
                 .await,
             )
@@ -183,17 +200,52 @@ pub(crate) async fn handle(state: Arc<State>, request: Request<Incoming>) -> Res
     }
 }
 
-/// The routes answered with JSON after blocking sandbox work, and no body.
-pub(crate) fn route(
-    state: &State,
-    method: &Method,
-    parts: &[&str],
-    path: &str,
-    file: Option<String>,
-) -> Reply {
+/// What [`route`] needs of a request.
+pub(crate) struct Routed<'a> {
+    /// The path, without the query.
+    pub(crate) path: &'a str,
+    /// The query's `path=` value, decoded.
+    pub(crate) file: Option<String>,
+    /// The query, as sent.
+    pub(crate) query: &'a str,
+    /// The body (read for a POST only).
+    pub(crate) body: &'a [u8],
+}
+
+/// The routes answered with JSON after blocking sandbox work, with at
+/// most a small body.
+pub(crate) fn route(state: &State, method: &Method, parts: &[&str], request: Routed<'_>) -> Reply {
+    let Routed {
+        path,
+        file,
+        query,
+        body,
+    } = request;
     match (method, parts) {
         (&Method::GET, ["v1", "sandboxes"]) => sandboxes::list(state),
-        (&Method::POST, ["v1", "sandboxes"]) => sandboxes::create(state),
+        (&Method::POST, ["v1", "sandboxes"]) => sandboxes::create(state, body),
+        (&Method::GET, ["v1", "sandboxes", sid, "changes"]) => {
+            let values = |key: &str| query_values(query, key);
+            match (values("path"), values("from"), values("to")) {
+                (Ok(paths), Ok(from), Ok(to)) => review::changes(
+                    state,
+                    sid,
+                    paths,
+                    from.into_iter().next(),
+                    to.into_iter().next(),
+                ),
+                (Err(r), _, _) | (_, Err(r), _) | (_, _, Err(r)) => r,
+            }
+        }
+        (&Method::GET, ["v1", "sandboxes", sid, "checkpoints"]) => {
+            review::list_checkpoints(state, sid)
+        }
+        (&Method::POST, ["v1", "sandboxes", sid, "checkpoints"]) => {
+            review::checkpoint(state, sid, body)
+        }
+        (&Method::POST, ["v1", "sandboxes", sid, "rollback"]) => review::rollback(state, sid, body),
+        (&Method::POST, ["v1", "sandboxes", sid, "commit"]) => review::commit(state, sid, body),
+        (&Method::POST, ["v1", "sandboxes", sid, "discard"]) => review::discard(state, sid, body),
         (&Method::GET, ["v1", "sandboxes", sid]) => sandboxes::get(state, sid),
         (&Method::DELETE, ["v1", "sandboxes", sid]) => sandboxes::close(state, sid),
         (&Method::DELETE, ["v1", "sandboxes", sid, "files"]) => files::remove(state, sid, file),
@@ -224,6 +276,20 @@ fn split(url: &str) -> (&str, Result<Option<String>, Reply>) {
         .transpose()
         .map_err(|why| error(400, "bad_path", format!("the query's path {why}")));
     (path, value)
+}
+
+/// Every value of `key` in `query`, percent-decoded (or the answer for
+/// one that cannot be a path).
+fn query_values(query: &str, key: &str) -> Result<Vec<String>, Reply> {
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, _)| *k == key)
+        .map(|(_, v)| {
+            percent_decode(v)
+                .map_err(|why| error(400, "bad_path", format!("the query's {key} {why}")))
+        })
+        .collect()
 }
 
 /// Decodes `%XX` escapes (and `+`, a space in a query). Strict: a `%` not

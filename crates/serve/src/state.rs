@@ -39,6 +39,10 @@ pub(crate) struct Table {
     pub(crate) opening: usize,
     /// Open sandboxes found lost (see [`note_lost`]): recorded once each.
     pub(crate) lost: std::collections::HashSet<u64>,
+    /// The copy-on-write layers of each open sandbox that has them
+    /// (`--cow`): held while it is open (a name locked, a temporary
+    /// layer removed once its sandbox is closed and dropped).
+    pub(crate) layers: HashMap<u64, Arc<hako_runtime::CowHold>>,
 }
 
 /// A counted resource: at most `max` taken at once, each given back when
@@ -103,11 +107,16 @@ pub(crate) fn with_sandbox(
 
 /// Closes every sandbox a server opened (at shutdown).
 pub(crate) fn close_all(state: &State) {
-    let all: Vec<_> = table(state).open.drain().collect();
+    let (all, layers): (Vec<_>, Vec<_>) = {
+        let mut t = table(state);
+        (t.open.drain().collect(), t.layers.drain().collect())
+    };
     for (id, sb) in all {
         let _ = sb.close();
         audit(state, closed(id));
     }
+    // Let go of the layers once their sandboxes are closed.
+    drop(layers);
 }
 
 /// The record of sandbox `id` closed.

@@ -223,6 +223,24 @@ fn the_openapi_file_matches_what_the_server_serves() {
         let (status, head, body) =
             request(s.port, &method.to_uppercase(), &path, Some(TOKEN), body);
         let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        // The review routes need a copy-on-write sandbox, which this
+        // server (the host backend) has not: they say so. They answer on
+        // linux in the CLI's serve tests.
+        let review = [
+            "/changes",
+            "/checkpoints",
+            "/rollback",
+            "/commit",
+            "/discard",
+        ];
+        if review.iter().any(|r| template.ends_with(r)) {
+            assert_eq!(
+                (status, value["kind"].as_str()),
+                (400, Some("not_cow")),
+                "{method} {path}: {head} {value}"
+            );
+            continue;
+        }
         assert!(
             matches!(status, 200 | 201),
             "{method} {path}: {status} {head} {value}"

@@ -173,16 +173,11 @@ fn print_json(value: &impl Serialize) {
 
 /// Runs `hako fs`.
 pub fn run(args: FsArgs) -> u8 {
-    let opened = args.sandbox.spec().and_then(|(backend_arg, spec)| {
-        let kind = hako_runtime::resolve(backend_arg).map_err(|e| e.to_string())?;
-        kind.require_isolation(spec.min_isolation)
-            .map_err(|e| e.to_string())?;
-        let sandbox = hako_runtime::open(kind, &spec).map_err(|e| e.to_string())?;
-        if let Err(e) = hako_core::require_isolation(sandbox.as_ref(), spec.min_isolation) {
-            let _ = sandbox.close();
-            return Err(e.to_string());
-        }
-        Ok(sandbox)
+    // With --cow (and a name), the named sandbox's layered view.
+    let opened = args.sandbox.plan().and_then(|plan| {
+        hako_runtime::Opener::from_plan(plan, hako_core::Isolation::None)
+            .and_then(|opener| opener.open())
+            .map_err(|e| e.to_string())
     });
     let sandbox = match opened {
         Ok(sb) => sb,

@@ -35,6 +35,10 @@ pub struct McpArgs {
     /// without it a token is generated and printed once on stderr.
     #[arg(long, value_name = "FILE", requires = "http")]
     token_file: Option<PathBuf>,
+    /// With --cow: offer the agent the `commit` and `discard` tools
+    /// [default: committing stays with the person, `hako commit NAME`].
+    #[arg(long)]
+    allow_agent_commit: bool,
 }
 
 /// Runs `hako mcp`.
@@ -43,21 +47,24 @@ pub fn run(args: McpArgs) -> u8 {
         eprintln!("hako: {}", crate::show::message(&err.to_string()));
         exit::SANDBOX_FAILED
     };
-    let (backend_arg, spec) = match args.sandbox.spec() {
-        Ok(spec) => spec,
+    let plan = match args.sandbox.plan() {
+        Ok(plan) => plan,
         Err(e) => return fail(&e),
     };
     // The sandbox opens on the first call; a workspace that is not there
     // is worth saying now.
-    if !spec.workspace.is_dir() {
+    if !plan.spec.workspace.is_dir() {
         return fail(&format!(
             "the workspace {} is not a directory",
-            spec.workspace.display()
+            plan.spec.workspace.display()
         ));
+    }
+    if args.allow_agent_commit && plan.cow.is_none() {
+        return fail(&"--allow-agent-commit lets an agent commit a copy-on-write sandbox's changes: give --cow (or the profile's `cow = true`) too");
     }
     // The backend is chosen, and the policy gate passed, before anything
     // is served.
-    let opener = match hako_runtime::Opener::new(backend_arg, spec, Isolation::None) {
+    let opener = match hako_runtime::Opener::from_plan(plan, Isolation::None) {
         Ok(opener) => opener,
         Err(e) => return fail(&e),
     };
@@ -71,8 +78,16 @@ pub fn run(args: McpArgs) -> u8 {
         },
         None => None,
     };
-    let audit = match &args.audit {
-        Some(path) => match hako_audit::AuditLog::open(path, &opener.spec().writable()) {
+    let writable = opener.spec().writable();
+    // With --cow, the layers are held from now until the server ends (a
+    // name in use is said now, before the audit log is opened).
+    let mut config = match hako_mcp::McpConfig::new(opener, None) {
+        Ok(config) => config,
+        Err(e) => return fail(&e),
+    };
+    config.allow_agent_commit = args.allow_agent_commit;
+    config.audit = match &args.audit {
+        Some(path) => match hako_audit::AuditLog::open(path, &writable) {
             Ok(log) => {
                 if let Some(cut) = log.repaired() {
                     eprintln!("hako mcp: audit log: {cut}; recorded and continued");
@@ -83,7 +98,6 @@ pub fn run(args: McpArgs) -> u8 {
         },
         None => None,
     };
-    let config = hako_mcp::McpConfig::new(opener, audit);
     if let Some(http) = http {
         if let Ok(local) = http.listener.local_addr() {
             eprintln!(

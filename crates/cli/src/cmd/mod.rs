@@ -4,7 +4,6 @@ mod audit;
 mod bench;
 mod checkpoint;
 mod commit;
-mod cow;
 mod diff;
 mod discard;
 mod doctor;
@@ -28,7 +27,7 @@ use hako_runtime::limits::{
     parse_cpus, parse_file_size, parse_handles, parse_max_output, parse_memory, parse_open_files,
     parse_pids,
 };
-use hako_runtime::{parse_key_value, parse_resolve, BackendArg, SandboxFlags, SandboxSpec};
+use hako_runtime::{parse_key_value, parse_resolve, BackendArg, Plan, SandboxFlags};
 
 pub use run::RunArgs;
 
@@ -214,6 +213,19 @@ pub struct SandboxArgs {
     /// system's resolver (repeatable, like curl --resolve).
     #[arg(long = "resolve", value_name = "NAME=ADDR", value_parser = parse_resolve)]
     pub resolve: Vec<(String, std::net::IpAddr)>,
+    /// Copy-on-write workspace: changes land in a private layer, never in
+    /// the workspace; review them with `hako diff NAME` (linux; auto
+    /// picks it).
+    #[arg(long)]
+    pub cow: bool,
+    /// Keep the --cow layers as the named sandbox NAME (a second run
+    /// continues on them) [default: a temporary layer, gone when the
+    /// sandbox closes].
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// Where named sandboxes are kept [default: $XDG_STATE_HOME/hako, else ~/.local/state/hako].
+    #[arg(long, value_name = "DIR")]
+    pub state: Option<PathBuf>,
 }
 
 impl SandboxArgs {
@@ -244,13 +256,16 @@ impl SandboxArgs {
             min_isolation: self.min_isolation,
             max_sessions: self.max_sessions,
             max_processes: self.max_processes,
+            cow: self.cow,
+            name: self.name.clone(),
+            state: self.state.clone(),
         }
     }
 
-    /// The backend and the backend-neutral settings these flags (and the
-    /// profile, if one is given) describe.
-    pub fn spec(&self) -> Result<(BackendArg, SandboxSpec), String> {
-        self.flags().spec()
+    /// The backend, the backend-neutral settings and the copy-on-write
+    /// workspace these flags (and the profile, if one is given) describe.
+    pub fn plan(&self) -> Result<Plan, String> {
+        self.flags().plan()
     }
 }
 

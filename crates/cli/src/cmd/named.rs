@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use hako_audit::{AuditLog, Failure, FrontEnd, Record, Review, ReviewOp};
+use hako_audit::{AuditLog, Failure, FrontEnd, ReviewOp};
 use hako_layers::state::{state_root, State, StateError};
 use hako_layers::{CommitError, Layers};
 
@@ -130,11 +130,8 @@ impl ReviewLog {
     /// Records `op`.
     pub fn done(&self, op: ReviewOp) {
         if let Some(log) = &self.log {
-            let record = Record::Review(Review {
-                front_end: FrontEnd::Review,
-                name: self.name.clone(),
-                op,
-            });
+            let record =
+                hako_runtime::cow::review_record(FrontEnd::Review, Some(&self.name), None, op);
             if let Err(e) = log.write(&record) {
                 eprintln!("hako: audit log: {e}");
             }
@@ -155,15 +152,5 @@ impl ReviewLog {
 
 /// The applied changes as the audit log records them.
 pub fn committed(applied: &[hako_layers::commit::Applied]) -> Vec<hako_audit::Committed> {
-    applied
-        .iter()
-        .map(|a| hako_audit::Committed {
-            path: a.path.clone(),
-            status: serde_json::to_value(a.status)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default(),
-            sha256: a.sha256.clone(),
-        })
-        .collect()
+    hako_runtime::cow::committed(applied)
 }

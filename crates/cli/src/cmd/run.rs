@@ -11,7 +11,6 @@ use hako_core::{
 };
 use serde::Serialize;
 
-use super::cow::CowArgs;
 use super::{parse_duration, SandboxArgs};
 use crate::exit;
 
@@ -40,8 +39,6 @@ pub struct RunArgs {
     /// verify FILE` checks it).
     #[arg(long, value_name = "FILE")]
     audit: Option<PathBuf>,
-    #[command(flatten)]
-    cow: CowArgs,
     /// The command and its arguments.
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     command: Vec<String>,
@@ -99,10 +96,10 @@ fn fail(json: bool, backend: Option<&str>, err: &dyn std::fmt::Display, code: u8
 /// Runs `hako run`.
 pub fn run(args: RunArgs) -> u8 {
     let json = args.json;
-    let spec = args.sandbox.spec();
+    let plan = args.sandbox.plan();
     // The log is kept out of every directory the sandbox can write.
-    let writable = match &spec {
-        Ok((_, spec)) => spec.writable(),
+    let writable = match &plan {
+        Ok(plan) => plan.spec.writable(),
         Err(_) => args.sandbox.flags().writable_without_profile(),
     };
     let audit = match args
@@ -134,35 +131,35 @@ pub fn run(args: RunArgs) -> u8 {
         }
         fail(json, backend, err, code)
     };
-    let (mut backend_arg, mut spec) = match spec {
-        Ok(spec) => spec,
+    let plan = match plan {
+        Ok(plan) => plan,
         Err(e) => return refuse(None, &e, exit::SANDBOX_FAILED, false),
     };
-    // A copy-on-write workspace: its layers held until the run ends.
-    let cow = match args.cow.apply(&mut backend_arg, &mut spec) {
-        Ok(cow) => cow,
-        Err(e) => return refuse(None, &e, exit::SANDBOX_FAILED, true),
-    };
-    let kind = match hako_runtime::resolve(backend_arg) {
+    let kind = match hako_runtime::resolve(plan.backend()) {
         Ok(kind) => kind,
         Err(e) => return refuse(None, &e, exit::SANDBOX_FAILED, false),
     };
     // The policy gate comes first: a run that needs a stronger boundary
     // than this backend has never starts.
-    if let Err(err) = kind.require_isolation(spec.min_isolation) {
-        return refuse(Some(kind.name()), &err, exit::SANDBOX_FAILED, true);
-    }
+    let opener = match hako_runtime::Opener::with_kind(kind, plan, Isolation::None) {
+        Ok(opener) => opener,
+        Err(err) => return refuse(Some(kind.name()), &err, exit::SANDBOX_FAILED, true),
+    };
+    let spec = opener.spec().clone();
+    // A copy-on-write workspace: its layers held by the sandbox, until
+    // the run ends.
+    let layers = match opener.hold(None) {
+        Ok(layers) => layers,
+        Err(e) => return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED, true),
+    };
     // One command, from this thread: no thread of its own need read the
     // guest; and hako exits once it is done (set below).
     let exit_follows = hako_runtime::ExitFollowsClose::default();
     let driver = hako_runtime::DriverOptions::one_shot(&exit_follows);
-    let sandbox = match hako_runtime::open_with(kind, &spec, &driver) {
+    let sandbox = match opener.open_on(layers, &driver) {
         Ok(sb) => sb,
         Err(e) => return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED, is_refusal(&e)),
     };
-    if let Err(e) = hako_core::require_isolation(sandbox.as_ref(), spec.min_isolation) {
-        return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED, true);
-    }
     let mut command = Command::new(args.command).max_output(spec.max_output);
     command.cwd = args.cwd;
     command.timeout = args.timeout;
@@ -185,9 +182,8 @@ pub fn run(args: RunArgs) -> u8 {
         exit_follows.set();
     }
     // Closing ends every connection from inside, so each is recorded.
+    // (The layers are free for review once the sandbox is dropped.)
     let _ = sandbox.close();
-    // The layers are free for review once the sandbox is gone.
-    drop(cow);
     let network = sandbox.network_events().map(|n| n.take_network_events());
     let output = match result {
         Ok(output) => output,

@@ -31,6 +31,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = hako_serve::MAX_SANDBOXES as u64,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     max_sandboxes: u64,
+    /// With --cow: clients may commit and discard a sandbox's changes
+    /// (`POST .../commit`, `.../discard`) [default: refused (403);
+    /// committing stays with the person, `hako commit NAME`].
+    #[arg(long)]
+    allow_agent_commit: bool,
 }
 
 /// Runs `hako serve`.
@@ -39,13 +44,21 @@ pub fn run(args: ServeArgs) -> u8 {
         eprintln!("hako: {}", crate::show::message(&e.to_string()));
         exit::SANDBOX_FAILED
     };
-    let (backend_arg, spec) = match args.sandbox.spec() {
-        Ok(s) => s,
+    let plan = match args.sandbox.plan() {
+        Ok(plan) => plan,
         Err(e) => return fail(&e),
     };
+    if let Some(cow) = &plan.cow {
+        if cow.name.is_some() {
+            return fail(&"hako serve gives each sandbox layers of its own: a client names one in its create request ({\"name\": NAME}); --name (or the profile's `name`) is for one sandbox");
+        }
+    }
+    if args.allow_agent_commit && plan.cow.is_none() {
+        return fail(&"--allow-agent-commit lets clients commit a copy-on-write sandbox's changes: give --cow (or the profile's `cow = true`) too");
+    }
     // Every sandbox a client asks for is opened from this one choice, and
     // a backend weaker than --min-isolation refuses to start.
-    let opener = match hako_runtime::Opener::new(backend_arg, spec, Isolation::None) {
+    let opener = match hako_runtime::Opener::from_plan(plan, Isolation::None) {
         Ok(opener) => opener,
         Err(e) => return fail(&e),
     };
@@ -112,6 +125,7 @@ pub fn run(args: ServeArgs) -> u8 {
     // log gets its closing record.
     config.stop_on_signals = true;
     config.max_sandboxes = usize::try_from(args.max_sandboxes).unwrap_or(usize::MAX);
+    config.allow_agent_commit = args.allow_agent_commit;
     match hako_serve::serve(listener, config) {
         Ok(()) => 0,
         Err(e) => fail(&e),

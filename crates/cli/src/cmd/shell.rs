@@ -15,12 +15,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use hako_core::{Command, ExitStatus, Sandbox, SpawnOptions, Stream, TermSize};
+use hako_core::{Command, ExitStatus, Isolation, Sandbox, SpawnOptions, Stream, TermSize};
 use hako_sys::rustix::event::{poll, PollFd, PollFlags};
 use hako_sys::rustix::termios::{self, OptionalActions, Termios};
 use hako_sys::signal::{signum, SignalFd};
 
-use super::cow::CowArgs;
 use super::SandboxArgs;
 use crate::exit;
 
@@ -29,8 +28,6 @@ use crate::exit;
 pub struct ShellArgs {
     #[command(flatten)]
     sandbox: SandboxArgs,
-    #[command(flatten)]
-    cow: CowArgs,
     /// Working directory, relative to the workspace.
     #[arg(long, value_name = "REL")]
     cwd: Option<PathBuf>,
@@ -86,23 +83,16 @@ pub fn run(args: ShellArgs) -> u8 {
         Ok(s) => s,
         Err(e) => return fail(&e),
     };
-    let (mut backend_arg, mut spec) = match args.sandbox.spec() {
-        Ok(spec) => spec,
+    let plan = match args.sandbox.plan() {
+        Ok(plan) => plan,
         Err(e) => return fail(&e),
     };
-    // A copy-on-write workspace: its layers held until the shell ends.
-    let cow = match args.cow.apply(&mut backend_arg, &mut spec) {
-        Ok(cow) => cow,
-        Err(e) => return fail(&e),
-    };
-    let kind = match hako_runtime::resolve(backend_arg) {
-        Ok(kind) => kind,
-        Err(e) => return fail(&e),
-    };
-    if let Err(e) = kind.require_isolation(spec.min_isolation) {
-        return fail(&e);
-    }
-    let sandbox: Arc<dyn Sandbox> = match hako_runtime::open(kind, &spec) {
+    // The backend is chosen and the policy gate passed first; a
+    // copy-on-write workspace's layers are held by the sandbox until the
+    // shell ends.
+    let opened =
+        hako_runtime::Opener::from_plan(plan, Isolation::None).and_then(|opener| opener.open());
+    let sandbox: Arc<dyn Sandbox> = match opened {
         Ok(sb) => Arc::from(sb),
         Err(e) => return fail(&e),
     };
@@ -112,7 +102,6 @@ pub fn run(args: ShellArgs) -> u8 {
     };
     let _ = sandbox.close();
     drop(sandbox);
-    drop(cow);
     code
 }
 

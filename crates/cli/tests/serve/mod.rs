@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use super::dirs;
 
+mod cow;
+
 /// One request on a connection of its own; the status and the body.
 fn call(port: u16, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
     let deadline = Instant::now() + Duration::from_secs(20);
