@@ -96,7 +96,7 @@ impl GvisorSandbox {
     /// upper and work), so gVisor's gofer serves the layered view and the
     /// real workspace is never written; an overlay that cannot be mounted
     /// fails the start, naming why. The file operations then go through
-    /// the same view (see [`layered_view`]).
+    /// the same view, reached through the runtime's client.
     pub fn new(config: GvisorConfig) -> Result<Self> {
         let spec = &config.spec;
         let fence = open_workspace(&spec.workspace, &config.launch.fence)?;

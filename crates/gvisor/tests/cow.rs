@@ -233,9 +233,19 @@ fn a_second_cow_gvisor_sandbox_continues_on_the_layers_and_discard_leaves_nothin
         "the upper layer is empty"
     );
     assert_eq!(tree(&c.ws), before);
-    // The next sandbox on the layers sees the workspace as it is.
-    let sb = open(&c);
+    // The next sandbox on the layers sees the workspace as it is; on an
+    // image's root (`HAKO_IMAGE_DIR`) too, where one is given: the overlay
+    // is the host view's, whatever the root.
+    let mut config = config(&c);
+    config.spec.image = std::env::var("HAKO_IMAGE_DIR").ok();
+    let sb = GvisorSandbox::new(config).unwrap();
     assert_eq!(sh(&sb, "cat a; ls").1, "a\na\n");
+    assert_eq!(sh(&sb, "echo i > on-image").0, 0);
+    assert_eq!(
+        std::fs::read_to_string(c.state.upper().join("on-image")).unwrap(),
+        "i\n"
+    );
+    assert!(!c.ws.join("on-image").exists());
     sb.close().unwrap();
 }
 
