@@ -248,6 +248,15 @@ fn every_change_lands_in_the_upper_layer_is_reviewed_and_commits_to_what_the_san
             ("old-name", Status::Deleted),
         ])
     );
+    // What the container wrote in the upper layer is the invoking user's
+    // (the container runs as that user): the review below needs nothing
+    // more.
+    let me = hako_sys::rustix::process::geteuid().as_raw();
+    for entry in ["a", "new", "new/n", "new-name", "mode", "link"] {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::symlink_metadata(c.state.upper().join(entry)).unwrap();
+        assert_eq!(meta.uid(), me, "{entry} in the upper layer");
+    }
     // The host user reviews and commits what the container wrote.
     let layers = Layers::open(&c.ws, &c.state.upper()).unwrap();
     let mut base = c.state.base().unwrap();
