@@ -195,7 +195,7 @@ fn python_mcp_client_reviews_checkpoints_rolls_back_and_commits_a_cow_sandbox_on
         .any(|c| {
             String::from_utf8_lossy(&c)
                 .replace('\0', " ")
-                .contains("sleep 300")
+                .contains("cow-left-running")
         });
     assert!(!leftover);
 }

@@ -95,7 +95,7 @@ async def first(hako, ws, state, audit):
 
             await expect_ok(s, "run_command", {"command": "echo two > b.txt; rm base.txt; echo again >> a.txt"}, "more writes")
             await expect_ok(s, "write_file", {"path": "c.txt", "content": "through the fence\n"}, "a write through the fence")
-            text = await expect_ok(s, "run_command", {"command": "sleep 300", "wait_secs": 0}, "a process left running")
+            text = await expect_ok(s, "run_command", {"command": "sleep 299; echo cow-left-running", "wait_secs": 0}, "a process left running")
             pid = int(re.search(r"process handle: (\d+)", text).group(1))
             text = await expect_ok(s, "workspace_changes", {"format": "json"}, "the changes as JSON")
             paths = [c["path"] for c in json.loads(text)["changes"]]

@@ -626,6 +626,25 @@ mod tests {
     }
 
     #[test]
+    fn handles_of_a_sandbox_closed_to_change_its_layers_are_void_after() {
+        let state = State::new(Box::new(|| Err(hako_core::Error::Closed)), None);
+        let owner = Owner::new(state.generation());
+        owner.started(ProcessId(1));
+        owner.opened_session(SessionId(2));
+        assert!(owner.owns(ProcessId(1)) && owner.check_session(2).is_ok());
+        // A review tool on a server without --cow says so and closes nothing.
+        let err = state.with_sandbox_closed(|_| ()).err().unwrap();
+        assert!(err.message.contains("--cow"), "{}", err.message);
+        assert!(owner.owns(ProcessId(1)));
+        // The sandbox closed for a rollback: the next one numbers its own.
+        state.generation.fetch_add(1, Ordering::SeqCst);
+        assert!(!owner.owns(ProcessId(1)));
+        assert!(owner.check_session(2).is_err());
+        owner.started(ProcessId(1));
+        assert!(owner.owns(ProcessId(1)));
+    }
+
+    #[test]
     fn concurrent_tool_calls_past_the_bound_are_refused_and_one_ending_makes_room() {
         let state = Arc::new(
             State::new(Box::new(|| Err(hako_core::Error::Closed)), None).with_max_calls(2),

@@ -248,8 +248,11 @@ impl CowHold {
         })
     }
 
-    /// Records the upper layer as a new checkpoint.
+    /// Records the upper layer as a new checkpoint; one at a time, and
+    /// never while a rollback, commit or discard holds
+    /// [`CowHold::exclusive`] (two at once would take one number).
     pub fn checkpoint(&self, label: Option<&str>) -> Result<Checkpoint, ReviewError> {
+        let _alone = self.exclusive();
         Ok(self.state().checkpoint(label)?)
     }
 

@@ -25,6 +25,11 @@
 //! [`protections`], the kernel features the `linux` backend applies), which
 //! `hako doctor` prints and `auto` relies on.
 //!
+//! A copy-on-write workspace (`--cow`, `--name`, `--state`) is part of
+//! the [`Plan`] the flags describe: an [`Opener`] made from it makes and
+//! holds each sandbox's layers ([`cow`]), and the review operations every
+//! front end offers on them are there too.
+//!
 //! The bearer token the HTTP front ends require is made and compared in
 //! [`token`], below both of them.
 //!

@@ -215,9 +215,8 @@ impl ServeConfig {
             let (a, b) = (Arc::clone(&opener), Arc::clone(&opener));
             CowConfig {
                 layers: Box::new(move |name| {
-                    a.hold_layers(name).and_then(|held| {
-                        held.ok_or_else(|| hako_runtime::cow::StateError::NoStateHome)
-                    })
+                    a.hold_layers(name)
+                        .and_then(|held| held.ok_or(hako_runtime::cow::StateError::NoStateHome))
                 }),
                 open_on: Box::new(move |layers| {
                     b.open_on(Some(layers), &hako_runtime::DriverOptions::default())

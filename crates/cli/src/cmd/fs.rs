@@ -175,6 +175,9 @@ fn print_json(value: &impl Serialize) {
 pub fn run(args: FsArgs) -> u8 {
     // With --cow (and a name), the named sandbox's layered view.
     let opened = args.sandbox.plan().and_then(|plan| {
+        if plan.cow.as_ref().is_some_and(|c| c.name.is_none()) {
+            eprintln!("hako: warning: --cow without --name is a temporary layer, removed when this command ends: what it writes is lost (name the sandbox to work in its layers)");
+        }
         hako_runtime::Opener::from_plan(plan, hako_core::Isolation::None)
             .and_then(|opener| opener.open())
             .map_err(|e| e.to_string())

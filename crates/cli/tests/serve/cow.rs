@@ -278,3 +278,53 @@ fn serve_cow_gives_each_sandbox_its_own_layers_and_refuses_an_agent_commit_witho
         .unwrap();
     assert_eq!(b_txt["sha256"], hako_audit::sha256_hex(b"b\n"));
 }
+
+#[test]
+fn serve_and_mcp_refuse_a_server_wide_name_or_agent_commits_without_cow_before_serving() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hako = || std::process::Command::new(env!("CARGO_BIN_EXE_hako"));
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let ws = tmp.path().to_str().unwrap();
+    for (args, says) in [
+        (
+            vec![
+                "serve",
+                "--listen",
+                &listen,
+                "--workspace",
+                ws,
+                "--backend",
+                "linux",
+                "--cow",
+                "--name",
+                "n",
+            ],
+            "create request",
+        ),
+        (
+            vec![
+                "serve",
+                "--listen",
+                &listen,
+                "--workspace",
+                ws,
+                "--allow-agent-commit",
+            ],
+            "give --cow",
+        ),
+        (
+            vec!["mcp", "--workspace", ws, "--allow-agent-commit"],
+            "give --cow",
+        ),
+        (
+            vec!["mcp", "--workspace", ws, "--backend", "host", "--cow"],
+            "--cow",
+        ),
+    ] {
+        let out = hako().args(&args).stdin(Stdio::null()).output().unwrap();
+        assert_eq!(out.status.code(), Some(125), "{args:?}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
