@@ -92,14 +92,12 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The backend to resolve: `auto` with `--cow` is `linux`, the backend
-    /// that has always given one (any other refuses it by name when it
-    /// cannot).
+    /// The backend to resolve: `auto` picks as it does without `--cow`
+    /// (every isolating backend gives a copy-on-write workspace; `host`,
+    /// which `auto` picks only when nothing else works, refuses it by
+    /// name).
     pub fn backend(&self) -> BackendArg {
-        match (self.backend, &self.cow) {
-            (BackendArg::Auto, Some(_)) => BackendArg::Linux,
-            (backend, _) => backend,
-        }
+        self.backend
     }
 }
 
@@ -614,8 +612,8 @@ mod tests {
         );
         assert_eq!(
             plan.backend(),
-            BackendArg::Linux,
-            "auto with --cow is linux"
+            BackendArg::Auto,
+            "auto with --cow picks as it does without"
         );
         assert!(plan.spec.cow.is_none(), "the layers are made when opened");
         // The plain spec refuses it rather than give a read-write workspace.
