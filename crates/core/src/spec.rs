@@ -112,7 +112,8 @@ impl SandboxSpec {
         match self.cow {
             Some(_) => Err(crate::Error::Unsupported {
                 backend: backend.into(),
-                capability: "--cow (a copy-on-write workspace; use --backend linux, docker or gvisor)",
+                capability:
+                    "--cow (a copy-on-write workspace; use --backend linux, docker or gvisor)",
             }),
             None => Ok(()),
         }

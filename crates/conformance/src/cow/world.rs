@@ -263,13 +263,17 @@ pub(crate) fn ok_with_stdin(sb: &dyn Sandbox, script: &str, stdin: Vec<u8>) -> R
 /// Lists, by a command inside, every entry the sandbox sees in its
 /// workspace, as a [`View`]. An entry listed that cannot be looked at
 /// (a crafted layer's whiteout in a directory overlayfs does not merge,
-/// which it lists but finds no file at) is not seen.
+/// which it lists but finds no file at, and which busybox's `find`
+/// complains of, where GNU's does not) is not seen. busybox's `stat`
+/// where there is one: GNU coreutils' asks `statx` with a flag that some
+/// gVisor releases refuse (EINVAL), busybox's `lstat` works everywhere.
 const LIST: &str = "set -e
-find . -mindepth 1 -exec stat -c '%f %n' {} + 2>/dev/null || true
+if command -v busybox >/dev/null; then STAT='busybox stat'; else STAT=stat; fi
+find . -mindepth 1 -exec $STAT -c '%f %n' {} + 2>/dev/null || true
 echo '::files'
-find . -mindepth 1 -type f -exec sha256sum {} +
+find . -mindepth 1 -type f -exec sha256sum {} + 2>/dev/null || true
 echo '::links'
-find . -mindepth 1 -type l -exec sh -c 'for l; do printf \"%s\\n%s\\n\" \"$l\" \"$(readlink \"$l\")\"; done' sh {} +";
+find . -mindepth 1 -type l -exec sh -c 'for l; do printf \"%s\\n%s\\n\" \"$l\" \"$(readlink \"$l\")\"; done' sh {} + 2>/dev/null || true";
 
 /// What the sandbox sees in its workspace (see [`View`]).
 pub(crate) fn view(sb: &dyn Sandbox) -> Res<View> {
