@@ -16,18 +16,42 @@ fn failed(op: &'static str, message: String) -> Error {
 
 /// The containers (running or not) whose owning hako process is gone.
 pub fn stale_containers(engine: &Engine, runner: &dyn Runner) -> Result<Vec<String>> {
-    let io = |e: std::io::Error| failed("list containers", e.to_string());
-    let ps = engine.command([
-        "ps",
-        "--all",
-        "--filter",
-        &format!("label={LABEL_PID}"),
-        "--format",
+    let ls = ["ps", "--all"];
+    stale(
+        engine,
+        runner,
+        "list containers",
+        &ls,
         "{{.Names}}",
+        &["inspect"],
+        ".Config.Labels",
+    )
+}
+
+/// What `ls` (with hako's owner filter, printing `name_format`) lists
+/// whose owning hako process is gone, as `inspect` prints their owner
+/// labels (at `labels` in its template); `op` names the listing in an
+/// error.
+fn stale(
+    engine: &Engine,
+    runner: &dyn Runner,
+    op: &'static str,
+    ls: &[&str],
+    name_format: &str,
+    inspect: &[&str],
+    labels: &str,
+) -> Result<Vec<String>> {
+    let io = |e: std::io::Error| failed(op, e.to_string());
+    let mut list = engine.command(ls.iter().copied());
+    list.extend([
+        "--filter".to_string(),
+        format!("label={LABEL_PID}"),
+        "--format".into(),
+        name_format.into(),
     ]);
-    let out = runner.output(&ps).map_err(io)?;
+    let out = runner.output(&list).map_err(io)?;
     if !out.success {
-        return Err(failed("list containers", out.message()));
+        return Err(failed(op, out.message()));
     }
     let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
@@ -36,17 +60,17 @@ pub fn stale_containers(engine: &Engine, runner: &dyn Runner) -> Result<Vec<Stri
     if names.is_empty() {
         return Ok(names);
     }
-    let mut inspect = engine.command([
-        "inspect".to_string(),
-        "--format".into(),
+    let mut inspect = engine.command(inspect.iter().copied());
+    inspect.extend([
+        "--format".to_string(),
         format!(
-            "{{{{.Name}}}} {{{{index .Config.Labels \"{LABEL_PID}\"}}}} {{{{index .Config.Labels \"{LABEL_START}\"}}}}"
+            "{{{{.Name}}}} {{{{index {labels} \"{LABEL_PID}\"}}}} {{{{index {labels} \"{LABEL_START}\"}}}}"
         ),
     ]);
     inspect.extend(names.iter().cloned());
     let out = runner.output(&inspect).map_err(io)?;
-    // A container removed between the two calls makes inspect fail for
-    // it alone; the others are still printed.
+    // One removed between the two calls makes inspect fail for it alone;
+    // the others are still printed.
     Ok(String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(parse_owner_line)
@@ -83,42 +107,16 @@ pub fn collect(engine: &Engine, runner: &dyn Runner) -> Result<Vec<String>> {
 /// The copy-on-write volumes (see `crate::cow`) whose owning hako
 /// process is gone.
 pub fn stale_volumes(engine: &Engine, runner: &dyn Runner) -> Result<Vec<String>> {
-    let io = |e: std::io::Error| failed("list volumes", e.to_string());
-    let ls = engine.command([
-        "volume",
-        "ls",
-        "--filter",
-        &format!("label={LABEL_PID}"),
-        "--format",
+    let ls = ["volume", "ls"];
+    stale(
+        engine,
+        runner,
+        "list volumes",
+        &ls,
         "{{.Name}}",
-    ]);
-    let out = runner.output(&ls).map_err(io)?;
-    if !out.success {
-        return Err(failed("list volumes", out.message()));
-    }
-    let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .map(str::to_string)
-        .collect();
-    if names.is_empty() {
-        return Ok(names);
-    }
-    let mut inspect = engine.command([
-        "volume".to_string(),
-        "inspect".into(),
-        "--format".into(),
-        format!(
-            "{{{{.Name}}}} {{{{index .Labels \"{LABEL_PID}\"}}}} {{{{index .Labels \"{LABEL_START}\"}}}}"
-        ),
-    ]);
-    inspect.extend(names.iter().cloned());
-    let out = runner.output(&inspect).map_err(io)?;
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(parse_owner_line)
-        .filter(|(_, owner)| !owner.alive())
-        .map(|(name, _)| name)
-        .collect())
+        &["volume", "inspect"],
+        ".Labels",
+    )
 }
 
 /// Removes every stale copy-on-write volume (after the stale containers,
