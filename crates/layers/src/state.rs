@@ -65,6 +65,16 @@ pub enum StateError {
         /// The workspace or bind holding it.
         inside: PathBuf,
     },
+    /// A bind (`--rw`, `--ro`) holds the copy-on-write workspace or lies
+    /// inside it: the sandbox would see (and, through a writable one,
+    /// write) the real workspace beside or instead of the layered view.
+    #[error("refused {bind:?} with --cow: it holds or lies inside the copy-on-write workspace {workspace:?}, and the sandbox would reach the real workspace through it rather than the layer; bind a directory apart from the workspace")]
+    BindOverlapsWorkspace {
+        /// The bind.
+        bind: PathBuf,
+        /// The workspace.
+        workspace: PathBuf,
+    },
     /// The state directory is not private to this user.
     #[error("refused state directory {path:?}: {why}; it must be a directory owned by this user with no group or other permissions (0700)")]
     NotPrivate {
@@ -417,6 +427,24 @@ pub fn check_outside(state: &Path, workspace: &Path, binds: &[PathBuf]) -> Resul
     Ok(())
 }
 
+/// Refuses a bind that holds the workspace or lies inside it (see
+/// [`StateError::BindOverlapsWorkspace`]): every path of the workspace
+/// must reach the sandbox through the layered view only.
+pub fn check_binds_apart(workspace: &Path, binds: &[PathBuf]) -> Result<(), StateError> {
+    let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let ws = canon(workspace);
+    for bind in binds {
+        let b = canon(bind);
+        if b.starts_with(&ws) || ws.starts_with(&b) {
+            return Err(StateError::BindOverlapsWorkspace {
+                bind: bind.clone(),
+                workspace: workspace.to_path_buf(),
+            });
+        }
+    }
+    Ok(())
+}
+
 fn lock(dir: &Path, name: &str) -> Result<File, StateError> {
     let path = dir.join("lock");
     let file = OpenOptions::new()
@@ -453,6 +481,7 @@ impl State {
         binds: &[PathBuf],
     ) -> Result<State, StateError> {
         validate_name(name)?;
+        check_binds_apart(workspace, binds)?;
         // Checked before anything is made, and again once it exists (when
         // every link on the way can be resolved).
         check_outside(root, workspace, binds)?;

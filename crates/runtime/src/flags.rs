@@ -310,6 +310,9 @@ impl SandboxFlags {
                     None => key("name", e),
                 });
             }
+            let binds: Vec<PathBuf> = spec.rw.iter().chain(&spec.ro).cloned().collect();
+            hako_layers::state::check_binds_apart(&spec.workspace, &binds)
+                .map_err(|e| e.to_string())?;
             Some(request)
         } else {
             if name.is_some() {
@@ -633,6 +636,49 @@ mod tests {
         .plan()
         .unwrap();
         assert_eq!(plan.cow.unwrap().name.as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn a_bind_holding_or_inside_a_cow_workspace_is_refused_so_nothing_bypasses_the_layer() {
+        // A writable bind of the workspace's parent would show the real
+        // workspace at its path, over the layered view.
+        for (rw, ro) in [
+            (vec![PathBuf::from("/")], vec![]),
+            (vec![PathBuf::from("/ws/cache")], vec![]),
+            (vec![], vec![PathBuf::from("/ws")]),
+        ] {
+            let err = SandboxFlags {
+                workspace: Some("/ws".into()),
+                cow: true,
+                rw: rw.clone(),
+                ro: ro.clone(),
+                ..SandboxFlags::default()
+            }
+            .plan()
+            .unwrap_err();
+            assert!(
+                err.contains("with --cow") && err.contains("bind a directory apart"),
+                "{rw:?} {ro:?}: {err}"
+            );
+        }
+        // Beside it is fine, and without --cow nothing changes.
+        for cow in [true, false] {
+            SandboxFlags {
+                workspace: Some("/ws".into()),
+                cow,
+                rw: vec!["/wsx".into(), "/other".into()],
+                ..SandboxFlags::default()
+            }
+            .plan()
+            .unwrap();
+        }
+        SandboxFlags {
+            workspace: Some("/ws".into()),
+            rw: vec!["/".into()],
+            ..SandboxFlags::default()
+        }
+        .plan()
+        .unwrap();
     }
 
     #[test]

@@ -120,7 +120,9 @@ fn layers_refused(state: &State, e: &hako_runtime::cow::StateError) -> Reply {
     let (status, kind, refused) = match e {
         StateError::InvalidName { .. } => (400, "bad_name", true),
         StateError::Busy { .. } => (409, "name_in_use", true),
-        StateError::InsideSandbox { .. } | StateError::NotPrivate { .. } => (403, "policy", true),
+        StateError::InsideSandbox { .. }
+        | StateError::NotPrivate { .. }
+        | StateError::BindOverlapsWorkspace { .. } => (403, "policy", true),
         StateError::WorkspaceMoved { .. } => (409, "workspace_moved", true),
         _ => (500, "state_failed", false),
     };

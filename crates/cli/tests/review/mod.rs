@@ -380,3 +380,54 @@ fn checkpoint_then_rollback_returns_the_sandbox_to_it_and_diff_compares_two() {
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert_eq!(std::fs::read_to_string(ws.join("a.txt")).unwrap(), "one\n");
 }
+
+#[test]
+fn a_writable_bind_holding_a_cow_workspace_is_refused_so_no_write_bypasses_the_layer() {
+    // Bound read-write, the workspace's parent would show the real
+    // workspace at its path, over the layered view: a write there (or to
+    // the working directory) would land in the workspace itself.
+    let tmp = tempfile::tempdir().unwrap();
+    let parent = tmp.path().canonicalize().unwrap().join("parent");
+    let ws = parent.join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let private_tmp = tmp.path().join("tmp");
+    std::fs::create_dir(&private_tmp).unwrap();
+    let script = format!("echo x > {}/f; echo y > g", ws.display());
+    let out = run_cow(
+        &ws,
+        &private_tmp,
+        &["--rw", parent.to_str().unwrap(), "--", "sh", "-c", &script],
+    );
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("with --cow") && err.contains("parent"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&ws).unwrap().count(),
+        0,
+        "the workspace was written"
+    );
+    // The sandbox is usable with the bind beside the workspace.
+    let beside = tmp.path().join("beside");
+    std::fs::create_dir(&beside).unwrap();
+    let out = run_cow(
+        &ws,
+        &private_tmp,
+        &[
+            "--rw",
+            beside.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "echo y > g; cat g",
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        std::fs::read_dir(&ws).unwrap().count(),
+        0,
+        "the workspace was written"
+    );
+}
