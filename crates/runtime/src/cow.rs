@@ -104,6 +104,25 @@ impl ReviewError {
     }
 }
 
+/// Refuses a state directory beneath a system directory the `linux` and
+/// `gvisor` sandboxes see (read-only) in their view of the host
+/// (`hako_view::SYSTEM_DIRS`): its layers and checkpoints would be
+/// readable inside, beside the layered view.
+fn outside_the_view(root: &std::path::Path) -> Result<(), StateError> {
+    let canon = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+    for dir in hako_view::SYSTEM_DIRS {
+        let dir = std::path::Path::new(dir);
+        let dir_c = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        if canon.starts_with(dir) || canon.starts_with(&dir_c) {
+            return Err(StateError::InsideSandbox {
+                state: root.to_path_buf(),
+                inside: dir.to_path_buf(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The layers of one copy-on-write sandbox, held: a named sandbox's
 /// state, locked until this is dropped, or a temporary layer, removed
 /// when this is dropped (whatever the outcome of what ran on it).
@@ -154,6 +173,7 @@ impl CowHold {
         match name {
             Some(name) => {
                 let root = state_root(request.state.as_deref())?;
+                outside_the_view(&root)?;
                 let state = State::create(&root, name, &spec.workspace, &binds)?;
                 Ok(CowHold {
                     state: Some(state),
@@ -399,6 +419,21 @@ mod tests {
         assert!(layers.upper.is_dir(), "still held");
         drop(second);
         assert!(!layers.upper.exists());
+    }
+
+    #[test]
+    fn a_state_directory_under_a_system_directory_of_the_view_is_refused_and_nothing_made() {
+        let ws = tempfile::tempdir().unwrap();
+        let spec = SandboxSpec::new(ws.path().to_path_buf());
+        for root in ["/usr/local/hako-state-test", "/etc/hako-state-test"] {
+            let request = CowRequest {
+                name: Some("n".into()),
+                state: Some(root.into()),
+            };
+            let err = CowHold::open(&request, Some("n"), &spec).unwrap_err();
+            assert!(matches!(err, StateError::InsideSandbox { .. }), "{err}");
+            assert!(!std::path::Path::new(root).exists(), "{root} was made");
+        }
     }
 
     #[test]
