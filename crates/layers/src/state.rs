@@ -403,13 +403,36 @@ fn private_dir(dir: &Path) -> Result<(), StateError> {
     }
 }
 
+/// `p` as it really is: its longest existing beginning resolved (no `..`,
+/// no symlink), the names below it, which do not exist yet, as given.
+/// A path compared with the workspace before it is made is compared as
+/// it will be, not as it is spelled (`ws/../st` is beside `ws`).
+fn resolved(p: &Path) -> PathBuf {
+    let mut rest = Vec::new();
+    let mut at = p;
+    loop {
+        if let Ok(real) = std::fs::canonicalize(at) {
+            return rest
+                .iter()
+                .rev()
+                .fold(real, |acc: PathBuf, name| acc.join(name));
+        }
+        match (at.parent(), at.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                at = parent;
+            }
+            _ => return p.to_path_buf(),
+        }
+    }
+}
+
 /// Refuses a state directory that the sandbox could reach: inside the
 /// workspace or any directory bound into the sandbox (`binds`: the
 /// `--rw` and the `--ro` ones, since what is bound read-only can still be
 /// read inside), or holding the workspace.
 pub fn check_outside(state: &Path, workspace: &Path, binds: &[PathBuf]) -> Result<(), StateError> {
-    let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-    let (state_c, ws) = (canon(state), canon(workspace));
+    let (state_c, ws) = (resolved(state), resolved(workspace));
     if state_c.starts_with(&ws) || ws.starts_with(&state_c) {
         return Err(StateError::InsideSandbox {
             state: state.to_path_buf(),
@@ -431,10 +454,9 @@ pub fn check_outside(state: &Path, workspace: &Path, binds: &[PathBuf]) -> Resul
 /// [`StateError::BindOverlapsWorkspace`]): every path of the workspace
 /// must reach the sandbox through the layered view only.
 pub fn check_binds_apart(workspace: &Path, binds: &[PathBuf]) -> Result<(), StateError> {
-    let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-    let ws = canon(workspace);
+    let ws = resolved(workspace);
     for bind in binds {
-        let b = canon(bind);
+        let b = resolved(bind);
         if b.starts_with(&ws) || ws.starts_with(&b) {
             return Err(StateError::BindOverlapsWorkspace {
                 bind: bind.clone(),
@@ -490,6 +512,10 @@ impl State {
         }
         private_dir(root)?;
         check_outside(root, workspace, binds)?;
+        // The layers' paths, which a backend hands on (overlayfs options,
+        // an engine's volume) and checks against the workspace, as they
+        // really are: no `..`, no symlink on the way.
+        let root = std::fs::canonicalize(root).map_err(io_err("resolve", root))?;
         let dir = root.join(name);
         private_dir(&dir)?;
         let lock = lock(&dir, name)?;
@@ -676,6 +702,19 @@ impl State {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn a_state_directory_named_through_the_workspace_and_dot_dot_gives_layers_beside_it() {
+        // `--state ../st` from the workspace: lexically beneath it, really
+        // beside it. The layers' paths are the real ones, so a backend's
+        // check that they lie outside the workspace does not refuse them.
+        let top = tempfile::tempdir().unwrap();
+        let ws = top.path().canonicalize().unwrap().join("ws");
+        std::fs::create_dir(&ws).unwrap();
+        let state = State::create(&ws.join("../st"), "n", &ws, &[]).unwrap();
+        assert!(!state.upper().starts_with(&ws), "{:?}", state.upper());
+        assert_eq!(state.upper(), std::fs::canonicalize(state.upper()).unwrap());
+    }
 
     #[test]
     fn names_are_plain_and_bounded() {
