@@ -242,15 +242,34 @@ pub struct HakoServer {
 
 impl HakoServer {
     /// Runs `f` with the sandbox (opened now on first use) on the blocking
-    /// pool, and turns its result, or its failure, into a tool result. A
-    /// failure is a tool error result, recorded in the audit log; a panic
-    /// in a tool is one too, and the server goes on.
+    /// pool (see [`HakoServer::on_blocking_pool`]); a failure that lost the
+    /// sandbox closes it for good.
     async fn blocking<F>(&self, tool: &'static str, f: F) -> CallToolResult
     where
         F: FnOnce(&State, &dyn Sandbox) -> Result<Reply, ToolError> + Send + 'static,
     {
+        self.on_blocking_pool(tool, move |state| {
+            state.sandbox().and_then(|sandbox| {
+                let result = f(state, sandbox.as_ref());
+                if let Err(err) = &result {
+                    state.sandbox_lost(&sandbox, err);
+                }
+                result
+            })
+        })
+        .await
+    }
+
+    /// Runs `f` on the blocking pool, and turns its result, or its
+    /// failure, into a tool result: bounded (past the bound a call is
+    /// refused at once, never queued); a failure is a tool error result,
+    /// recorded in the audit log; a panic in a tool is one too, and the
+    /// server goes on.
+    pub(crate) async fn on_blocking_pool<F>(&self, tool: &'static str, f: F) -> CallToolResult
+    where
+        F: FnOnce(&State) -> Result<Reply, ToolError> + Send + 'static,
+    {
         let state = self.state.clone();
-        // Bounded: past the bound a call is refused at once, never queued.
         let call = match state.begin_call() {
             Ok(call) => call,
             Err(err) => {
@@ -260,13 +279,7 @@ impl HakoServer {
         };
         let joined = tokio::task::spawn_blocking(move || {
             let _call = call;
-            let result = state.sandbox().and_then(|sandbox| {
-                let result = f(&state, sandbox.as_ref());
-                if let Err(err) = &result {
-                    state.sandbox_lost(&sandbox, err);
-                }
-                result
-            });
+            let result = f(&state);
             if let Err(err) = &result {
                 tracing::debug!(tool, error = %err.message, "tool failed");
                 state.record_failure(tool, err);

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use hako_audit::FrontEnd;
 use hako_runtime::cow::{commit_op, discard_op, Changes, ReviewError};
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, ContentBlock};
+use rmcp::model::CallToolResult;
 use rmcp::{tool, tool_router};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -215,37 +215,14 @@ impl HakoServer {
     where
         F: FnOnce(&State) -> Result<Reply, ToolError> + Send + 'static,
     {
-        let state = self.state.clone();
-        let call = match state.begin_call() {
-            Ok(call) => call,
-            Err(err) => {
-                state.record_failure(tool, &err);
-                return CallToolResult::error(vec![ContentBlock::text(err.message)]);
-            }
-        };
-        let joined = tokio::task::spawn_blocking(move || {
-            let _call = call;
-            let result = if state.cow().is_some() {
-                f(&state)
+        self.on_blocking_pool(tool, move |state| {
+            if state.cow().is_some() {
+                f(state)
             } else {
                 Err(not_cow())
-            };
-            if let Err(err) = &result {
-                state.record_failure(tool, err);
             }
-            result
         })
-        .await;
-        match joined {
-            Ok(Ok(reply)) => CallToolResult::success(vec![ContentBlock::text(reply.text)]),
-            Ok(Err(err)) => CallToolResult::error(vec![ContentBlock::text(err.message)]),
-            Err(join) => {
-                tracing::error!(tool, "tool task failed: {join}");
-                CallToolResult::error(vec![ContentBlock::text(format!(
-                    "internal error in {tool}: {join}; the server is still running"
-                ))])
-            }
-        }
+        .await
     }
 }
 
