@@ -52,6 +52,7 @@ impl Naive {
                 fds_closed: false,
                 landlock_abi: None,
                 seccomp: false,
+                shared: hako_core::Shared::ALL.to_vec(),
                 optional: Optional {
                     read_limit: true,
                     append: true,

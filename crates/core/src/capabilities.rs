@@ -25,8 +25,56 @@ pub struct Capabilities {
     pub landlock_abi: Option<u32>,
     /// Whether a seccomp filter is applied to every command.
     pub seccomp: bool,
+    /// What the sandbox's commands share with the processes around it
+    /// (a `linux` sandbox has its own of each): empty for a boundary of
+    /// its own.
+    pub shared: Vec<Shared>,
     /// The optional capabilities this sandbox offers.
     pub optional: Optional,
+}
+
+/// Something a sandbox's commands share with the processes around them,
+/// where a `linux` sandbox has a namespace (or a device directory) of its
+/// own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Shared {
+    /// The process table: other processes are visible in `/proc` (what
+    /// else a command can do to them is the backend's to say).
+    Processes,
+    /// The network namespace: interfaces, routes, ports and connections
+    /// are visible (whether sockets can be made is [`NetworkAccess`]).
+    Network,
+    /// The mount table.
+    Mounts,
+    /// System V IPC and POSIX message queues.
+    Ipc,
+    /// The device directory (`/dev`): no private one.
+    Devices,
+    /// The host name.
+    Hostname,
+}
+
+impl Shared {
+    /// Every kind, in this order.
+    pub const ALL: [Shared; 6] = [
+        Shared::Processes,
+        Shared::Network,
+        Shared::Mounts,
+        Shared::Ipc,
+        Shared::Devices,
+        Shared::Hostname,
+    ];
+
+    /// `[Network]` where the sandbox uses the host's network, else none:
+    /// what a backend with namespaces of its own shares.
+    pub fn network_if(access: NetworkAccess) -> Vec<Shared> {
+        if access == NetworkAccess::Host {
+            vec![Shared::Network]
+        } else {
+            Vec::new()
+        }
+    }
 }
 
 /// Network reach of the code inside a sandbox.

@@ -23,7 +23,7 @@ pub mod units;
 
 pub use capabilities::{
     Capabilities, FenceResolver, LimitKind, LimitMechanism, LimitReport, Limits, NetworkAccess,
-    Optional,
+    Optional, Shared,
 };
 pub use command::{Command, ExitStatus, Output, Program, DEFAULT_MAX_OUTPUT};
 pub use error::{Error, FenceError, Result};

@@ -230,6 +230,7 @@ impl Prepared {
             fds_closed: true,
             landlock_abi: None,
             seccomp,
+            shared: hako_core::Shared::network_if(network.access),
             optional,
         };
         Ok(Prepared {

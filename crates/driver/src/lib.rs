@@ -11,6 +11,7 @@
 //! code: a program that links the guest and wants it started in a fork of
 //! itself hands its entry points over as a value ([`InProcessGuest`]).
 
+pub mod cgroup;
 pub mod connection;
 pub mod network;
 mod options;

@@ -18,7 +18,8 @@ use hako_core::{
 use hako_fence::Fence;
 
 use crate::connection as driver;
-use crate::proto::{LinuxSpec, MemoryWatch, NetSpec, Seal};
+pub use crate::connection::LocalPlan;
+use crate::proto::{MemoryWatch, NetSpec, Seal};
 pub use crate::recipe::{
     base_env, base_env_defaulting, common_limits, open_workspace, resource_limit_reports, OPTIONAL,
 };
@@ -28,9 +29,9 @@ use crate::{DriverOptions, InProcessGuest};
 pub enum GuestStart {
     /// hako starts the guest itself, sharing its view of the system.
     Local {
-        /// With a spec, the guest first builds that `linux` sandbox
-        /// around itself.
-        linux: Option<LinuxSpec>,
+        /// What the guest builds or applies before it serves: a `linux`
+        /// sandbox around itself, or its commands' confinement.
+        plan: LocalPlan,
         /// The guest's code, where this program links it: a
         /// single-threaded caller then starts the guest in a fork of
         /// itself rather than executing `hako-guest`.
@@ -227,11 +228,11 @@ impl GuestSandbox {
     pub fn new(config: GuestConfig) -> Result<Self> {
         let root = config.fence.open_dir(Path::new("."))?;
         let guest = config.launcher.start().and_then(|start| match start {
-            GuestStart::Local { linux, in_process } => driver::Connection::start(
+            GuestStart::Local { plan, in_process } => driver::Connection::start(
                 config.backend,
                 config.guest.as_deref(),
                 root,
-                linux,
+                plan,
                 in_process.as_ref(),
                 config.driver.read_on_caller,
             ),

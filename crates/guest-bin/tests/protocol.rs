@@ -47,6 +47,7 @@ fn hello(ctl: &UnixStream) {
             linux: None,
             network: None,
             memory: None,
+            confine: None,
             seal: None,
         })),
     )
@@ -123,6 +124,7 @@ fn an_unknown_version_is_refused_at_the_handshake() {
         linux: None,
         network: None,
         memory: None,
+        confine: None,
         seal: None,
     });
     assert!(message.contains("version"), "{message}");
@@ -139,6 +141,7 @@ fn a_seal_that_cannot_be_applied_is_refused_and_nothing_is_served() {
         linux: None,
         network: None,
         memory: None,
+        confine: None,
         seal: Some(proto::Seal {
             mask_files: Vec::new(),
             mask_dirs: vec![file.path().to_path_buf()],
@@ -181,6 +184,7 @@ fn bad_frames_get_an_error_and_the_guest_stays_up() {
             linux: None,
             network: None,
             memory: None,
+            confine: None,
             seal: None,
         }))),
     );
@@ -306,6 +310,7 @@ fn the_guest_serves_over_its_stdin_and_stdout_too() {
             linux: None,
             network: None,
             memory: None,
+            confine: None,
             seal: None,
         })),
     )
@@ -388,6 +393,7 @@ fn a_seal_beside_a_linux_spec_is_refused() {
         linux: Some(empty_linux_spec()),
         network: None,
         memory: None,
+        confine: None,
         seal: Some(proto::Seal::default()),
     });
     assert!(message.contains("seal"), "{message}");
@@ -404,6 +410,7 @@ fn a_guest_over_pipes_refuses_to_build_a_linux_sandbox() {
             linux: Some(spec),
             network: None,
             memory: None,
+            confine: None,
             seal: None,
         })),
     )

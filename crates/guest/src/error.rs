@@ -135,6 +135,12 @@ pub enum GuestError {
     /// The handshake asked for a seal and a `linux` sandbox at once.
     #[error("a seal is for a guest that serves where it is, not for a linux sandbox")]
     SealWithLinux,
+    /// The handshake asked for a guest's own confinement and a `linux`
+    /// sandbox or a seal at once.
+    #[error(
+        "a guest's own confinement (landlock) cannot be combined with a linux sandbox or a seal"
+    )]
+    ConfineWithOther,
     /// The handshake asked a guest reached over pipes for a `linux`
     /// sandbox.
     #[error("a linux sandbox is built only by a guest reached over a socket")]

@@ -99,6 +99,14 @@ fn serve_link(ctl: server::Link) -> GuestExit {
                 Some(Ok(oom)) => Some(oom),
                 Some(Err(err)) => return refuse(&ctl, err),
             };
+            // A guest with no namespace of its own (landlock): its
+            // cgroups, its commands' ruleset and filters, and the default
+            // filter on itself, before anything is started.
+            let confinement = match hello.confine.as_ref().map(confine_here) {
+                None => None,
+                Some(Ok(confinement)) => Some(confinement),
+                Some(Err(err)) => return refuse(&ctl, err),
+            };
             // First of all, what the runtime left to the guest: masks,
             // then no capability and the seccomp filter.
             if let Some(seal) = &hello.seal {
@@ -127,7 +135,7 @@ fn serve_link(ctl: server::Link) -> GuestExit {
                 ctl,
                 &proof,
                 server::Mode {
-                    confinement: None,
+                    confinement,
                     stop_signals: !init,
                     accept_fds,
                     forwarder,
@@ -136,6 +144,19 @@ fn serve_link(ctl: server::Link) -> GuestExit {
             )
         }
     }
+}
+
+/// Confines a guest that serves where it is as `spec` says: joins its
+/// cgroups, builds what every supervisor enforces, and installs the
+/// default seccomp policy on itself (see [`lockdown::Confinement::shared`]).
+fn confine_here(spec: &proto::ConfineSpec) -> Result<lockdown::Confinement, GuestError> {
+    let pid = std::process::id().to_string();
+    for file in &spec.cgroup_procs {
+        std::fs::write(file, &pid).map_err(error::failed_on("join cgroup", file))?;
+    }
+    let mut confinement = lockdown::Confinement::shared(spec)?;
+    confinement.seal_guest()?;
+    Ok(confinement)
 }
 
 /// Reads the handshake on `ctl` and checks that this guest can do what it
@@ -160,6 +181,11 @@ fn handshake(ctl: &server::Link) -> Result<Box<proto::Hello>, GuestError> {
         // A linux sandbox's pid 1 confines itself from its own spec; a
         // seal here would be a caller's mistake, never silently ignored.
         return Err(GuestError::SealWithLinux);
+    }
+    if hello.confine.is_some() && (hello.linux.is_some() || hello.seal.is_some()) {
+        // One confinement per guest: its own (a host process's), a linux
+        // sandbox's pid 1's, or a container's seal.
+        return Err(GuestError::ConfineWithOther);
     }
     if hello.linux.is_some() && !ctl.is_socket() {
         return Err(GuestError::LinuxOverPipes);

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use hako_sys::confine::{self, LandlockRules, Resource, Rlimit};
 
 use crate::error::failed;
-use crate::proto::{LinuxSpec, RlimitResource};
+use crate::proto::{ConfineSpec, LinuxSpec, RlimitResource, RlimitSpec};
 use crate::GuestError;
 
 fn resource(r: RlimitResource) -> Resource {
@@ -59,15 +59,22 @@ pub(crate) struct Confinement {
     wants_seccomp: bool,
     /// Its program, once compiled.
     seccomp: Option<hako_seccomp::Program>,
+    /// A second filter each supervisor installs on itself, on top of the
+    /// inherited one: what commands sharing the host's namespaces must
+    /// not reach through them (`landlock`).
+    shared: Option<hako_seccomp::Program>,
+}
+
+fn rlimits_of(specs: &[RlimitSpec]) -> Vec<Rlimit> {
+    specs
+        .iter()
+        .map(|r| Rlimit::new(resource(r.resource), r.value))
+        .collect()
 }
 
 impl Confinement {
     pub(crate) fn new(spec: &LinuxSpec) -> Result<Self, GuestError> {
-        let rlimits: Vec<Rlimit> = spec
-            .rlimits
-            .iter()
-            .map(|r| Rlimit::new(resource(r.resource), r.value))
-            .collect();
+        let rlimits = rlimits_of(&spec.rlimits);
         let landlock = match &spec.landlock {
             Some(ll) if confine::landlock_abi().is_none() => {
                 if ll.required {
@@ -93,7 +100,62 @@ impl Confinement {
             prepared: None,
             wants_seccomp: spec.seccomp,
             seccomp: None,
+            shared: None,
         })
+    }
+
+    /// The confinement of commands with no namespace of their own (the
+    /// `landlock` backend), built by the guest before it serves: the
+    /// Landlock ruleset over the whole filesystem (and TCP and scopes
+    /// where the kernel has them), the default seccomp policy (for the
+    /// guest itself, [`Confinement::seal_guest`]), and the filter that
+    /// refuses the network and IPC the shared namespaces would reach.
+    /// Landlock is required: a kernel without it, or without a part the
+    /// spec requires, fails here, naming it.
+    pub(crate) fn shared(spec: &ConfineSpec) -> Result<Self, GuestError> {
+        let policy = confine::LandlockPolicy {
+            read: spec.read.clone(),
+            list: spec.list.clone(),
+            write: spec.write.clone(),
+            devices: spec.devices.clone(),
+            tcp_connect: (!spec.host_network).then(Vec::new),
+            scoped: spec.scoped,
+        };
+        let (prepared, status) =
+            confine::landlock_prepare_policy(&policy).map_err(|err| GuestError::FailedWithHint {
+                op: "build the Landlock ruleset",
+                hint: match err {
+                    confine::ConfineError::LandlockUnsupported(_) => {
+                        "the landlock backend needs Landlock (Linux 5.13 or later, `landlock` in the lsm= list); use another backend"
+                    }
+                    _ => "run `hako doctor` to see what this kernel offers",
+                }
+                .into(),
+                source: err.into(),
+            })?;
+        let shared = hako_seccomp::compile(&hako_seccomp::shared_namespace_policy(
+            hako_seccomp::SharedPolicy {
+                network: spec.host_network,
+                unix_sockets: status.unix_connect,
+            },
+        ))
+        .map_err(failed("compile the seccomp policy"))?;
+        Ok(Confinement {
+            rlimits: Arc::new(rlimits_of(&spec.rlimits)),
+            landlock: None,
+            prepared: Some(prepared),
+            wants_seccomp: true,
+            seccomp: None,
+            shared: Some(shared),
+        })
+    }
+
+    /// [`Confinement::seal_pid1`] for a guest that holds no privilege (the
+    /// `landlock` backend's, a process of the host): `no_new_privs` first,
+    /// which the kernel requires for a filter without `CAP_SYS_ADMIN`.
+    pub(crate) fn seal_guest(&mut self) -> Result<(), GuestError> {
+        confine::set_no_new_privs().map_err(failed("set no_new_privs"))?;
+        self.seal_pid1()
     }
 
     /// Compiles the seccomp program, if the sandbox has one.
@@ -161,8 +223,10 @@ impl Confinement {
     /// (bounding, ambient, effective, permitted, inheritable; securebits
     /// locked so that root gains none at exec). The supervisor needs none of
     /// them: the processes it watches and kills are of its own uid. The
-    /// seccomp filter is inherited from pid 1 ([`Confinement::seal_pid1`]).
+    /// seccomp filter is inherited from pid 1 ([`Confinement::seal_pid1`]);
+    /// a `landlock` sandbox's supervisor installs its second filter last.
     pub(crate) fn confine_supervisor(
+        &self,
         landlock: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> Result<(), GuestError> {
         hako_sys::ns::set_not_dumpable().map_err(failed("become not dumpable"))?;
@@ -173,7 +237,12 @@ impl Confinement {
         confine::set_no_new_privs().map_err(failed("set no_new_privs"))?;
         confine::drop_all_capabilities()
             .map(drop)
-            .map_err(failed("drop capabilities"))
+            .map_err(failed("drop capabilities"))?;
+        if let Some(program) = &self.shared {
+            hako_seccomp::apply(program)
+                .map_err(failed("install the shared namespaces' seccomp filter"))?;
+        }
+        Ok(())
     }
 
     /// What each command's process applies just before exec: its rlimits

@@ -227,7 +227,10 @@ pub(crate) fn spare(mode: &Mode) -> GuestExit {
             },
             None => None,
         };
-        unfit = Confinement::confine_supervisor(landlock.as_ref().map(AsFd::as_fd)).err();
+        unfit = mode.confinement.as_ref().and_then(|c| {
+            c.confine_supervisor(landlock.as_ref().map(AsFd::as_fd))
+                .err()
+        });
     }
     let supervisor = match Supervisor::new(true) {
         Ok(s) => Some(s),

@@ -211,6 +211,7 @@ impl GvisorSandbox {
             fds_closed: true,
             landlock_abi: None,
             seccomp: true,
+            shared: hako_core::Shared::network_if(network.access),
             optional: OPTIONAL,
         };
         let launcher = ContainerLauncher {

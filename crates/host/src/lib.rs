@@ -69,7 +69,7 @@ struct InPlace;
 impl Launcher for InPlace {
     fn start(&self) -> Result<GuestStart> {
         Ok(GuestStart::Local {
-            linux: None,
+            plan: hako_driver::sandbox::LocalPlan::default(),
             in_process: Some(IN_PROCESS),
         })
     }
@@ -130,6 +130,7 @@ impl HostSandbox {
             fds_closed: true,
             landlock_abi: None,
             seccomp: false,
+            shared: hako_core::Shared::ALL.to_vec(),
             optional: OPTIONAL,
         };
         Ok(HostSandbox {

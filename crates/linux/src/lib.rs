@@ -12,7 +12,6 @@
 //! stays in the host's network namespace. See README.md beside this file
 //! for the order in which each protection is applied.
 
-mod cgroup;
 pub mod plan;
 
 use std::path::{Path, PathBuf};
@@ -29,8 +28,8 @@ use hako_driver::sandbox::{
 use hako_driver::{InProcessGuest, LaunchOptions};
 use hako_proto::{LinuxSpec, MountOp};
 
-use crate::cgroup::Cgroups;
 use crate::plan::{PlanInput, Rlimits};
+use hako_driver::cgroup::Cgroups;
 
 pub use hako_core::Limits;
 pub use hako_driver::connection::locate_guest;
@@ -90,7 +89,10 @@ struct Namespaces {
 impl Launcher for Namespaces {
     fn start(&self) -> Result<GuestStart> {
         Ok(GuestStart::Local {
-            linux: Some(self.spec.clone()),
+            plan: hako_driver::sandbox::LocalPlan {
+                linux: Some(self.spec.clone()),
+                ..Default::default()
+            },
             in_process: Some(IN_PROCESS),
         })
     }
@@ -224,6 +226,7 @@ impl LinuxSandbox {
             fds_closed: true,
             landlock_abi,
             seccomp: true,
+            shared: hako_core::Shared::network_if(network.access),
             optional: OPTIONAL,
         };
         let spec =

@@ -34,6 +34,7 @@ impl FenceBox {
                 fds_closed: true,
                 landlock_abi: None,
                 seccomp: false,
+                shared: Vec::new(),
                 optional: Optional::default(),
             },
         }

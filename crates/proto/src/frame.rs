@@ -329,6 +329,7 @@ mod tests {
                 network: None,
                 seal: None,
                 memory: None,
+                confine: None,
             })),
             exec(),
             ToGuest::CloseStdin { id: 1 },

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use hako_core::ExitStatus;
 use serde::{Deserialize, Serialize};
 
-use crate::LinuxSpec;
+use crate::{LinuxSpec, RlimitSpec};
 
 /// The first frame hako sends: the protocol version, and what the guest is
 /// to build before it serves commands. The guest answers [`FromGuest::Ready`]
@@ -37,6 +37,49 @@ pub struct Hello {
     /// [`LinuxSpec::oom_counter`].
     #[serde(default)]
     pub memory: Option<MemoryWatch>,
+    /// What a guest that serves where it is, with no namespace of its own
+    /// (the `landlock` backend's, a process of the host), puts on every
+    /// command it starts.
+    #[serde(default)]
+    pub confine: Option<ConfineSpec>,
+}
+
+/// The confinement of commands that share the namespaces of the processes
+/// around them (the `landlock` backend): a Landlock ruleset over the whole
+/// filesystem, seccomp (the default policy, and refusing the network and
+/// IPC that the shared namespaces would reach), `no_new_privs`, no
+/// capabilities, and limits. The guest joins `cgroup_procs` first, builds
+/// the ruleset, installs the default seccomp policy on itself, and has
+/// every supervisor enforce the rest before it is given a command. A guest
+/// that cannot enforce any of it refuses to serve, naming what.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfineSpec {
+    /// Read and execute beneath these (host paths; Landlock grants by
+    /// hierarchy: the entries to allow, never a parent that holds a
+    /// secret).
+    pub read: Vec<PathBuf>,
+    /// Directories that may be listed only (those that hold a secret:
+    /// their other entries are in `read`).
+    #[serde(default)]
+    pub list: Vec<PathBuf>,
+    /// Every right beneath these (the workspace, the private temporary
+    /// directory, `--rw` binds).
+    pub write: Vec<PathBuf>,
+    /// Device files that may be read, written and receive ioctls.
+    pub devices: Vec<PathBuf>,
+    /// The network is the host's (`--net host`); otherwise no socket but a
+    /// unix one may be made, and TCP is refused by Landlock too where the
+    /// kernel can.
+    pub host_network: bool,
+    /// Signals and abstract unix sockets scoped to the sandbox (Landlock
+    /// ABI 6) are required; `false` only with best effort, on an older
+    /// kernel.
+    pub scoped: bool,
+    /// Resource limits set on each command (`setrlimit`).
+    pub rlimits: Vec<RlimitSpec>,
+    /// `cgroup.procs` files the guest joins before anything else.
+    #[serde(default)]
+    pub cgroup_procs: Vec<PathBuf>,
 }
 
 /// How the guest learns that the memory limit killed a process.

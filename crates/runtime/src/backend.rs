@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use hako_core::{Error, Isolation};
 
-use crate::probe::{probe, Unavailable};
+use crate::probe::Unavailable;
 
 /// A backend as a user names it: `auto` or one backend that can be chosen.
 ///
@@ -19,6 +19,9 @@ pub enum BackendArg {
     Host,
     /// Linux namespaces, Landlock, seccomp; rootless.
     Linux,
+    /// Landlock and seccomp with no namespace and no privilege (inside
+    /// unprivileged containers).
+    Landlock,
     /// A locked-down Docker or Podman container (the `runsc` runtime for gVisor).
     Docker,
     /// gVisor's runsc, driven directly; no daemon.
@@ -27,10 +30,11 @@ pub enum BackendArg {
 
 impl BackendArg {
     /// Every name a user may give, in the order they are listed to them.
-    pub const ALL: [BackendArg; 5] = [
+    pub const ALL: [BackendArg; 6] = [
         BackendArg::Auto,
         BackendArg::Host,
         BackendArg::Linux,
+        BackendArg::Landlock,
         BackendArg::Docker,
         BackendArg::Gvisor,
     ];
@@ -50,6 +54,7 @@ impl BackendArg {
             BackendArg::Auto => None,
             BackendArg::Host => Some(BackendKind::Host),
             BackendArg::Linux => Some(BackendKind::Linux),
+            BackendArg::Landlock => Some(BackendKind::Landlock),
             BackendArg::Docker => Some(BackendKind::Docker),
             BackendArg::Gvisor => Some(BackendKind::Gvisor),
         }
@@ -101,6 +106,8 @@ pub enum BackendKind {
     Host,
     /// Linux namespaces, Landlock, seccomp.
     Linux,
+    /// Landlock, seccomp, no namespace.
+    Landlock,
     /// A Docker or Podman container.
     Docker,
     /// gVisor's runsc.
@@ -110,12 +117,14 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
-    /// Every backend, strongest first: the order `auto` tries them in.
-    pub const ALL: [BackendKind; 5] = [
+    /// Every backend, strongest first: the order `auto` tries them in
+    /// (all but `host`, which `auto` never picks).
+    pub const ALL: [BackendKind; 6] = [
         BackendKind::Vm,
         BackendKind::Gvisor,
         BackendKind::Docker,
         BackendKind::Linux,
+        BackendKind::Landlock,
         BackendKind::Host,
     ];
 
@@ -124,6 +133,7 @@ impl BackendKind {
         match self {
             BackendKind::Host => "host",
             BackendKind::Linux => "linux",
+            BackendKind::Landlock => "landlock",
             BackendKind::Docker => "docker",
             BackendKind::Gvisor => "gvisor",
             BackendKind::Vm => "vm",
@@ -134,7 +144,7 @@ impl BackendKind {
     pub fn isolation(self) -> Isolation {
         match self {
             BackendKind::Host => Isolation::None,
-            BackendKind::Linux | BackendKind::Docker => Isolation::Process,
+            BackendKind::Linux | BackendKind::Landlock | BackendKind::Docker => Isolation::Process,
             BackendKind::Gvisor => Isolation::Kernel,
             BackendKind::Vm => Isolation::Vm,
         }
@@ -160,26 +170,81 @@ impl fmt::Display for BackendKind {
     }
 }
 
-/// The backend `arg` names; for `auto`, the strongest one whose [`probe`]
-/// passes on this host. A backend named explicitly is not probed here: it
-/// says why it cannot run when it is opened.
+/// The backend `arg` names; for `auto`, the strongest one that works on
+/// this host ([`choose_auto`]). A backend named explicitly is not probed
+/// here: it says why it cannot run when it is opened.
 pub fn resolve(arg: BackendArg) -> Result<BackendKind, Error> {
     match arg.kind() {
         Some(kind) => Ok(kind),
-        None => strongest(probe),
+        None => choose_auto().map(|choice| choice.kind),
     }
 }
 
-/// The first of [`BackendKind::ALL`] that `works`, or the refusal of `auto`.
-fn strongest(works: impl Fn(BackendKind) -> Result<(), Unavailable>) -> Result<BackendKind, Error> {
-    BackendKind::ALL
-        .into_iter()
-        .find(|&kind| works(kind).is_ok())
-        .ok_or_else(|| Error::Backend {
-            backend: "auto".into(),
-            op: "pick a backend",
-            message: "no backend works on this host; run `hako doctor` for reasons".into(),
-        })
+/// What `auto` picked, and the stronger backends it passed over, each
+/// with why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AutoChoice {
+    /// The backend picked.
+    pub kind: BackendKind,
+    /// The stronger backends that do not work here (or fail everyday
+    /// tools), strongest first.
+    pub passed_over: Vec<(BackendKind, Unavailable)>,
+}
+
+impl AutoChoice {
+    /// Short: what was picked, and the names of the stronger ones passed
+    /// over (their reasons are [`AutoChoice::why`]'s).
+    pub fn summary(&self) -> String {
+        let mut line = format!(
+            "{}: the strongest isolating backend that works here",
+            self.kind
+        );
+        if !self.passed_over.is_empty() {
+            let names: Vec<&str> = self.passed_over.iter().map(|(k, _)| k.name()).collect();
+            line.push_str(&format!(" ({} did not)", names.join(", ")));
+        }
+        line
+    }
+
+    /// One line: what was picked, and why not each stronger one.
+    pub fn why(&self) -> String {
+        let mut why = format!(
+            "{} is the strongest isolating backend that works here",
+            self.kind
+        );
+        for (i, (kind, unavailable)) in self.passed_over.iter().enumerate() {
+            why.push_str(if i == 0 { "; not " } else { "; nor " });
+            why.push_str(&format!("{kind}: {}", unavailable.reason));
+        }
+        why
+    }
+}
+
+/// `auto`: the first of [`BackendKind::ALL`] but `host` that works here
+/// ([`crate::probe_for_auto`]: it opens, and runs everyday tools), or the
+/// refusal naming `hako doctor`. `auto` never picks `host`, which isolates
+/// nothing.
+pub fn choose_auto() -> Result<AutoChoice, Error> {
+    strongest(crate::probe::probe_for_auto)
+}
+
+/// The first of [`BackendKind::ALL`] but `host` that `works`.
+fn strongest(works: impl Fn(BackendKind) -> Result<(), Unavailable>) -> Result<AutoChoice, Error> {
+    let mut passed_over = Vec::new();
+    for kind in BackendKind::ALL {
+        if kind == BackendKind::Host {
+            break;
+        }
+        match works(kind) {
+            Ok(()) => return Ok(AutoChoice { kind, passed_over }),
+            Err(why) => passed_over.push((kind, why)),
+        }
+    }
+    Err(Error::Backend {
+        backend: "auto".into(),
+        op: "pick a backend",
+        message: "no isolating backend works on this host (auto never picks host, which isolates nothing; name it with --backend host for trusted code); run `hako doctor` for reasons".into(),
+    })
 }
 
 #[cfg(test)]
@@ -194,7 +259,10 @@ mod tests {
             assert_eq!(arg.to_string(), arg.name());
         }
         let names: Vec<_> = BackendArg::ALL.iter().map(|a| a.name()).collect();
-        assert_eq!(names, ["auto", "host", "linux", "docker", "gvisor"]);
+        assert_eq!(
+            names,
+            ["auto", "host", "linux", "landlock", "docker", "gvisor"]
+        );
     }
 
     #[test]
@@ -205,7 +273,7 @@ mod tests {
             assert_eq!(
                 err.to_string(),
                 format!(
-                    "unknown backend {bad:?}; expected one of auto, host, linux, docker, gvisor"
+                    "unknown backend {bad:?}; expected one of auto, host, linux, landlock, docker, gvisor"
                 )
             );
         }
@@ -233,7 +301,44 @@ mod tests {
                 hint: "none".into(),
             }),
         };
-        assert_eq!(strongest(works).unwrap(), BackendKind::Docker);
+        let choice = strongest(works).unwrap();
+        assert_eq!(choice.kind, BackendKind::Docker);
+        let passed: Vec<_> = choice.passed_over.iter().map(|(k, _)| *k).collect();
+        assert_eq!(passed, [BackendKind::Vm, BackendKind::Gvisor]);
+        assert_eq!(
+            choice.why(),
+            "docker is the strongest isolating backend that works here; not vm: no; nor gvisor: no"
+        );
+    }
+
+    #[test]
+    fn auto_picks_landlock_where_only_it_and_host_work_and_never_host() {
+        let only = |ok: &'static [BackendKind]| {
+            move |kind| {
+                if ok.contains(&kind) {
+                    Ok(())
+                } else {
+                    Err(Unavailable {
+                        reason: "no".into(),
+                        hint: "none".into(),
+                    })
+                }
+            }
+        };
+        assert_eq!(
+            strongest(only(&[BackendKind::Landlock, BackendKind::Host]))
+                .unwrap()
+                .kind,
+            BackendKind::Landlock
+        );
+        assert_eq!(
+            strongest(only(&[BackendKind::Linux, BackendKind::Landlock]))
+                .unwrap()
+                .kind,
+            BackendKind::Linux
+        );
+        let err = strongest(only(&[BackendKind::Host])).unwrap_err();
+        assert!(err.to_string().contains("auto never picks host"), "{err}");
     }
 
     #[test]
@@ -247,7 +352,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             err.to_string(),
-            "auto backend: pick a backend: no backend works on this host; run `hako doctor` for reasons"
+            "auto backend: pick a backend: no isolating backend works on this host (auto never picks host, which isolates nothing; name it with --backend host for trusted code); run `hako doctor` for reasons"
         );
     }
 

@@ -236,6 +236,7 @@ mod tests {
                     fds_closed: true,
                     landlock_abi: None,
                     seccomp: false,
+                    shared: Vec::new(),
                     optional: hako_core::Optional::default(),
                 },
                 next: AtomicU64::new(1),

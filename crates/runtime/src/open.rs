@@ -219,6 +219,11 @@ fn open_backend(
             config.launch = launch;
             Ok(Box::new(hako_linux::LinuxSandbox::new(config)?))
         }
+        BackendKind::Landlock => {
+            let mut config = hako_landlock::LandlockConfig::from_spec(spec.clone());
+            config.launch = launch;
+            Ok(Box::new(hako_landlock::LandlockSandbox::new(config)?))
+        }
         BackendKind::Docker => {
             let mut config = hako_docker::DockerConfig::from_spec(spec.clone());
             config.launch = launch;

@@ -31,12 +31,17 @@ pub fn probe(kind: BackendKind) -> Result<(), Unavailable> {
         // The CLI runs the guest's code in a fork of itself (see
         // `hako_driver::connection::Connection::start`): no helper binary needed.
         BackendKind::Host => Ok(()),
-        BackendKind::Linux => {
-            hako_sys::ns::user_namespaces_allowed().map_err(|reason| Unavailable {
+        BackendKind::Linux => hako_sys::ns::user_namespaces_allowed().map_err(|why| {
+            let (reason, hint) = split_hint(&why);
+            Unavailable {
                 reason: format!("user namespaces are not available: {reason}"),
-                hint: "enable unprivileged user namespaces, or use --backend docker".into(),
-            })
-        }
+                hint: hint.unwrap_or("enable unprivileged user namespaces, or use --backend landlock").into(),
+            }
+        }),
+        BackendKind::Landlock => hako_landlock::ready(false).map_err(|reason| Unavailable {
+            reason,
+            hint: "use a kernel with Landlock ABI 6 (Linux 6.12) or later, or --backend landlock --best-effort to run without scoped signals".into(),
+        }),
         BackendKind::Docker => hako_docker::ready(
             &format!("{}:latest", hako_container::image::DEFAULT_NAME),
             None,
@@ -54,6 +59,31 @@ pub fn probe(kind: BackendKind) -> Result<(), Unavailable> {
             hint: "use --backend gvisor or linux; the microVM backend is on the roadmap (see README)".into(),
         }),
     }
+}
+
+/// "reason; hint: hint" split in two.
+fn split_hint(text: &str) -> (&str, Option<&str>) {
+    match text.split_once("; hint: ") {
+        Some((reason, hint)) => (reason, Some(hint)),
+        None => (text, None),
+    }
+}
+
+/// [`probe`], and what `auto` asks beyond it: that the backend runs
+/// everyday tools here (a gVisor whose `stat` fails is passed over).
+pub fn probe_for_auto(kind: BackendKind) -> Result<(), Unavailable> {
+    probe(kind)?;
+    if kind == BackendKind::Gvisor {
+        if let Some(reason) = None::<String>
+        /* MERGE: hako_gvisor::everyday_tools_fail() */
+        {
+            return Err(Unavailable {
+                reason,
+                hint: "install a newer runsc, or name it with --backend gvisor where its failures do not matter".into(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Whether a backend works here, the thorough way: [`probe`]s it, then

@@ -4,7 +4,8 @@
 //! A [`Policy`] is a default [`Action`] and [`Rule`]s: a system call name,
 //! conditions on its arguments, the action, and a one-line reason. It is
 //! plain serde data, so the same policy can be shown, stored and checked.
-//! [`default_policy`] is the policy of the `linux` backend.
+//! [`default_policy`] is the policy of the `linux` backend;
+//! [`shared_namespace_policy`] what the `landlock` backend adds on top.
 //!
 //! - [`compile`] turns a policy into a [`Program`] of classic-BPF
 //!   instructions for the running architecture (x86_64 or aarch64): a
@@ -27,6 +28,7 @@
 mod compile;
 mod oci;
 mod policy;
+mod shared;
 mod table;
 
 #[cfg(test)]
@@ -39,6 +41,7 @@ pub use policy::{
     default_policy, Action, Condition, Op, Policy, Rule, ADDR_NO_RANDOMIZE, ENOSYS, EPERM,
     MAX_ERRNO, NAMESPACE_FLAGS, PERSONALITY_QUERY, TIOCLINUX, TIOCSTI,
 };
+pub use shared::{shared_namespace_policy, SharedPolicy, AF_INET, AF_INET6, AF_UNIX};
 
 /// What went wrong validating, compiling or installing a policy.
 #[derive(Debug, thiserror::Error)]

@@ -595,6 +595,7 @@ fn concurrent_creates_cannot_open_more_sandboxes_than_the_limit() {
                 fds_closed: true,
                 landlock_abi: None,
                 seccomp: false,
+                shared: Vec::new(),
                 optional: hako_core::Optional::default(),
             },
             live: counter.clone(),

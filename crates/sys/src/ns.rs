@@ -234,7 +234,85 @@ pub fn user_namespaces_allowed() -> Result<(), String> {
     if read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() == Some("1") {
         return Err("AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns=1); hint: add an AppArmor profile for hako with `userns,` or set the sysctl to 0".into());
     }
-    Ok(())
+    match try_user_namespace() {
+        Ok(()) => Ok(()),
+        Err(errno) => Err(why_no_user_namespace(
+            errno,
+            seccomp_filtered(),
+            in_container(),
+        )),
+    }
+}
+
+/// Whether this process runs under a seccomp filter (`Seccomp: 2` in
+/// `/proc/self/status`).
+pub fn seccomp_filtered() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .any(|l| l.starts_with("Seccomp:") && l.split_whitespace().nth(1) == Some("2"))
+    })
+}
+
+/// Whether this process seems to run in a container (Docker's
+/// `/.dockerenv`, Podman's `/run/.containerenv`, a Kubernetes service
+/// account, or a container runtime named in its cgroup).
+pub fn in_container() -> bool {
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    std::path::Path::new("/.dockerenv").exists()
+        || std::path::Path::new("/run/.containerenv").exists()
+        || std::path::Path::new("/var/run/secrets/kubernetes.io").exists()
+        || ["docker", "kubepods", "containerd", "libpod"]
+            .iter()
+            .any(|c| cgroup.contains(c))
+}
+
+/// Why creating a user namespace failed with `errno`, and what to do.
+pub fn why_no_user_namespace(errno: i32, seccomp: bool, container: bool) -> String {
+    match errno {
+        libc::EPERM if seccomp && container => "creating a user namespace is refused (EPERM) by this container's seccomp filter (Docker's default profile refuses it without CAP_SYS_ADMIN); hint: use --backend landlock, which needs no namespace, or run the container with --security-opt seccomp=unconfined (hako installs its own filter)".into(),
+        libc::EPERM if seccomp => "creating a user namespace is refused (EPERM) by a seccomp filter on this process; hint: use --backend landlock, or run hako without the filter".into(),
+        libc::EPERM => "creating a user namespace is refused (EPERM) by a security module or the kernel's settings; hint: use --backend landlock".into(),
+        libc::ENOSPC => "the user namespace limit is reached (user.max_user_namespaces); hint: raise it with sysctl, or use --backend landlock".into(),
+        libc::EINVAL | libc::ENOSYS => "this kernel has no user namespaces (CONFIG_USER_NS); hint: use --backend landlock".into(),
+        other => format!(
+            "creating a user namespace failed: {}; hint: use --backend landlock",
+            io::Error::from_raw_os_error(other)
+        ),
+    }
+}
+
+/// Tries `unshare(CLONE_NEWUSER)` in a child process, which then exits:
+/// the caller is left as it was. The errno on failure.
+fn try_user_namespace() -> Result<(), i32> {
+    // SAFETY: the child calls only async-signal-safe functions (unshare,
+    // __errno_location through `errno`, _exit) before it exits, so forking
+    // a multi-threaded caller is sound; the parent waits for it.
+    unsafe {
+        match libc::fork() {
+            -1 => Err(*libc::__errno_location()),
+            0 => {
+                let code = if libc::unshare(libc::CLONE_NEWUSER) == 0 {
+                    0
+                } else {
+                    (*libc::__errno_location()).clamp(1, 255)
+                };
+                libc::_exit(code)
+            }
+            pid => {
+                let mut status = 0;
+                while libc::waitpid(pid, &mut status, 0) == -1 {
+                    if *libc::__errno_location() != libc::EINTR {
+                        return Err(libc::ECHILD);
+                    }
+                }
+                match libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)) {
+                    Some(0) => Ok(()),
+                    Some(errno) => Err(errno),
+                    None => Err(libc::ECHILD),
+                }
+            }
+        }
+    }
 }
 
 /// The path of a C string, for messages.

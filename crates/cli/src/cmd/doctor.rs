@@ -38,10 +38,40 @@ pub fn run(args: DoctorArgs) -> u8 {
             }
         })
         .collect();
-    let best = reports.iter().find(|r| r.works).map(|r| r.backend);
+    // What `auto` picks, as `hako run` would: never `host`, and a backend
+    // that works here and runs everyday tools (see `probe_for_auto`).
+    let mut passed_over = Vec::new();
+    let mut best = None;
+    for (kind, report) in BackendKind::ALL.into_iter().zip(&reports) {
+        if kind == BackendKind::Host {
+            break;
+        }
+        let fit = if report.works {
+            hako_runtime::probe_for_auto(kind)
+        } else {
+            Err(hako_runtime::Unavailable {
+                reason: report.reason.clone().unwrap_or_default(),
+                hint: report.hint.clone().unwrap_or_default(),
+            })
+        };
+        match fit {
+            Ok(()) => {
+                best = Some(kind);
+                break;
+            }
+            Err(why) => passed_over.push((kind, why)),
+        }
+    }
+    let choice = best.map(|kind| hako_runtime::AutoChoice { kind, passed_over });
+    let why = choice.as_ref().map(hako_runtime::AutoChoice::why);
+    let best = best.map(BackendKind::name);
     if args.json {
-        let obj =
-            serde_json::json!({ "backends": reports, "auto": best, "protections": protections });
+        let obj = serde_json::json!({
+            "backends": reports,
+            "auto": best,
+            "auto_why": why,
+            "protections": protections,
+        });
         println!("{}", serde_json::to_string_pretty(&obj).unwrap_or_default());
     } else {
         for r in &reports {
@@ -58,9 +88,9 @@ pub fn run(args: DoctorArgs) -> u8 {
                 println!("         hint:   {hint}");
             }
         }
-        match best {
-            Some(name) => println!("--backend auto picks: {name}"),
-            None => println!("--backend auto picks: nothing works here"),
+        match &choice {
+            Some(choice) => println!("--backend auto picks {}", choice.summary()),
+            _ => println!("--backend auto picks: nothing; no isolating backend works here (auto never picks host; name it with --backend host for trusted code only)"),
         }
         for p in &protections {
             let status = if p.available { "yes" } else { "NO" };

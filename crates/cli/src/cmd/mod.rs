@@ -111,9 +111,14 @@ impl ValueEnum for BackendFlag {
 
     fn to_possible_value(&self) -> Option<PossibleValue> {
         let help = match self.0 {
-            BackendArg::Auto => "The strongest backend that works on this host",
+            BackendArg::Auto => {
+                "The strongest isolating backend that works on this host (never host)"
+            }
             BackendArg::Host => "Host processes and the file fence; trusted code only",
             BackendArg::Linux => "Linux namespaces, Landlock, seccomp; rootless",
+            BackendArg::Landlock => {
+                "Landlock and seccomp, no namespace: for unprivileged containers and CI"
+            }
             BackendArg::Docker => {
                 "A locked-down Docker or Podman container (`--runtime runsc` for gVisor)"
             }

@@ -60,6 +60,10 @@ struct JsonResult<'a> {
     /// `SIGKILL`).
     oom_killed: bool,
     backend: &'a str,
+    /// With `--backend auto`: why it picked `backend` (and passed over
+    /// each stronger one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    backend_choice: Option<String>,
     isolation: Isolation,
     /// What the sandbox could reach (`none`, `allowlist`, `host`), as
     /// enforced.
@@ -135,9 +139,12 @@ pub fn run(args: RunArgs) -> u8 {
         Ok(plan) => plan,
         Err(e) => return refuse(None, &e, exit::SANDBOX_FAILED, false),
     };
-    let kind = match hako_runtime::resolve(plan.backend()) {
-        Ok(kind) => kind,
-        Err(e) => return refuse(None, &e, exit::SANDBOX_FAILED, false),
+    let (kind, backend_choice) = match plan.backend().kind() {
+        Some(kind) => (kind, None),
+        None => match hako_runtime::choose_auto() {
+            Ok(choice) => (choice.kind, Some(choice.why())),
+            Err(e) => return refuse(None, &e, exit::SANDBOX_FAILED, false),
+        },
     };
     // The policy gate comes first: a run that needs a stronger boundary
     // than this backend has never starts.
@@ -216,6 +223,7 @@ pub fn run(args: RunArgs) -> u8 {
             timed_out: output.timed_out,
             oom_killed: output.oom_killed,
             backend: &caps.backend,
+            backend_choice,
             isolation: caps.isolation,
             network_access: caps.network,
             network_dropped: network.as_ref().map(|(_, d)| *d).filter(|&d| d > 0),

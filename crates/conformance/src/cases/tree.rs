@@ -271,6 +271,16 @@ case! {
             );
             parents.push(String::from_utf8_lossy(&out.stdout).trim().to_string());
         }
+        // Where each supervisor is a Landlock domain of its own with
+        // signals scoped (a backend sharing the host's processes, ABI 6),
+        // no command can stop another's supervisor: the attack fails
+        // outright, which is the better answer.
+        let caps = h.sandbox().capabilities();
+        let scoped = caps.shared.contains(&hako_core::Shared::Processes)
+            && caps.landlock_abi.is_some_and(|abi| abi >= 6);
+        if scoped && stopped.is_empty() {
+            return still_works(h, "supervisors were attacked");
+        }
         ensure!(
             parents.iter().any(|p| stopped.contains(p)),
             "no command ran on a supervisor the attack stopped (stopped {stopped:?}, used {parents:?}), so the check proves nothing; attack stderr {}",

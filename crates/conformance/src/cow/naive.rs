@@ -64,6 +64,7 @@ impl NaiveCow {
                 fds_closed: false,
                 landlock_abi: None,
                 seccomp: false,
+                shared: Vec::new(),
                 optional: Optional::default(),
             },
         }

@@ -35,6 +35,7 @@ mod wire;
 
 pub use exec::{validate, Capture, Exec, ExecCwd};
 pub use guest_process::locate_guest;
+pub use start::LocalPlan;
 
 use guest_process::GuestProcess;
 use reader::{Event, ReadBy, Shared, Table};

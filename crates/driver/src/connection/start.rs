@@ -16,15 +16,30 @@ use super::guest_process::{fork_guest, join_reapers, locate_guest, spawn_guest, 
 use super::reader::{read_events, Event, ReadBy, ReaderEnd, Shared};
 use super::wire::Wire;
 use super::{backend_err, unless_exhausted, Connection, HELLO_ID, READ_BUF};
-use crate::proto::{self, Frame, FromGuest, Hello, LinuxSpec, ToGuest};
+use crate::proto::{self, ConfineSpec, Frame, FromGuest, Hello, LinuxSpec, MemoryWatch, ToGuest};
 use crate::InProcessGuest;
 
 /// How long [`Connection::start`] waits for the guest to build the sandbox.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// What a guest that hako starts itself builds or applies before it
+/// serves: a `linux` sandbox around itself, or (serving where it is) the
+/// confinement of its commands and how it tells a memory kill.
+#[derive(Debug, Default)]
+pub struct LocalPlan {
+    /// Build this `linux` sandbox and serve from its pid 1.
+    pub linux: Option<LinuxSpec>,
+    /// Confine every command so (the `landlock` backend).
+    pub confine: Option<ConfineSpec>,
+    /// How the memory limit's kills are counted, for a guest that serves
+    /// where it is.
+    pub memory: Option<MemoryWatch>,
+}
+
 impl Connection {
-    /// Starts the guest in `cwd`, has it build `linux` (if given), and
-    /// returns once it is ready to serve commands.
+    /// Starts the guest in `cwd`, has it build or apply what `plan` says
+    /// (a `linux` sandbox, or the confinement of a guest that serves where
+    /// it is), and returns once it is ready to serve commands.
     ///
     /// With `guest` given (or `HAKO_GUEST` set) that binary is executed.
     /// Otherwise a single-threaded caller (the `hako` CLI) given the
@@ -36,10 +51,15 @@ impl Connection {
         backend: &'static str,
         guest: Option<&Path>,
         cwd: OwnedFd,
-        linux: Option<LinuxSpec>,
+        plan: LocalPlan,
         in_process: Option<&InProcessGuest>,
         read_on_caller: bool,
     ) -> Result<Connection> {
+        let LocalPlan {
+            linux,
+            confine,
+            memory,
+        } = plan;
         let (ctl, ctl_guest) = UnixStream::pair().map_err(|source| {
             unless_exhausted("create control socket", source, |source| Error::Io {
                 op: "create control socket",
@@ -92,7 +112,8 @@ impl Connection {
             linux,
             network: None,
             seal: None,
-            memory: None,
+            memory,
+            confine,
         });
         let reader = match ctl.try_clone() {
             Ok(reader) => reader,
@@ -145,6 +166,7 @@ impl Connection {
             network,
             seal,
             memory,
+            confine: None,
         };
         Connection::establish(
             backend,

@@ -83,6 +83,13 @@ pub enum ConfineError {
     },
     /// Enforcing a prepared ruleset (`landlock_restrict_self`) failed.
     LandlockEnforce(io::Error),
+    /// The kernel's Landlock lacks a feature the policy needs.
+    LandlockTooOld {
+        /// The kernel's Landlock ABI.
+        abi: u32,
+        /// What is missing, and from which ABI.
+        needs: &'static str,
+    },
     /// The ruleset was applied only in part, or not at all.
     LandlockNotEnforced {
         /// The kernel's Landlock ABI.
@@ -185,6 +192,11 @@ impl fmt::Display for ConfineError {
             Self::Landlock { step, source } => {
                 write!(f, "cannot {step} the Landlock ruleset: {source}")
             }
+            Self::LandlockTooOld { abi, needs } => write!(
+                f,
+                "this kernel's Landlock (ABI {abi}) lacks {needs}, which the policy needs; \
+                 hint: a newer kernel, or allow best effort to run without it"
+            ),
             Self::LandlockNotEnforced { abi, status } => write!(
                 f,
                 "the Landlock ruleset was {status} enforced (kernel ABI {abi}); refusing to \
@@ -210,6 +222,7 @@ impl std::error::Error for ConfineError {
             Self::Landlock { source, .. } => Some(source),
             Self::CapabilitiesRemain { .. }
             | Self::RlimitInvalid { .. }
+            | Self::LandlockTooOld { .. }
             | Self::LandlockNotEnforced { .. } => None,
         }
     }
@@ -228,9 +241,9 @@ impl From<ConfineError> for io::Error {
             | ConfineError::Rlimit { source: e, .. }
             | ConfineError::LandlockPath { source: e, .. } => e.kind(),
             ConfineError::RlimitInvalid { .. } => io::ErrorKind::InvalidInput,
-            ConfineError::LandlockUnsupported { .. } | ConfineError::LandlockNotEnforced { .. } => {
-                io::ErrorKind::Unsupported
-            }
+            ConfineError::LandlockUnsupported { .. }
+            | ConfineError::LandlockTooOld { .. }
+            | ConfineError::LandlockNotEnforced { .. } => io::ErrorKind::Unsupported,
             ConfineError::CapabilitiesRemain { .. } | ConfineError::Landlock { .. } => {
                 io::ErrorKind::Other
             }

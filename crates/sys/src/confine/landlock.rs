@@ -196,6 +196,164 @@ pub fn landlock_prepare_writes(rules: &LandlockRules) -> Result<PreparedLandlock
     })
 }
 
+/// A whole filesystem (and, where the kernel has them, network and scope)
+/// policy, for commands with no mount namespace of their own (the
+/// `landlock` backend): what is not granted here is out of reach,
+/// reading included. Landlock grants by hierarchy, so a path given is
+/// granted with everything beneath it: give the entries to allow, never a
+/// parent that holds a secret.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LandlockPolicy {
+    /// Read and execute beneath these (directories: also list them).
+    pub read: Vec<PathBuf>,
+    /// Directories that may be listed, nothing more (those holding a
+    /// secret, whose other entries are in `read`).
+    pub list: Vec<PathBuf>,
+    /// Every right beneath these: read, execute, create, remove, rename,
+    /// write, truncate, ioctl on devices, and (ABI 9) connecting to the
+    /// unix sockets there.
+    pub write: Vec<PathBuf>,
+    /// Single device files (such as `/dev/null` or `/dev/tty`) that may be
+    /// read, written and receive ioctls, but not removed or replaced.
+    pub devices: Vec<PathBuf>,
+    /// `Some`: TCP is handled (ABI 4 and later), and only these ports may be
+    /// connected to, none bound; `None`: TCP is left alone (the network is
+    /// the host's, or a seccomp filter refuses every network socket).
+    pub tcp_connect: Option<Vec<u16>>,
+    /// Signals and abstract unix sockets scoped to the domain (ABI 6): a
+    /// command can signal, and connect to the abstract sockets of, only
+    /// processes in its own domain. Required: a kernel without it fails
+    /// [`landlock_prepare_policy`].
+    pub scoped: bool,
+}
+
+/// What a ruleset of [`landlock_prepare_policy`] enforces, beyond the
+/// filesystem.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PolicyStatus {
+    /// The kernel's Landlock ABI.
+    pub abi: u32,
+    /// TCP binds and connects are restricted (ABI 4).
+    pub tcp: bool,
+    /// Signals and abstract unix sockets are scoped (ABI 6).
+    pub scoped: bool,
+    /// Connecting to a unix socket file needs a rule for it (ABI 9).
+    pub unix_connect: bool,
+}
+
+/// The last ABI whose rights are vetted for [`landlock_prepare_policy`]:
+/// the rights of a later one are handled only once added here.
+const POLICY_ABI: ABI = ABI::V9;
+
+/// Builds the ruleset [`LandlockPolicy`] describes, handling every
+/// filesystem right of the kernel's ABI (up to [`POLICY_ABI`]), without
+/// enforcing it. Fails closed: no Landlock, a right the kernel cannot
+/// enforce, or `scoped` asked of a kernel before ABI 6, is an error.
+/// Paths that do not exist are skipped.
+pub fn landlock_prepare_policy(
+    policy: &LandlockPolicy,
+) -> Result<(PreparedLandlock, PolicyStatus), ConfineError> {
+    use ::landlock::{Access, AccessNet, NetPort, Scope};
+    let kernel_abi = probe_landlock_abi().map_err(ConfineError::LandlockUnsupported)?;
+    let abi = ABI::from(i32::try_from(kernel_abi).unwrap_or(i32::MAX)).min(POLICY_ABI);
+    if abi == ABI::Unsupported {
+        return Err(ConfineError::LandlockUnsupported(
+            io::Error::from_raw_os_error(libc::EOPNOTSUPP),
+        ));
+    }
+    let landlock_err = |step| move |source| ConfineError::Landlock { step, source };
+    let all = AccessFs::from_all(abi);
+    let scopes = Scope::from_all(abi);
+    if policy.scoped && scopes.is_empty() {
+        return Err(ConfineError::LandlockTooOld {
+            abi: kernel_abi,
+            needs: "scoped signals and abstract unix sockets (Landlock ABI 6, Linux 6.12)",
+        });
+    }
+    let tcp = AccessNet::from_all(abi) & (AccessNet::BindTcp | AccessNet::ConnectTcp);
+    let handle_tcp = policy.tcp_connect.is_some() && !tcp.is_empty();
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(all)
+        .map_err(landlock_err("handle access rights of"))?;
+    if handle_tcp {
+        ruleset = ruleset
+            .handle_access(tcp)
+            .map_err(landlock_err("handle network rights of"))?;
+    }
+    if policy.scoped {
+        ruleset = ruleset
+            .scope(scopes)
+            .map_err(landlock_err("scope signals and sockets in"))?;
+    }
+    let mut ruleset = ruleset.create().map_err(landlock_err("create"))?;
+    let read = all & (AccessFs::ReadFile | AccessFs::ReadDir | AccessFs::Execute);
+    let device = all & (AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev);
+    let mut skipped = Vec::new();
+    let wanted = (policy.read.iter().map(|p| (p, read)))
+        .chain(policy.list.iter().map(|p| (p, all & AccessFs::ReadDir)))
+        .chain(policy.write.iter().map(|p| (p, all)))
+        .chain(policy.devices.iter().map(|p| (p, device)));
+    for (path, allowed) in wanted {
+        let Some((fd, is_dir)) = open_rule_path(path)? else {
+            skipped.push(path.clone());
+            continue;
+        };
+        let allowed = if is_dir {
+            allowed
+        } else {
+            allowed & (AccessFs::ReadFile | AccessFs::Execute | file_access(all))
+        };
+        if allowed.is_empty() {
+            // Listing, asked of a file: nothing to grant.
+            continue;
+        }
+        ruleset = ruleset
+            .add_rule(::landlock::PathBeneath::new(fd, allowed))
+            .map_err(landlock_err("add a rule to"))?;
+    }
+    if handle_tcp {
+        for &port in policy.tcp_connect.iter().flatten() {
+            ruleset = ruleset
+                .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
+                .map_err(landlock_err("add a port rule to"))?;
+        }
+    }
+    let fd: Option<OwnedFd> = ruleset.into();
+    let fd = fd.ok_or(ConfineError::LandlockNotEnforced {
+        abi: kernel_abi,
+        status: "not",
+    })?;
+    let status = PolicyStatus {
+        abi: kernel_abi,
+        tcp: handle_tcp,
+        scoped: policy.scoped,
+        unix_connect: all.contains(AccessFs::ResolveUnix),
+    };
+    Ok((
+        PreparedLandlock {
+            fd,
+            abi: kernel_abi,
+            skipped,
+        },
+        status,
+    ))
+}
+
+/// What [`landlock_prepare_policy`] would enforce on this kernel, without
+/// building anything: `None` without Landlock.
+pub fn landlock_policy_status() -> Option<PolicyStatus> {
+    use ::landlock::{Access, AccessNet, Scope};
+    let kernel_abi = landlock_abi()?;
+    let abi = ABI::from(i32::try_from(kernel_abi).unwrap_or(i32::MAX)).min(POLICY_ABI);
+    Some(PolicyStatus {
+        abi: kernel_abi,
+        tcp: !AccessNet::from_all(abi).is_empty(),
+        scoped: !Scope::from_all(abi).is_empty(),
+        unix_connect: AccessFs::from_all(abi).contains(AccessFs::ResolveUnix),
+    })
+}
+
 impl PreparedLandlock {
     /// Enforces the ruleset on the calling thread, its future children and
     /// whatever they exec. Sets `no_new_privs` first (the kernel requires it,

@@ -37,8 +37,9 @@ pub use self::caps::{
 };
 pub use self::error::ConfineError;
 pub use self::landlock::{
-    landlock_abi, landlock_prepare_writes, landlock_restrict_self_with, landlock_restrict_writes,
-    LandlockRules, LandlockStatus, PreparedLandlock,
+    landlock_abi, landlock_policy_status, landlock_prepare_policy, landlock_prepare_writes,
+    landlock_restrict_self_with, landlock_restrict_writes, LandlockPolicy, LandlockRules,
+    LandlockStatus, PolicyStatus, PreparedLandlock,
 };
 pub use self::limits::{apply_rlimits, Resource, Rlimit};
 

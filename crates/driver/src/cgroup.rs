@@ -6,9 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use hako_core::LimitMechanism;
-
-use crate::Limits;
+use hako_core::{LimitMechanism, Limits};
 
 const ROOT: &str = "/sys/fs/cgroup";
 
