@@ -115,6 +115,7 @@ macro_rules! __hako_with_case_names {
             concurrent_execs_get_their_own_output,
             exec_stream_delivers_the_same_bytes_as_the_output,
             exec_stream_delivers_output_while_the_command_runs,
+            everyday_tools_ls_la_and_stat_work,
             // environment and descriptors
             command_env_adds_and_overrides_variables,
             host_secrets_do_not_reach_the_command,

@@ -327,3 +327,28 @@ case! {
         Ok(())
     }
 }
+
+case! {
+    /// Everyday tools work: `ls -la` lists the workspace (its `.` and a
+    /// file), and `stat FILE` and `stat .` describe them (GNU coreutils
+    /// pass flags to `statx` that a sandbox's kernel must accept).
+    fn everyday_tools_ls_la_and_stat_work(h) {
+        let out = sh(h, "printf hello > listed.txt && ls -la && ls -la . listed.txt")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        ensure!(
+            out.status == ExitStatus::Code(0) && text.contains("listed.txt") && text.contains(" ."),
+            "ls -la: {:?}, stdout {text:?}, stderr {}",
+            out.status,
+            show(&out.stderr)
+        );
+        let out = sh(h, "stat listed.txt && stat .")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        ensure!(
+            out.status == ExitStatus::Code(0) && text.contains("listed.txt") && text.contains("Size: 5"),
+            "stat: {:?}, stdout {text:?}, stderr {}",
+            out.status,
+            show(&out.stderr)
+        );
+        still_works(h, "ls -la and stat")
+    }
+}

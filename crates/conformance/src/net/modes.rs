@@ -87,6 +87,11 @@ pub(super) fn malformed_allowlist_entry_is_refused_before_the_sandbox_starts(
                 ensure!(message.contains(entry), "{entry:?}: {message}")
             }
             Err(e @ Error::Unsupported { .. }) => return Err(opening_failed(e)),
+            // A backend that cannot enforce `allow` at all refuses it by
+            // name before looking at the list.
+            Err(e @ Error::NetworkUnavailable { mode: "allow", .. }) => {
+                return Err(Skip::Refused(e.to_string()))
+            }
             Err(other) => return Err(format!("{entry:?}: {other}").into()),
             Ok(_) => return Err(format!("{entry:?} was accepted").into()),
         }

@@ -76,7 +76,13 @@ pub(super) fn open(
     ws: &Path,
     policy: NetworkPolicy,
 ) -> Result<Box<dyn Sandbox>, Skip> {
-    make(ws, policy).map_err(opening_failed)
+    let mode = policy.mode.name();
+    make(ws, policy).map_err(|e| match e {
+        Error::NetworkUnavailable { mode: refused, .. } if refused == mode => {
+            Skip::Refused(e.to_string())
+        }
+        e => opening_failed(e),
+    })
 }
 
 /// A factory that says the backend cannot run here skips the case (as
