@@ -296,7 +296,27 @@ fn a_fork_bomb_under_pids_is_contained_and_the_sandbox_goes_on() {
     let (_d, ws) = workspace();
     let mut config = LandlockConfig::new(&ws);
     config.spec.limits.pids = Some(64);
-    let sb = LandlockSandbox::new(config).unwrap();
+    let sb = match LandlockSandbox::new(config) {
+        Ok(sb) => sb,
+        // As root with no cgroup to make (root in a container), RLIMIT_NPROC
+        // counts nothing: the limit is refused by name, not pretended.
+        Err(Error::Backend {
+            op: "apply limits",
+            message,
+            ..
+        }) if hako_sys::rustix::process::geteuid().is_root() => {
+            assert!(message.contains("--pids needs a cgroup"), "{message}");
+            assert!(
+                hako_sys::ns::in_container(),
+                "refused outside a container: {message}"
+            );
+            eprintln!(
+                "SKIPPED a_fork_bomb_under_pids_is_contained_and_the_sandbox_goes_on: {message}"
+            );
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
     let out = sb
         .exec(
             &Command::shell("bomb() { bomb | bomb & }; bomb; sleep 2; echo survived")
