@@ -221,10 +221,13 @@ fn json_flood_is_truncated_and_hako_stays_small() {
     assert!(
         matches!(
             (backend, isolation),
-            (Some("host"), Some("none")) | (Some("linux"), Some("process"))
+            (Some("linux" | "landlock"), Some("process"))
         ),
         "{backend:?} {isolation:?}"
     );
+    // And says why.
+    let choice = v["backend_choice"].as_str().unwrap_or_default();
+    assert!(choice.starts_with(backend.unwrap_or("?")), "{choice}");
     for key in ["signal", "stderr", "stderr_truncated", "duration_ms"] {
         assert!(v.get(key).is_some(), "{key} missing");
     }
@@ -477,14 +480,21 @@ fn doctor_reports_every_backend() {
         .iter()
         .map(|b| b["backend"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["vm", "gvisor", "docker", "linux", "host"]);
+    assert_eq!(names, ["vm", "gvisor", "docker", "linux", "landlock", "host"]);
     for b in v["backends"].as_array().unwrap() {
         if b["works"] == false {
             assert!(b["reason"].as_str().is_some_and(|r| !r.is_empty()));
             assert!(b["hint"].as_str().is_some_and(|r| !r.is_empty()));
         }
     }
-    assert!(v["auto"].as_str().is_some());
+    // `auto` is never `host`, and says why it picked what it did.
+    let auto = v["auto"].as_str().unwrap();
+    assert_ne!(auto, "host");
+    let why = v["auto_why"].as_str().unwrap();
+    assert!(
+        why.starts_with(&format!("{auto} is the strongest isolating backend that works here")),
+        "{why}"
+    );
     // Each protection is checked on its own; this machine has all three,
     // and the linux backend works only when it does.
     let protections = v["protections"].as_array().unwrap();
