@@ -119,7 +119,6 @@ pub fn everyday_tools_work_with(
 
 /// The answer and whether the probe gave it; `Err` when neither the
 /// version nor the probe could decide (not kept).
-#[allow(clippy::type_complexity)]
 fn decide(runsc: &Path, guest: Option<&Path>) -> Result<(Result<(), String>, bool), String> {
     let version = runsc_version(runsc)?;
     if let Some(date) = release_date(&version) {
@@ -147,8 +146,8 @@ fn decide(runsc: &Path, guest: Option<&Path>) -> Result<(Result<(), String>, boo
 /// The first line `runsc --version` prints (`runsc version
 /// release-20231030.0`).
 fn runsc_version(runsc: &Path) -> Result<String, String> {
-    let scratch = tempfile::tempdir()
-        .map_err(|e| format!("cannot make a directory to run runsc in: {e}"))?;
+    let scratch =
+        tempfile::tempdir().map_err(|e| format!("cannot make a directory to run runsc in: {e}"))?;
     let mut command = Command::new(runsc);
     command.arg("--version");
     let out = run(command, scratch.path())
@@ -199,7 +198,7 @@ pub fn verdict_by_date(runsc: &Path, version: &str, date: u32) -> Result<(), Str
     Err(fails(
         runsc,
         version,
-        "statx and fstatat with AT_NO_AUTOMOUNT with EINVAL (gVisor before release-20230227.0)",
+        "statx and fstatat with AT_NO_AUTOMOUNT with EINVAL",
     ))
 }
 
@@ -353,11 +352,7 @@ fn identity(path: &Path) -> std::io::Result<String> {
 
 /// The kept answer, if it is for this `runsc` (and, when the probe gave
 /// it, this guest), read only from a regular file of this user's.
-fn read_cache(
-    cache: &Path,
-    runsc_id: &str,
-    guest_id: Option<&str>,
-) -> Option<Result<(), String>> {
+fn read_cache(cache: &Path, runsc_id: &str, guest_id: Option<&str>) -> Option<Result<(), String>> {
     use std::io::Read;
     let meta = std::fs::symlink_metadata(cache).ok()?;
     if !meta.file_type().is_file() || meta.uid() != private::euid() {
@@ -483,7 +478,10 @@ mod tests {
         assert!(verdict_by_probe(runsc, "v", probe(0, 0)).is_ok());
         assert!(verdict_by_probe(runsc, "v", probe(0, EINVAL)).is_ok());
         let reason = verdict_by_probe(runsc, "v", probe(EINVAL, EINVAL)).unwrap_err();
-        assert!(reason.contains("EINVAL") && reason.contains("probe"), "{reason}");
+        assert!(
+            reason.contains("EINVAL") && reason.contains("probe"),
+            "{reason}"
+        );
         assert!(verdict_by_probe(runsc, "v", probe(1, 0))
             .unwrap_err()
             .contains("errno 1"));
@@ -540,7 +538,10 @@ mod tests {
         std::fs::write(&broken, "#!/bin/sh\necho oops >&2\nexit 1\n").unwrap();
         std::fs::set_permissions(&broken, std::fs::Permissions::from_mode(0o755)).unwrap();
         let reason = everyday_tools_work_with(&broken, None, Some(dir.path())).unwrap_err();
-        assert!(reason.contains("--version failed") && reason.contains("oops"), "{reason}");
+        assert!(
+            reason.contains("--version failed") && reason.contains("oops"),
+            "{reason}"
+        );
     }
 
     #[test]
