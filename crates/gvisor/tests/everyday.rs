@@ -72,6 +72,56 @@ fn the_verdict_of_runsc_s_release_date_is_the_one_a_probe_run_in_it_gives() {
 }
 
 #[test]
+fn a_runsc_whose_version_names_no_date_is_judged_by_a_probe_run_in_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some((runsc, guest)) = runsc_and_guest() else {
+        return;
+    };
+    // The real runsc, but for a version with no release date in it.
+    let dir = tempfile::tempdir().unwrap();
+    let wrapper = dir.path().join("runsc");
+    let real = which(&runsc);
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = --version ] && echo 'runsc version VERSION_MISSING' && exit 0\nexec '{}' \"$@\"\n",
+            real.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let probe = probe_stat(&runsc, &guest, scratch.path()).unwrap();
+    let expected = verdict_by_probe(&wrapper, "runsc version VERSION_MISSING", probe);
+    let verdict = everyday_tools_work_with(&wrapper, Some(&guest), Some(dir.path()));
+    assert_eq!(verdict, expected);
+    // Kept for this guest only.
+    let kept = std::fs::read_to_string(dir.path().join(CACHE_FILE)).unwrap();
+    assert!(
+        kept.lines()
+            .nth(2)
+            .unwrap()
+            .contains(guest.to_str().unwrap()),
+        "{kept}"
+    );
+    assert_eq!(
+        everyday_tools_work_with(&wrapper, Some(&guest), Some(dir.path())),
+        expected
+    );
+}
+
+/// `runsc` as a path.
+fn which(runsc: &std::path::Path) -> PathBuf {
+    if runsc.components().count() > 1 {
+        return runsc.to_path_buf();
+    }
+    std::env::split_paths(&std::env::var_os("PATH").unwrap())
+        .map(|d| d.join(runsc))
+        .find(|p| p.is_file())
+        .unwrap()
+}
+
+#[test]
 fn ls_la_and_stat_work_in_a_gvisor_sandbox_exactly_when_runsc_is_judged_fit() {
     let Some(_) = runsc_and_guest() else {
         return;
