@@ -13,15 +13,23 @@
 //! glibc's fallback passes the same flag to `newfstatat`.
 //!
 //! [`everyday_tools_work`] says whether `ls -la` and `stat` work on this
-//! host's `runsc`: by the release date `runsc --version` prints, and where
-//! that names no date (a build of its own), by a real probe
+//! host's `runsc`. A release before the fix, by the date `runsc --version`
+//! prints, is unfit without more ado. Any other (a later release, or a
+//! build whose version names no date) is judged by a real probe
 //! ([`probe_stat`]: the static guest's `--host-view --stat-probe`, run by
-//! `runsc do`). The answer is kept in hako's private directory, keyed by
-//! the identity of the `runsc` binary (path, device, inode, size, mtime
-//! and ctime) and, when the probe decided it, the guest's: `auto` pays for
-//! it once per `runsc`, then one `stat` and one small read per call. Only
-//! answers are kept; a check that could not run is not, and says `runsc`
-//! is not fit for `auto`, naming why.
+//! `runsc do`), which shows as well that `runsc` can start a sandbox here
+//! at all: inside an unprivileged container it cannot (Docker's default
+//! seccomp profile refuses it a user namespace, and the container's masked
+//! `/proc` keeps it from mounting its own), and the answer says so.
+//!
+//! The answer is kept in hako's private directory ([`CACHE_FILE`]), keyed
+//! by the identity of the `runsc` binary (real path, device, inode, size,
+//! mtime and ctime) and, when the probe gave it, the guest's: `auto` pays
+//! for it once per `runsc` (about 40 ms for `--version`, 300 ms with the
+//! probe), then a `stat` and a small read per call. A probe that could not
+//! start a sandbox answers that `runsc` is unfit, naming why, and is
+//! believed for ten minutes; a check that failed before it cost anything
+//! (no `runsc`, no guest, `--version` failing) is not kept.
 //!
 //! `newfstatat` with `AT_NO_AUTOMOUNT` still failing (releases 20230227 to
 //! 20231023) does not make `runsc` unfit: GNU coreutils, Python, Go and
@@ -53,7 +61,7 @@ pub const FSTATAT_FIXED: u32 = 20231030;
 pub const CACHE_FILE: &str = "gvisor-everyday-tools";
 
 /// The first line of [`CACHE_FILE`]: its format.
-const CACHE_FORMAT: &str = "hako gvisor everyday-tools 1";
+const CACHE_FORMAT: &str = "hako gvisor everyday-tools 2";
 
 /// Longest the cache file is read.
 const CACHE_CAP: u64 = 16 * 1024;
@@ -65,11 +73,13 @@ const DEADLINE: Duration = Duration::from_secs(60);
 const EINVAL: i32 = 22;
 
 /// Whether `ls -la` and `stat` work in a sandbox of this host's `runsc`
-/// (`$HAKO_RUNSC`, else `runsc`): `Err` is a one-line reason naming the
-/// `runsc` and what fails, for `auto` to pass over the `gvisor` backend
-/// and for `hako doctor` to print. A check that cannot run is an `Err`
-/// too. Cheap after the first call for a given `runsc` binary (see the
-/// module's documentation); call it after [`crate::ready`] succeeded.
+/// (`$HAKO_RUNSC`, else `runsc`), with the static guest `ready` finds:
+/// `Err` is a one-line reason naming the `runsc`, its version and what
+/// fails, for `auto` to pass over the `gvisor` backend and for `hako
+/// doctor` to print. A check that cannot run, or a `runsc` that cannot
+/// start a sandbox here, is an `Err` too. Cheap after the first call for
+/// a given `runsc` binary (see the module's documentation); call it after
+/// [`crate::ready`] succeeded.
 pub fn everyday_tools_work() -> Result<(), String> {
     let runsc = runsc_path(None);
     let guest = locate_static_guest(NAME, None).ok();
@@ -103,44 +113,102 @@ pub fn everyday_tools_work_with(
     let cache = dir.map(|d| d.join(CACHE_FILE));
     if let Some(verdict) = cache
         .as_deref()
-        .and_then(|c| read_cache(c, &runsc_id, guest_id.as_deref()))
+        .and_then(|c| read_cache(c, &runsc_id, guest_id.as_deref(), now()))
     {
         return verdict;
     }
-    let (verdict, by_probe) = decide(&binary, guest)?;
+    let (verdict, keep) = decide(&binary, guest);
     if let Some(cache) = &cache {
-        let guest_key = if by_probe { guest_id.as_deref() } else { None };
-        // A cache that cannot be written costs the next call the check
-        // again, nothing more.
-        let _ = write_cache(cache, &runsc_id, guest_key, &verdict);
+        let kept = match keep {
+            Keep::Not => None,
+            Keep::ByVersion => Some((None, None)),
+            Keep::ByProbe => Some((guest_id.as_deref(), None)),
+            Keep::ForAWhile => Some((guest_id.as_deref(), Some(now() + RETRY.as_secs()))),
+        };
+        if let Some((guest_key, until)) = kept {
+            // A cache that cannot be written costs the next call the
+            // check again, nothing more.
+            let _ = write_cache(cache, &runsc_id, guest_key, until, &verdict);
+        }
     }
     verdict
 }
 
-/// The answer and whether the probe gave it; `Err` when neither the
-/// version nor the probe could decide (not kept).
-fn decide(runsc: &Path, guest: Option<&Path>) -> Result<(Result<(), String>, bool), String> {
-    let version = runsc_version(runsc)?;
-    if let Some(date) = release_date(&version) {
-        return Ok((verdict_by_date(runsc, &version, date), false));
+/// How long an answer is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    /// Not at all: the check failed before it cost anything.
+    Not,
+    /// For as long as the `runsc` binary is the same.
+    ByVersion,
+    /// For as long as the `runsc` binary and the guest are the same.
+    ByProbe,
+    /// The probe could not start a sandbox: for [`RETRY`], so that `auto`
+    /// in a place where `runsc` cannot run pays for the attempt once in a
+    /// while, not at every command, and a passing failure is not kept.
+    ForAWhile,
+}
+
+/// How long a probe that could not run is believed.
+const RETRY: Duration = Duration::from_secs(600);
+
+/// Seconds since the epoch.
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The answer and how long to keep it: a release before the fix is unfit
+/// by its version alone; any other is judged by a probe run in it, which
+/// also shows that `runsc` can start a sandbox here at all (it cannot
+/// inside an unprivileged container, say).
+fn decide(runsc: &Path, guest: Option<&Path>) -> (Result<(), String>, Keep) {
+    let version = match runsc_version(runsc) {
+        Ok(version) => version,
+        Err(reason) => return (Err(reason), Keep::Not),
+    };
+    let date = release_date(&version);
+    if let Some(date) = date.filter(|&d| d < STATX_FIXED) {
+        return (verdict_by_date(runsc, &version, date), Keep::ByVersion);
     }
-    let guest = guest.ok_or_else(|| {
-        format!(
-            "{} ({version}) names no release date, and with no static guest to probe it with, whether it runs everyday tools (`ls -la`, `stat`) cannot be checked",
-            runsc.display()
-        )
-    })?;
-    let scratch = tempfile::Builder::new()
+    let Some(guest) = guest else {
+        return (
+            Err(format!(
+                "{} ({version}): with no static guest to probe it with, whether it runs everyday tools (`ls -la`, `stat`) cannot be checked",
+                runsc.display()
+            )),
+            Keep::Not,
+        );
+    };
+    let probe = tempfile::Builder::new()
         .prefix("hako-stat-probe-")
         .tempdir()
-        .map_err(|e| format!("cannot make a directory to probe runsc in: {e}"))?;
-    let probe = probe_stat(runsc, guest, scratch.path()).map_err(|e| {
-        format!(
-            "cannot check whether {} ({version}) runs everyday tools (`ls -la`, `stat`): {e}",
-            runsc.display()
-        )
-    })?;
-    Ok((verdict_by_probe(runsc, &version, probe), true))
+        .map_err(|e| format!("cannot make a directory to probe runsc in: {e}"))
+        .and_then(|scratch| probe_stat(runsc, guest, scratch.path()));
+    match probe {
+        Ok(probe) => (verdict_by_probe(runsc, &version, probe), Keep::ByProbe),
+        Err(e) => (
+            Err(format!(
+                "{} ({version}) cannot start a sandbox here, so whether it runs everyday tools cannot be checked: {e}{}",
+                runsc.display(),
+                container_hint()
+            )),
+            Keep::ForAWhile,
+        ),
+    }
+}
+
+/// Inside a container, what `runsc` needs of it (see the crate's README).
+fn container_hint() -> &'static str {
+    let inside = ["/.dockerenv", "/run/.containerenv"]
+        .iter()
+        .any(|p| Path::new(p).exists());
+    if inside {
+        "; inside a container, runsc needs the outer one run with --security-opt seccomp=unconfined --security-opt systempaths=unconfined (Docker's default seccomp profile refuses it the user namespace it runs in, and the container's masked /proc keeps it from mounting its own)"
+    } else {
+        ""
+    }
 }
 
 /// The first line `runsc --version` prints (`runsc version
@@ -351,8 +419,14 @@ fn identity(path: &Path) -> std::io::Result<String> {
 }
 
 /// The kept answer, if it is for this `runsc` (and, when the probe gave
-/// it, this guest), read only from a regular file of this user's.
-fn read_cache(cache: &Path, runsc_id: &str, guest_id: Option<&str>) -> Option<Result<(), String>> {
+/// it, this guest) and not out of date at `now`, read only from a regular
+/// file of this user's.
+fn read_cache(
+    cache: &Path,
+    runsc_id: &str,
+    guest_id: Option<&str>,
+    now: u64,
+) -> Option<Result<(), String>> {
     use std::io::Read;
     let meta = std::fs::symlink_metadata(cache).ok()?;
     if !meta.file_type().is_file() || meta.uid() != private::euid() {
@@ -371,6 +445,10 @@ fn read_cache(cache: &Path, runsc_id: &str, guest_id: Option<&str>) -> Option<Re
         "-" => {}
         kept => (Some(kept) == guest_id).then_some(())?,
     }
+    match lines.next()?.strip_prefix("until ")? {
+        "never" => {}
+        until => (now < until.parse::<u64>().ok()?).then_some(())?,
+    }
     let verdict = lines.next()?;
     if verdict == "ok" {
         Some(Ok(()))
@@ -379,11 +457,14 @@ fn read_cache(cache: &Path, runsc_id: &str, guest_id: Option<&str>) -> Option<Re
     }
 }
 
-/// Keeps the answer (written whole, then renamed into place).
+/// Keeps the answer (written whole, then renamed into place) for this
+/// `runsc`, this guest (`None`: any) and until `until` (seconds since the
+/// epoch; `None`: for good).
 fn write_cache(
     cache: &Path,
     runsc_id: &str,
     guest_id: Option<&str>,
+    until: Option<u64>,
     verdict: &Result<(), String>,
 ) -> std::io::Result<()> {
     let dir = cache.parent().unwrap_or(Path::new("."));
@@ -394,8 +475,9 @@ fn write_cache(
     };
     writeln!(
         file,
-        "{CACHE_FORMAT}\nrunsc {runsc_id}\nguest {}\n{verdict}",
-        guest_id.unwrap_or("-")
+        "{CACHE_FORMAT}\nrunsc {runsc_id}\nguest {}\nuntil {}\n{verdict}",
+        guest_id.unwrap_or("-"),
+        until.map_or("never".to_string(), |t| t.to_string())
     )?;
     file.persist(cache).map_err(|e| e.error)?;
     Ok(())
@@ -407,15 +489,21 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
-    /// A fake `runsc` that prints `version` for `--version` and counts its
-    /// runs in `runs` beside it.
-    fn fake_runsc(dir: &Path, version: &str) -> PathBuf {
+    /// A fake `runsc` in `dir` that prints `version` for `--version` and
+    /// `probe` (the guest's line, or nothing and exit 3 when empty) for
+    /// `do`, counting its runs in `runs` beside it.
+    fn fake_runsc(dir: &Path, version: &str, probe: &str) -> PathBuf {
         let path = dir.join("runsc");
         let runs = dir.join("runs");
+        let answer = if probe.is_empty() {
+            "echo 'cannot start' >&2; exit 3".to_string()
+        } else {
+            format!("echo '{probe}'; exit 0")
+        };
         std::fs::write(
             &path,
             format!(
-                "#!/bin/sh\necho run >> '{}'\n[ \"$1\" = --version ] && echo '{version}' && echo 'spec: 1.0.2-dev' && exit 0\nexit 3\n",
+                "#!/bin/sh\necho run >> '{}'\n[ \"$1\" = --version ] && echo '{version}' && echo 'spec: 1.0.2-dev' && exit 0\nfor a; do [ \"$a\" = do ] && {{ {answer}; }}; done\nexit 3\n",
                 runs.display()
             ),
         )
@@ -430,6 +518,15 @@ mod tests {
             .lines()
             .count()
     }
+
+    /// A file standing for the guest (the fake `runsc` never runs it).
+    fn guest(dir: &Path, content: &str) -> PathBuf {
+        let path = dir.join("guest");
+        std::fs::write(&path, content).unwrap();
+        path
+    }
+
+    const FIT: &str = "--stat-probe statx=0 newfstatat=22";
 
     #[test]
     fn the_release_date_is_read_from_upstream_s_and_debian_s_versions() {
@@ -488,29 +585,58 @@ mod tests {
     }
 
     #[test]
-    fn the_answer_is_worked_out_once_per_runsc_binary_and_again_when_it_changes() {
+    fn a_runsc_before_the_fix_is_judged_by_its_version_once_per_binary() {
         let dir = tempfile::tempdir().unwrap();
-        let runsc = fake_runsc(dir.path(), "runsc version 0.0~20221219.0");
-        let first = everyday_tools_work_with(&runsc, None, Some(dir.path())).unwrap_err();
+        let runsc = fake_runsc(dir.path(), "runsc version 0.0~20221219.0", FIT);
+        let guest = guest(dir.path(), "1");
+        let first = everyday_tools_work_with(&runsc, Some(&guest), Some(dir.path())).unwrap_err();
         assert!(first.contains("20221219"), "{first}");
-        assert_eq!(runs(dir.path()), 1);
-        // Kept: the second call does not run runsc.
+        assert_eq!(runs(dir.path()), 1, "--version only, no probe");
+        // Kept, for any guest: the second call does not run runsc.
         let second = everyday_tools_work_with(&runsc, None, Some(dir.path())).unwrap_err();
         assert_eq!(second, first);
         assert_eq!(runs(dir.path()), 1);
         // Another runsc in its place: worked out again.
-        let runsc = fake_runsc(dir.path(), "runsc version release-20231030.0");
-        everyday_tools_work_with(&runsc, None, Some(dir.path())).unwrap();
-        assert_eq!(runs(dir.path()), 2);
-        everyday_tools_work_with(&runsc, None, Some(dir.path())).unwrap();
+        // (Of another size: a rewrite within one clock tick keeps the times.)
+        fake_runsc(dir.path(), "runsc version 0.0~20230101.0-1", FIT);
+        everyday_tools_work_with(&runsc, None, Some(dir.path())).unwrap_err();
         assert_eq!(runs(dir.path()), 2);
         // Without a directory to keep it in, every call works it out.
-        everyday_tools_work_with(&runsc, None, None).unwrap();
+        everyday_tools_work_with(&runsc, None, None).unwrap_err();
         assert_eq!(runs(dir.path()), 3);
     }
 
     #[test]
-    fn a_check_that_cannot_run_makes_runsc_unfit_and_is_not_kept() {
+    fn a_later_runsc_is_judged_by_a_probe_once_per_binary_and_guest() {
+        let dir = tempfile::tempdir().unwrap();
+        let runsc = fake_runsc(dir.path(), "runsc version release-20231030.0", FIT);
+        let guest = guest(dir.path(), "1");
+        everyday_tools_work_with(&runsc, Some(&guest), Some(dir.path())).unwrap();
+        assert_eq!(runs(dir.path()), 2, "--version and the probe");
+        everyday_tools_work_with(&runsc, Some(&guest), Some(dir.path())).unwrap();
+        assert_eq!(runs(dir.path()), 2, "kept");
+        // Another guest: probed again.
+        std::fs::write(&guest, "22").unwrap();
+        everyday_tools_work_with(&runsc, Some(&guest), Some(dir.path())).unwrap();
+        assert_eq!(runs(dir.path()), 4);
+        // A probe that finds statx refused: unfit, whatever the version.
+        let runsc = fake_runsc(
+            dir.path(),
+            "runsc version VERSION_MISSING",
+            "--stat-probe statx=22 newfstatat=22",
+        );
+        let reason = everyday_tools_work_with(&runsc, Some(&guest), Some(dir.path())).unwrap_err();
+        assert!(
+            reason.contains("VERSION_MISSING") && reason.contains("EINVAL"),
+            "{reason}"
+        );
+        assert_eq!(runs(dir.path()), 6);
+        everyday_tools_work_with(&runsc, Some(&guest), Some(dir.path())).unwrap_err();
+        assert_eq!(runs(dir.path()), 6, "kept");
+    }
+
+    #[test]
+    fn a_check_that_cannot_run_makes_runsc_unfit() {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("no-runsc");
         let reason = everyday_tools_work_with(&missing, None, Some(dir.path())).unwrap_err();
@@ -518,22 +644,15 @@ mod tests {
         let reason =
             everyday_tools_work_with(Path::new("hako-no-such-runsc"), None, None).unwrap_err();
         assert!(reason.contains("hako-no-such-runsc"), "{reason}");
-        // A version with no date and no guest to probe with.
-        let runsc = fake_runsc(dir.path(), "runsc version VERSION_MISSING");
+        // No guest to probe with: not kept (it cost one --version).
+        let runsc = fake_runsc(dir.path(), "runsc version release-20231030.0", FIT);
         for round in 1..=2 {
             let reason = everyday_tools_work_with(&runsc, None, Some(dir.path())).unwrap_err();
             assert!(reason.contains("cannot be checked"), "{reason}");
             assert_eq!(runs(dir.path()), round, "not kept");
         }
         assert!(!dir.path().join(CACHE_FILE).exists());
-        // A guest that is no static guest: the probe fails, and says so.
-        let not_a_guest = dir.path().join("not-a-guest");
-        std::fs::write(&not_a_guest, "").unwrap();
-        let reason =
-            everyday_tools_work_with(&runsc, Some(&not_a_guest), Some(dir.path())).unwrap_err();
-        assert!(reason.contains("cannot check"), "{reason}");
-        assert!(!dir.path().join(CACHE_FILE).exists());
-        // A runsc whose --version fails.
+        // A runsc whose --version fails: not kept either.
         let broken = dir.path().join("broken");
         std::fs::write(&broken, "#!/bin/sh\necho oops >&2\nexit 1\n").unwrap();
         std::fs::set_permissions(&broken, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -542,27 +661,59 @@ mod tests {
             reason.contains("--version failed") && reason.contains("oops"),
             "{reason}"
         );
+        assert!(!dir.path().join(CACHE_FILE).exists());
+    }
+
+    #[test]
+    fn a_runsc_that_cannot_start_a_sandbox_is_unfit_and_that_is_kept_for_a_while() {
+        let dir = tempfile::tempdir().unwrap();
+        let runsc = fake_runsc(dir.path(), "runsc version release-20231030.0", "");
+        let guest = guest(dir.path(), "1");
+        let reason = everyday_tools_work_with(&runsc, Some(&guest), Some(dir.path())).unwrap_err();
+        assert!(
+            reason.contains("cannot start a sandbox") && reason.contains("cannot start"),
+            "{reason}"
+        );
+        assert_eq!(runs(dir.path()), 2);
+        let again = everyday_tools_work_with(&runsc, Some(&guest), Some(dir.path())).unwrap_err();
+        assert_eq!(again, reason);
+        assert_eq!(runs(dir.path()), 2, "kept for a while");
+        // Once the while is over, it is tried again.
+        let cache = dir.path().join(CACHE_FILE);
+        let (runsc_id, guest_id) = (identity(&runsc).unwrap(), identity(&guest).unwrap());
+        let later = now() + RETRY.as_secs() + 1;
+        assert_eq!(read_cache(&cache, &runsc_id, Some(&guest_id), later), None);
+        assert!(read_cache(&cache, &runsc_id, Some(&guest_id), now()).is_some());
     }
 
     #[test]
     fn a_kept_answer_for_another_binary_or_in_a_planted_file_is_not_used() {
         let dir = tempfile::tempdir().unwrap();
         let cache = dir.path().join(CACHE_FILE);
-        write_cache(&cache, "R", None, &Err("old".into())).unwrap();
-        assert_eq!(read_cache(&cache, "R", None), Some(Err("old".into())));
-        assert_eq!(read_cache(&cache, "R", Some("G")), Some(Err("old".into())));
-        assert_eq!(read_cache(&cache, "other", None), None);
+        write_cache(&cache, "R", None, None, &Err("old".into())).unwrap();
+        assert_eq!(read_cache(&cache, "R", None, 0), Some(Err("old".into())));
+        assert_eq!(
+            read_cache(&cache, "R", Some("G"), 0),
+            Some(Err("old".into()))
+        );
+        assert_eq!(read_cache(&cache, "other", None, 0), None);
         // Decided by a probe: only for the same guest.
-        write_cache(&cache, "R", Some("G"), &Ok(())).unwrap();
-        assert_eq!(read_cache(&cache, "R", Some("G")), Some(Ok(())));
-        assert_eq!(read_cache(&cache, "R", Some("H")), None);
-        assert_eq!(read_cache(&cache, "R", None), None);
+        write_cache(&cache, "R", Some("G"), None, &Ok(())).unwrap();
+        assert_eq!(read_cache(&cache, "R", Some("G"), 0), Some(Ok(())));
+        assert_eq!(read_cache(&cache, "R", Some("H"), 0), None);
+        assert_eq!(read_cache(&cache, "R", None, 0), None);
         // A symlink to an answer is not followed.
         let link = dir.path().join("link");
         std::os::unix::fs::symlink(&cache, &link).unwrap();
-        assert_eq!(read_cache(&link, "R", Some("G")), None);
+        assert_eq!(read_cache(&link, "R", Some("G"), 0), None);
         // Garbage is no answer.
-        std::fs::write(&cache, "hako gvisor everyday-tools 1\nrunsc R\n").unwrap();
-        assert_eq!(read_cache(&cache, "R", None), None);
+        std::fs::write(&cache, format!("{CACHE_FORMAT}\nrunsc R\nguest -\n")).unwrap();
+        assert_eq!(read_cache(&cache, "R", None, 0), None);
+        std::fs::write(
+            &cache,
+            format!("{CACHE_FORMAT}\nrunsc R\nguest -\nuntil soon\nok\n"),
+        )
+        .unwrap();
+        assert_eq!(read_cache(&cache, "R", None, 0), None);
     }
 }
