@@ -287,13 +287,14 @@ pub fn verdict_by_probe(runsc: &Path, version: &str, probe: StatProbe) -> Result
         EINVAL => Err(fails(
             runsc,
             version,
-            &format!(
-                "statx with AT_NO_AUTOMOUNT with EINVAL ({}, as a probe run in it found)",
-                match probe.newfstatat {
-                    0 => "fstatat takes it".to_string(),
-                    e => format!("fstatat with errno {e}"),
+            &match probe.newfstatat {
+                EINVAL => {
+                    "statx and fstatat with AT_NO_AUTOMOUNT with EINVAL, as a probe run in it found"
+                        .to_string()
                 }
-            ),
+                0 => "statx with AT_NO_AUTOMOUNT with EINVAL (fstatat takes the flag), as a probe run in it found".to_string(),
+                e => format!("statx with AT_NO_AUTOMOUNT with EINVAL (fstatat with errno {e}), as a probe run in it found"),
+            },
         )),
         errno => Err(fails(
             runsc,
