@@ -36,6 +36,11 @@
 //! Argv: `--host-view ROOT [--bind SOURCE INSIDE]... [--cow WORKSPACE UPPER
 //! WORK] [--remove BUNDLE] -- PROGRAM [ARG]...`, where `INSIDE` is an
 //! absolute path inside the view (a directory or file already made there).
+//!
+//! `--host-view --stat-probe` ([`STAT_PROBE`]) is the one use of the mode
+//! inside gVisor: run there by `runsc do` (see `crate::everyday`), it
+//! makes the `statx` and `fstatat` calls GNU coreutils make, with
+//! `AT_NO_AUTOMOUNT`, and prints what each returned ([`stat_probe`]).
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -77,6 +82,41 @@ pub struct CowMount {
 
 /// The argument that gives [`CowMount`]'s three directories.
 pub const COW_FLAG: &str = "--cow";
+
+/// The argument (right after [`FLAG`]) that makes the mode print
+/// [`stat_probe`]'s line instead.
+pub const STAT_PROBE: &str = "--stat-probe";
+
+/// What `statx` and `newfstatat` return here for `/` with the flags GNU
+/// `ls -l` and `stat` pass (`AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT`), as
+/// one line: `--stat-probe statx=E newfstatat=E`, each `E` the call's
+/// errno, 0 when it succeeded. gVisor before release-20230227.0 answers
+/// `statx` with `EINVAL` for that flag, and before release-20231030.0
+/// `newfstatat` too (see `crate::everyday`).
+pub fn stat_probe() -> String {
+    use hako_sys::rustix::fs::{statat, statx, AtFlags, StatxFlags, CWD};
+    let flags = AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT;
+    let statx = statx(CWD, "/", flags, StatxFlags::BASIC_STATS).map(drop);
+    let fstatat = statat(CWD, "/", flags).map(drop);
+    let errno = |r: hako_sys::rustix::io::Result<()>| r.err().map_or(0, |e| e.raw_os_error());
+    format!(
+        "{STAT_PROBE} statx={} newfstatat={}",
+        errno(statx),
+        errno(fstatat)
+    )
+}
+
+/// Reads [`stat_probe`]'s line: the errnos of `statx` and `newfstatat`
+/// (0: succeeded).
+pub fn parse_stat_probe(text: &str) -> Option<(i32, i32)> {
+    text.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        (words.next()? == STAT_PROBE).then_some(())?;
+        let statx = words.next()?.strip_prefix("statx=")?.parse().ok()?;
+        let fstatat = words.next()?.strip_prefix("newfstatat=")?.parse().ok()?;
+        Some((statx, fstatat))
+    })
+}
 
 /// Reads the argv that follows [`FLAG`].
 pub fn parse(args: &[OsString]) -> Result<Plan, GuestError> {
@@ -343,6 +383,10 @@ fn clean_after(parent: u32, bundle: &Path) {
 /// Runs the mode: returns only on failure (its exit code), having said
 /// why on stderr.
 pub fn main(args: &[OsString]) -> GuestExit {
+    if args.first().and_then(|a| a.to_str()) == Some(STAT_PROBE) {
+        println!("{}", stat_probe());
+        return GuestExit::Success;
+    }
     let plan = match parse(args) {
         Ok(plan) => plan,
         Err(e) => {
@@ -446,6 +490,27 @@ mod tests {
             "lowerdir=/proc/self/fd/3,upperdir=/proc/self/fd/4,workdir=/proc/self/fd/5,userxattr"
         );
         assert_eq!(parse(&args(&["/r", "--", "x"])).unwrap().cow, None);
+    }
+
+    #[test]
+    fn the_stat_probe_s_line_reads_back_and_here_both_calls_succeed() {
+        // The host's kernel takes AT_NO_AUTOMOUNT for both calls.
+        let line = stat_probe();
+        assert_eq!(parse_stat_probe(&line), Some((0, 0)), "{line}");
+        assert_eq!(
+            parse_stat_probe("noise\n--stat-probe statx=22 newfstatat=22\n"),
+            Some((22, 22))
+        );
+        for bad in [
+            "",
+            "--stat-probe",
+            "--stat-probe statx=22",
+            "--stat-probe newfstatat=22 statx=0",
+            "--stat-probe statx=x newfstatat=0",
+            "stat-probe statx=0 newfstatat=0",
+        ] {
+            assert_eq!(parse_stat_probe(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -32,12 +32,16 @@ pub mod host_view;
 #[cfg(feature = "backend")]
 mod bundle;
 #[cfg(feature = "backend")]
+pub mod everyday;
+#[cfg(feature = "backend")]
 pub mod gc;
 #[cfg(feature = "backend")]
 mod sandbox;
 
 #[cfg(feature = "backend")]
 pub use bundle::{config_json, run_argv, view_argv, BundlePlan, SEAL_CAPABILITIES};
+#[cfg(feature = "backend")]
+pub use everyday::everyday_tools_work;
 #[cfg(feature = "backend")]
 pub use sandbox::{ready, runsc_path, GvisorConfig, GvisorSandbox};
 

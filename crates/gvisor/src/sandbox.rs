@@ -378,7 +378,9 @@ fn collect_once() {
 }
 
 /// Whether `runsc` runs here (for `hako doctor` and tests that skip
-/// without it); the reason when not.
+/// without it); the reason when not. Whether it also runs everyday tools
+/// (an old `runsc` fails `ls -la`), which `auto` asks next, is
+/// [`crate::everyday_tools_work`].
 pub fn ready() -> std::result::Result<(), String> {
     let runsc = runsc_path(None);
     match CliRunner.output(&[runsc.display().to_string(), "--version".into()]) {
