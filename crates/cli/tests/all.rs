@@ -480,7 +480,10 @@ fn doctor_reports_every_backend() {
         .iter()
         .map(|b| b["backend"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["vm", "gvisor", "docker", "linux", "landlock", "host"]);
+    assert_eq!(
+        names,
+        ["vm", "gvisor", "docker", "linux", "landlock", "host"]
+    );
     for b in v["backends"].as_array().unwrap() {
         if b["works"] == false {
             assert!(b["reason"].as_str().is_some_and(|r| !r.is_empty()));
@@ -492,7 +495,9 @@ fn doctor_reports_every_backend() {
     assert_ne!(auto, "host");
     let why = v["auto_why"].as_str().unwrap();
     assert!(
-        why.starts_with(&format!("{auto} is the strongest isolating backend that works here")),
+        why.starts_with(&format!(
+            "{auto} is the strongest isolating backend that works here"
+        )),
         "{why}"
     );
     // Each protection is checked on its own; this machine has all three,

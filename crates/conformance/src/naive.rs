@@ -53,6 +53,7 @@ impl Naive {
                 landlock_abi: None,
                 seccomp: false,
                 shared: hako_core::Shared::ALL.to_vec(),
+                defects: Vec::new(),
                 optional: Optional {
                     read_limit: true,
                     append: true,

@@ -29,6 +29,11 @@ pub struct Capabilities {
     /// (a `linux` sandbox has its own of each): empty for a boundary of
     /// its own.
     pub shared: Vec<Shared>,
+    /// What this sandbox is known to get wrong on this host, each in one
+    /// line naming what fails, why, and the fix (a gVisor release that
+    /// refuses the flags GNU `ls -la` and `stat` pass to `statx`); `auto`
+    /// never picks a backend with one.
+    pub defects: Vec<String>,
     /// The optional capabilities this sandbox offers.
     pub optional: Optional,
 }

@@ -231,6 +231,7 @@ impl Prepared {
             landlock_abi: None,
             seccomp,
             shared: hako_core::Shared::network_if(network.access),
+            defects: Vec::new(),
             optional,
         };
         Ok(Prepared {

@@ -31,7 +31,7 @@ pub enum GuestStart {
     Local {
         /// What the guest builds or applies before it serves: a `linux`
         /// sandbox around itself, or its commands' confinement.
-        plan: LocalPlan,
+        plan: Box<LocalPlan>,
         /// The guest's code, where this program links it: a
         /// single-threaded caller then starts the guest in a fork of
         /// itself rather than executing `hako-guest`.
@@ -232,7 +232,7 @@ impl GuestSandbox {
                 config.backend,
                 config.guest.as_deref(),
                 root,
-                plan,
+                *plan,
                 in_process.as_ref(),
                 config.driver.read_on_caller,
             ),

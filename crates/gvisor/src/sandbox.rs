@@ -108,6 +108,16 @@ impl GvisorSandbox {
         let runner = Arc::clone(&config.runner);
         collect_once();
         let guest = locate_static_guest(NAME, config.launch.guest.as_deref())?;
+        // What this runsc is known to get wrong (cached per binary): said
+        // in the capabilities, so that no caller is surprised.
+        let defects: Vec<String> = crate::everyday::everyday_tools_work_with(
+            &runsc_path(config.runsc.as_deref()),
+            Some(&guest),
+            hako_container::private::private_dir().ok().as_deref(),
+        )
+        .err()
+        .into_iter()
+        .collect();
         let rootless = !hako_sys::rustix::process::geteuid().is_root();
         let mut limits = spec.limits;
         // --pids is applied inside by the guest's seal (gVisor's own pids
@@ -212,6 +222,7 @@ impl GvisorSandbox {
             landlock_abi: None,
             seccomp: true,
             shared: hako_core::Shared::network_if(network.access),
+            defects,
             optional: OPTIONAL,
         };
         let launcher = ContainerLauncher {

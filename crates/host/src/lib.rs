@@ -69,7 +69,7 @@ struct InPlace;
 impl Launcher for InPlace {
     fn start(&self) -> Result<GuestStart> {
         Ok(GuestStart::Local {
-            plan: hako_driver::sandbox::LocalPlan::default(),
+            plan: Box::default(),
             in_process: Some(IN_PROCESS),
         })
     }
@@ -131,6 +131,7 @@ impl HostSandbox {
             landlock_abi: None,
             seccomp: false,
             shared: hako_core::Shared::ALL.to_vec(),
+            defects: Vec::new(),
             optional: OPTIONAL,
         };
         Ok(HostSandbox {

@@ -119,11 +119,11 @@ struct Confined {
 impl Launcher for Confined {
     fn start(&self) -> Result<GuestStart> {
         Ok(GuestStart::Local {
-            plan: LocalPlan {
+            plan: Box::new(LocalPlan {
                 linux: None,
                 confine: Some(self.confine.clone()),
                 memory: self.memory.clone(),
-            },
+            }),
             in_process: Some(IN_PROCESS),
         })
     }
@@ -319,6 +319,7 @@ impl LandlockSandbox {
             landlock_abi: status.map(|s| s.abi),
             seccomp: true,
             shared: SHARED.to_vec(),
+            defects: Vec::new(),
             optional: OPTIONAL,
         };
         let launcher = Confined {

@@ -89,10 +89,10 @@ struct Namespaces {
 impl Launcher for Namespaces {
     fn start(&self) -> Result<GuestStart> {
         Ok(GuestStart::Local {
-            plan: hako_driver::sandbox::LocalPlan {
+            plan: Box::new(hako_driver::sandbox::LocalPlan {
                 linux: Some(self.spec.clone()),
                 ..Default::default()
-            },
+            }),
             in_process: Some(IN_PROCESS),
         })
     }
@@ -227,6 +227,7 @@ impl LinuxSandbox {
             landlock_abi,
             seccomp: true,
             shared: hako_core::Shared::network_if(network.access),
+            defects: Vec::new(),
             optional: OPTIONAL,
         };
         let spec =

@@ -35,6 +35,7 @@ impl FenceBox {
                 landlock_abi: None,
                 seccomp: false,
                 shared: Vec::new(),
+                defects: Vec::new(),
                 optional: Optional::default(),
             },
         }

@@ -237,6 +237,7 @@ mod tests {
                     landlock_abi: None,
                     seccomp: false,
                     shared: Vec::new(),
+                    defects: Vec::new(),
                     optional: hako_core::Optional::default(),
                 },
                 next: AtomicU64::new(1),

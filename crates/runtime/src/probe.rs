@@ -50,10 +50,22 @@ pub fn probe(kind: BackendKind) -> Result<(), Unavailable> {
             reason,
             hint: "install docker.io (and start dockerd) or podman, run `hako image build`, and set HAKO_GUEST_STATIC to a static hako-guest (scripts/build-static-guest)".into(),
         }),
-        BackendKind::Gvisor => hako_gvisor::ready().map_err(|reason| Unavailable {
-            reason,
-            hint: "install runsc (Debian: apt-get install runsc) and set HAKO_GUEST_STATIC to a static hako-guest (scripts/build-static-guest)".into(),
-        }),
+        BackendKind::Gvisor => {
+            hako_gvisor::ready().map_err(|reason| Unavailable {
+                reason,
+                hint: "install runsc (Debian: apt-get install runsc) and set HAKO_GUEST_STATIC to a static hako-guest (scripts/build-static-guest)".into(),
+            })?;
+            // runsc re-executes itself in a user namespace and mounts its
+            // own /proc: inside a container that refuses the first (and
+            // masks /proc), it cannot start.
+            if hako_sys::ns::in_container() && hako_sys::ns::user_namespaces_allowed().is_err() {
+                return Err(Unavailable {
+                    reason: "runsc cannot start inside this container: its seccomp filter (Docker's default profile) refuses the user namespace runsc runs in, and the container's masked /proc keeps runsc from mounting its own".into(),
+                    hint: "run the outer container with --security-opt seccomp=unconfined --security-opt systempaths=unconfined, or use --backend landlock".into(),
+                });
+            }
+            Ok(())
+        }
         BackendKind::Vm => Err(Unavailable {
             reason: "the vm backend is not part of this build yet".into(),
             hint: "use --backend gvisor or linux; the microVM backend is on the roadmap (see README)".into(),
@@ -63,7 +75,12 @@ pub fn probe(kind: BackendKind) -> Result<(), Unavailable> {
 
 /// "reason; hint: hint" split in two.
 fn split_hint(text: &str) -> (&str, Option<&str>) {
-    match text.split_once("; hint: ") {
+    split_hint_at(text, "; hint: ")
+}
+
+/// `text` split at the last `at`.
+fn split_hint_at<'a>(text: &'a str, at: &str) -> (&'a str, Option<&'a str>) {
+    match text.rsplit_once(at) {
         Some((reason, hint)) => (reason, Some(hint)),
         None => (text, None),
     }
@@ -74,14 +91,16 @@ fn split_hint(text: &str) -> (&str, Option<&str>) {
 pub fn probe_for_auto(kind: BackendKind) -> Result<(), Unavailable> {
     probe(kind)?;
     if kind == BackendKind::Gvisor {
-        if let Some(reason) = None::<String>
-        /* MERGE: hako_gvisor::everyday_tools_fail() */
-        {
-            return Err(Unavailable {
-                reason,
-                hint: "install a newer runsc, or name it with --backend gvisor where its failures do not matter".into(),
-            });
-        }
+        hako_gvisor::everyday_tools_work().map_err(|why| {
+            let (reason, hint) = split_hint_at(&why, ": install");
+            Unavailable {
+                reason: reason.into(),
+                hint: hint.map_or_else(
+                    || "install a newer runsc, or name it with --backend gvisor where what fails does not matter".into(),
+                    |h| format!("install{h}"),
+                ),
+            }
+        })?;
     }
     Ok(())
 }

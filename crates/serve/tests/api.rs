@@ -596,6 +596,7 @@ fn concurrent_creates_cannot_open_more_sandboxes_than_the_limit() {
                 landlock_abi: None,
                 seccomp: false,
                 shared: Vec::new(),
+                defects: Vec::new(),
                 optional: hako_core::Optional::default(),
             },
             live: counter.clone(),

@@ -65,6 +65,7 @@ impl NaiveCow {
                 landlock_abi: None,
                 seccomp: false,
                 shared: Vec::new(),
+                defects: Vec::new(),
                 optional: Optional::default(),
             },
         }
