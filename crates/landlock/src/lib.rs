@@ -280,7 +280,9 @@ impl LandlockSandbox {
             entries.sort();
             entries
         };
-        let confine = plan::plan(&input, &hako_view::host_facts(), &list_dir);
+        let facts = hako_view::host_facts();
+        plan::check(&input, &facts).map_err(|why| backend_err("plan", why))?;
+        let confine = plan::plan(&input, &facts, &list_dir);
         let memory = cgroups
             .as_ref()
             .and_then(Cgroups::oom_counter)

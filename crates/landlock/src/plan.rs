@@ -79,6 +79,55 @@ fn grant_around(
     }
 }
 
+/// The directories a write grant must stay out of: the system the
+/// sandbox reads, and the kernel's and devices' files.
+const SYSTEM: &[&str] = &[
+    "/proc", "/sys", "/dev", "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64",
+    "/libx32", "/boot",
+];
+
+/// Refuses a workspace or `--rw` directory that is `/` or holds or lies in
+/// a system directory (every right there would undo the ruleset: `/etc`
+/// as the workspace is `/etc/shadow` writable), and a `--ro` directory that
+/// is `/` or holds a secret under `/etc` (Landlock would grant it with
+/// everything beneath). Pure.
+pub fn check(input: &PlanInput, facts: &HostFacts) -> Result<(), String> {
+    let writable = std::iter::once(&input.workspace).chain(&input.rw);
+    for path in writable {
+        let what = if path == &input.workspace {
+            "the workspace"
+        } else {
+            "--rw"
+        };
+        if path == Path::new("/") {
+            return Err(format!("{what} is /, which holds the whole system: every right there would leave nothing confined; cd to a project directory or pass --workspace DIR"));
+        }
+        if let Some(dir) = SYSTEM
+            .iter()
+            .find(|d| path.starts_with(d) || Path::new(d).starts_with(path))
+        {
+            return Err(format!(
+                "{what} {} overlaps {dir}, which the sandbox may only read: choose a directory outside the system directories",
+                path.display()
+            ));
+        }
+    }
+    let secrets = etc_secrets(facts);
+    for path in &input.ro {
+        if path == Path::new("/") {
+            return Err("--ro / would grant reading the whole system, its secrets included; name the directories to read".into());
+        }
+        if let Some(secret) = secrets.iter().find(|s| s.starts_with(path)) {
+            return Err(format!(
+                "--ro {} would grant reading {}, a secret the sandbox never shows; name the directories beneath it to read",
+                path.display(),
+                secret.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// What the guest is told to enforce, and the directories that may only
 /// be listed (a Landlock rule of their own: see [`crate`]'s use).
 pub fn plan(input: &PlanInput, facts: &HostFacts, list_dir: ListDir<'_>) -> ConfineSpec {
@@ -203,6 +252,34 @@ mod tests {
             assert!(spec.read.contains(&p(allowed)), "{allowed} not granted");
         }
         assert_eq!(spec.list, [p("/etc"), p("/etc/ssl"), p("/etc/ssh")]);
+    }
+
+    #[test]
+    fn a_workspace_or_rw_that_is_or_touches_the_system_is_refused() {
+        for ws in [
+            "/",
+            "/etc",
+            "/etc/ssl",
+            "/usr/local/src",
+            "/proc/self",
+            "/dev",
+        ] {
+            let mut i = input();
+            i.workspace = p(ws);
+            assert!(check(&i, &facts()).is_err(), "{ws} accepted");
+        }
+        let mut i = input();
+        i.rw = vec![p("/")];
+        assert!(check(&i, &facts()).unwrap_err().contains("--rw is /"));
+        for ro in ["/", "/etc", "/etc/ssl"] {
+            let mut i = input();
+            i.ro = vec![p(ro)];
+            assert!(check(&i, &facts()).is_err(), "--ro {ro} accepted");
+        }
+        let mut i = input();
+        i.ro = vec![p("/etc/ssl/certs"), p("/opt/sdk")];
+        assert_eq!(check(&i, &facts()), Ok(()));
+        assert_eq!(check(&input(), &facts()), Ok(()));
     }
 
     #[test]

@@ -331,3 +331,34 @@ fn a_fork_bomb_under_pids_is_contained_and_the_sandbox_goes_on() {
     );
     still_usable(&sb);
 }
+
+#[test]
+fn a_workspace_or_bind_that_would_grant_the_system_is_refused() {
+    for ws in ["/", "/etc", "/usr/lib"] {
+        match LandlockSandbox::new(LandlockConfig::new(ws)) {
+            Err(Error::Backend {
+                op: "plan",
+                message,
+                ..
+            }) => {
+                assert!(message.contains(ws), "{message}")
+            }
+            other => panic!("workspace {ws} was not refused: {:?}", other.map(|_| ())),
+        }
+    }
+    let (_d, ws) = workspace();
+    for (rw, ro) in [(Some("/"), None), (None, Some("/etc")), (None, Some("/"))] {
+        let mut config = LandlockConfig::new(&ws);
+        config.spec.rw = rw.map(PathBuf::from).into_iter().collect();
+        config.spec.ro = ro.map(PathBuf::from).into_iter().collect();
+        assert!(
+            matches!(
+                LandlockSandbox::new(config),
+                Err(Error::Backend { op: "plan", .. })
+            ),
+            "--rw {rw:?} --ro {ro:?} accepted"
+        );
+    }
+    // Nothing was left behind, and a good workspace still opens.
+    still_usable(&sandbox(&ws));
+}
