@@ -30,9 +30,10 @@ pub struct Capabilities {
     /// its own.
     pub shared: Vec<Shared>,
     /// What this sandbox is known to get wrong on this host, each in one
-    /// line naming what fails, why, and the fix (a gVisor release that
-    /// refuses the flags GNU `ls -la` and `stat` pass to `statx`); `auto`
-    /// never picks a backend with one.
+    /// line naming what fails, why, and the fix: a gVisor release that
+    /// refuses the flags GNU `ls -la` and `stat` pass to `statx` (which
+    /// `auto` checks for, and passes over), or a protection a
+    /// `--best-effort` sandbox runs without. Empty for most.
     pub defects: Vec<String>,
     /// The optional capabilities this sandbox offers.
     pub optional: Optional,

@@ -258,6 +258,16 @@ impl LandlockSandbox {
                 rlimits.push(RlimitSpec { resource, value });
             }
         }
+        // Without ABI 6 (and only with --best-effort, see `ready`): run,
+        // and say what is missing.
+        let scoped = status.is_some_and(|s| s.scoped) || !spec.best_effort;
+        let mut defects = Vec::new();
+        if !scoped {
+            defects.push(format!(
+                "signals and abstract unix sockets are not scoped to the sandbox: this kernel's Landlock (ABI {}) cannot (ABI 6, Linux 6.12), so a command can signal any process of its user (--best-effort)",
+                status.map_or(0, |s| s.abi)
+            ));
+        }
         let tmp = make_tmp()?;
         let workspace = fence.workdir().to_path_buf();
         let input = plan::PlanInput {
@@ -266,7 +276,7 @@ impl LandlockSandbox {
             ro: spec.ro.clone(),
             rw: spec.rw.clone(),
             host_network: mode == NetMode::Host,
-            scoped: status.is_some_and(|s| s.scoped) || !spec.best_effort,
+            scoped,
             rlimits,
             cgroup_procs: cgroups
                 .as_ref()
@@ -321,7 +331,7 @@ impl LandlockSandbox {
             landlock_abi: status.map(|s| s.abi),
             seccomp: true,
             shared: SHARED.to_vec(),
-            defects: Vec::new(),
+            defects,
             optional: OPTIONAL,
         };
         let launcher = Confined {
