@@ -225,11 +225,22 @@ fn the_kit_fails_a_check_then_use_backend_where_it_is_wrong() {
         "symlink_to_outside_is_refused_by_every_operation",
         "symlink_to_outside_in_an_intermediate_component_is_refused",
     ] {
-        match run_case(name, naive()) {
-            Outcome::Failed(message) => {
-                eprintln!("naive backend, {name}: failed as it must: {message}")
+        // The race cases catch the naive backend only when a swap lands in
+        // its window: on a loaded machine 10 000 iterations can miss it, so
+        // each gets three tries (a backend that is right is never caught).
+        let mut last = None;
+        for _ in 0..3 {
+            match run_case(name, naive()) {
+                Outcome::Failed(message) => {
+                    eprintln!("naive backend, {name}: failed as it must: {message}");
+                    last = None;
+                    break;
+                }
+                other => last = Some(other),
             }
-            other => panic!("{name} did not fail the naive backend: {other:?}"),
+        }
+        if let Some(other) = last {
+            panic!("{name} did not fail the naive backend in three tries: {other:?}");
         }
     }
 }
