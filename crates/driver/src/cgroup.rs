@@ -157,6 +157,45 @@ impl Cgroups {
     }
 }
 
+/// The cgroups of a new sandbox of `backend`, where they can be made
+/// (`Ok(None)`: none asked for, or none can be made and rlimits will do),
+/// named uniquely. Refused, unless `best_effort`: `--cpus` with no cgroup
+/// (no rlimit stands in), and `--pids` with no cgroup when hako runs as
+/// root (`RLIMIT_NPROC` counts nothing of uid 0, and of root's user
+/// namespace).
+pub fn for_sandbox(
+    backend: &str,
+    limits: &Limits,
+    best_effort: bool,
+) -> hako_core::Result<Option<Cgroups>> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let name = format!(
+        "hako-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let refuse = |message: String| hako_core::Error::Backend {
+        backend: backend.into(),
+        op: "apply limits",
+        message,
+    };
+    let cgroups = match Cgroups::create(limits, &name) {
+        Ok(cg) => cg,
+        Err(why) if limits.cpus_milli.is_some() && !best_effort => {
+            return Err(refuse(format!("--cpus needs a cgroup and none could be made here ({why}); pass --best-effort to run without the CPU limit")));
+        }
+        Err(_) => None,
+    };
+    if limits.pids.is_some()
+        && cgroups.is_none()
+        && hako_sys::rustix::process::geteuid().is_root()
+        && !best_effort
+    {
+        return Err(refuse("--pids needs a cgroup when hako runs as root, and none could be made here; pass --best-effort to run without it".into()));
+    }
+    Ok(cgroups)
+}
+
 impl Drop for Cgroups {
     fn drop(&mut self) {
         self.remove();

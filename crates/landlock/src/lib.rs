@@ -212,35 +212,9 @@ impl LandlockSandbox {
         let status = hako_sys::confine::landlock_policy_status();
         let fence = open_workspace(&spec.workspace, &launch.fence)?;
         let limits = spec.limits;
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let name = format!(
-            "hako-{}-l{}",
-            std::process::id(),
-            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        );
-        let cgroups = match Cgroups::create(&limits, &name) {
-            Ok(cg) => cg,
-            Err(why) if limits.cpus_milli.is_some() && !spec.best_effort => {
-                return Err(backend_err(
-                    "apply limits",
-                    format!("--cpus needs a cgroup and none could be made here ({why}); pass --best-effort to run without the CPU limit"),
-                ));
-            }
-            Err(_) => None,
-        };
+        // cgroups where they can be made; rlimits otherwise.
+        let cgroups = hako_driver::cgroup::for_sandbox(NAME, &limits, spec.best_effort)?;
         let by_cgroup = cgroups.as_ref().map(|c| c.mechanism);
-        // RLIMIT_NPROC never counts the processes of uid 0 outside a user
-        // namespace: as root, --pids needs the cgroup.
-        if limits.pids.is_some()
-            && by_cgroup.is_none()
-            && hako_sys::rustix::process::geteuid().is_root()
-            && !spec.best_effort
-        {
-            return Err(backend_err(
-                "apply limits",
-                "--pids needs a cgroup when hako runs as root, and none could be made here; pass --best-effort to run without it",
-            ));
-        }
         let mut rlimits = Vec::new();
         for (resource, value) in [
             (

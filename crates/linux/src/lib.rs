@@ -147,35 +147,8 @@ impl LinuxSandbox {
             NetworkSetup::new(&wanted.network.clone().unwrap_or_else(NetworkPolicy::none))?;
         let limits = wanted.limits;
         // cgroups where they can be made; rlimits otherwise.
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let name = format!(
-            "hako-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        );
-        let cgroups = match Cgroups::create(&limits, &name) {
-            Ok(cg) => cg,
-            Err(why) if limits.cpus_milli.is_some() && !wanted.best_effort => {
-                return Err(backend_err(
-                    "apply limits",
-                    format!("--cpus needs a cgroup and none could be made here ({why}); pass --best-effort to run without the CPU limit"),
-                ));
-            }
-            Err(_) => None,
-        };
+        let cgroups = hako_driver::cgroup::for_sandbox(NAME, &limits, wanted.best_effort)?;
         let cg_mechanism = cgroups.as_ref().map(|c| c.mechanism);
-        // RLIMIT_NPROC does not count processes inside a user namespace owned
-        // by root, so as root --pids needs the cgroup.
-        if limits.pids.is_some()
-            && cg_mechanism.is_none()
-            && hako_sys::rustix::process::geteuid().is_root()
-            && !wanted.best_effort
-        {
-            return Err(backend_err(
-                "apply limits",
-                "--pids needs a cgroup when hako runs as root, and none could be made here; pass --best-effort to run without it",
-            ));
-        }
         let workspace = fence.workdir().to_path_buf();
         let input = PlanInput {
             mount_point: mount_point.unwrap_or_else(|| workspace.clone()),
