@@ -6,7 +6,8 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use ::landlock::{
-    AccessFs, BitFlags, CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetCreatedAttr, ABI,
+    AccessFs, BitFlags, CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetCreated,
+    RulesetCreatedAttr, ABI,
 };
 
 use super::{set_no_new_privs, ConfineError};
@@ -157,43 +158,61 @@ pub fn landlock_prepare_writes(rules: &LandlockRules) -> Result<PreparedLandlock
     let access = handled_write_access(abi);
     let landlock_err = |step| move |source| ConfineError::Landlock { step, source };
 
-    let mut ruleset = Ruleset::default()
+    let ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
         .handle_access(access)
         .map_err(landlock_err("handle access rights of"))?
         .create()
         .map_err(landlock_err("create"))?;
 
-    let mut skipped = Vec::new();
     let wanted = rules
         .write_paths
         .iter()
         .map(|p| (p, access))
         .chain(rules.write_files.iter().map(|p| (p, file_access(access))));
+    let (ruleset, skipped) = add_path_rules(ruleset, wanted, file_access)?;
+    prepared(ruleset, kernel_abi, skipped)
+}
+
+/// Adds a rule for each existing path of `wanted` (a file's rights cut to
+/// `on_file` of them; none left, no rule) and returns the paths that do
+/// not exist.
+fn add_path_rules<'a>(
+    mut ruleset: RulesetCreated,
+    wanted: impl Iterator<Item = (&'a PathBuf, BitFlags<AccessFs>)>,
+    on_file: impl Fn(BitFlags<AccessFs>) -> BitFlags<AccessFs>,
+) -> Result<(RulesetCreated, Vec<PathBuf>), ConfineError> {
+    let mut skipped = Vec::new();
     for (path, allowed) in wanted {
         let Some((fd, is_dir)) = open_rule_path(path)? else {
             skipped.push(path.clone());
             continue;
         };
-        let allowed = if is_dir {
-            allowed
-        } else {
-            file_access(allowed)
-        };
+        let allowed = if is_dir { allowed } else { on_file(allowed) };
+        if allowed.is_empty() {
+            // Listing, asked of a file: nothing to grant.
+            continue;
+        }
         ruleset = ruleset
             .add_rule(::landlock::PathBeneath::new(fd, allowed))
-            .map_err(landlock_err("add a rule to"))?;
+            .map_err(|source| ConfineError::Landlock {
+                step: "add a rule to",
+                source,
+            })?;
     }
+    Ok((ruleset, skipped))
+}
+
+/// The ruleset's descriptor, as a [`PreparedLandlock`]; an error when the
+/// kernel enforces none of it.
+fn prepared(
+    ruleset: RulesetCreated,
+    abi: u32,
+    skipped: Vec<PathBuf>,
+) -> Result<PreparedLandlock, ConfineError> {
     let fd: Option<OwnedFd> = ruleset.into();
-    let fd = fd.ok_or(ConfineError::LandlockNotEnforced {
-        abi: kernel_abi,
-        status: "not",
-    })?;
-    Ok(PreparedLandlock {
-        fd,
-        abi: kernel_abi,
-        skipped,
-    })
+    let fd = fd.ok_or(ConfineError::LandlockNotEnforced { abi, status: "not" })?;
+    Ok(PreparedLandlock { fd, abi, skipped })
 }
 
 /// A whole filesystem (and, where the kernel has them, network and scope)
@@ -286,32 +305,15 @@ pub fn landlock_prepare_policy(
             .scope(scopes)
             .map_err(landlock_err("scope signals and sockets in"))?;
     }
-    let mut ruleset = ruleset.create().map_err(landlock_err("create"))?;
+    let ruleset = ruleset.create().map_err(landlock_err("create"))?;
     let read = all & (AccessFs::ReadFile | AccessFs::ReadDir | AccessFs::Execute);
     let device = all & (AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev);
-    let mut skipped = Vec::new();
     let wanted = (policy.read.iter().map(|p| (p, read)))
         .chain(policy.list.iter().map(|p| (p, all & AccessFs::ReadDir)))
         .chain(policy.write.iter().map(|p| (p, all)))
         .chain(policy.devices.iter().map(|p| (p, device)));
-    for (path, allowed) in wanted {
-        let Some((fd, is_dir)) = open_rule_path(path)? else {
-            skipped.push(path.clone());
-            continue;
-        };
-        let allowed = if is_dir {
-            allowed
-        } else {
-            allowed & (AccessFs::ReadFile | AccessFs::Execute | file_access(all))
-        };
-        if allowed.is_empty() {
-            // Listing, asked of a file: nothing to grant.
-            continue;
-        }
-        ruleset = ruleset
-            .add_rule(::landlock::PathBeneath::new(fd, allowed))
-            .map_err(landlock_err("add a rule to"))?;
-    }
+    let file_rights = AccessFs::ReadFile | AccessFs::Execute | file_access(all);
+    let (mut ruleset, skipped) = add_path_rules(ruleset, wanted, |a| a & file_rights)?;
     if handle_tcp {
         for &port in policy.tcp_connect.iter().flatten() {
             ruleset = ruleset
@@ -319,25 +321,13 @@ pub fn landlock_prepare_policy(
                 .map_err(landlock_err("add a port rule to"))?;
         }
     }
-    let fd: Option<OwnedFd> = ruleset.into();
-    let fd = fd.ok_or(ConfineError::LandlockNotEnforced {
-        abi: kernel_abi,
-        status: "not",
-    })?;
     let status = PolicyStatus {
         abi: kernel_abi,
         tcp: handle_tcp,
         scoped: policy.scoped,
         unix_connect: all.contains(AccessFs::ResolveUnix),
     };
-    Ok((
-        PreparedLandlock {
-            fd,
-            abi: kernel_abi,
-            skipped,
-        },
-        status,
-    ))
+    Ok((prepared(ruleset, kernel_abi, skipped)?, status))
 }
 
 /// What [`landlock_prepare_policy`] would enforce on this kernel, without
