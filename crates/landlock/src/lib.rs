@@ -265,7 +265,10 @@ impl LandlockSandbox {
             entries
         };
         let facts = hako_view::host_facts();
-        plan::check(&input, &facts).map_err(|why| backend_err("plan", why))?;
+        if let Err(why) = plan::check(&input, &facts) {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(backend_err("plan", why));
+        }
         let confine = plan::plan(&input, &facts, &list_dir);
         let memory = cgroups
             .as_ref()
