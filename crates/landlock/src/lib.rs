@@ -242,8 +242,11 @@ impl LandlockSandbox {
                 status.map_or(0, |s| s.abi)
             ));
         }
-        let tmp = make_tmp()?;
         let workspace = fence.workdir().to_path_buf();
+        let facts = hako_view::host_facts();
+        plan::check(&workspace, &spec.ro, &spec.rw, &facts)
+            .map_err(|why| backend_err("plan", why))?;
+        let tmp = make_tmp()?;
         let input = plan::PlanInput {
             workspace,
             tmp: tmp.clone(),
@@ -264,11 +267,6 @@ impl LandlockSandbox {
             entries.sort();
             entries
         };
-        let facts = hako_view::host_facts();
-        if let Err(why) = plan::check(&input, &facts) {
-            let _ = std::fs::remove_dir_all(&tmp);
-            return Err(backend_err("plan", why));
-        }
         let confine = plan::plan(&input, &facts, &list_dir);
         let memory = cgroups
             .as_ref()

@@ -91,10 +91,15 @@ const SYSTEM: &[&str] = &[
 /// as the workspace is `/etc/shadow` writable), and a `--ro` directory that
 /// is `/` or holds a secret under `/etc` (Landlock would grant it with
 /// everything beneath). Pure.
-pub fn check(input: &PlanInput, facts: &HostFacts) -> Result<(), String> {
-    let writable = std::iter::once(&input.workspace).chain(&input.rw);
+pub fn check(
+    workspace: &Path,
+    ro: &[PathBuf],
+    rw: &[PathBuf],
+    facts: &HostFacts,
+) -> Result<(), String> {
+    let writable = std::iter::once(workspace).chain(rw.iter().map(PathBuf::as_path));
     for path in writable {
-        let what = if path == &input.workspace {
+        let what = if path == workspace {
             "the workspace"
         } else {
             "--rw"
@@ -113,7 +118,7 @@ pub fn check(input: &PlanInput, facts: &HostFacts) -> Result<(), String> {
         }
     }
     let secrets = etc_secrets(facts);
-    for path in &input.ro {
+    for path in ro {
         if path == Path::new("/") {
             return Err("--ro / would grant reading the whole system, its secrets included; name the directories to read".into());
         }
@@ -266,20 +271,34 @@ mod tests {
         ] {
             let mut i = input();
             i.workspace = p(ws);
-            assert!(check(&i, &facts()).is_err(), "{ws} accepted");
+            assert!(
+                check(&i.workspace, &i.ro, &i.rw, &facts()).is_err(),
+                "{ws} accepted"
+            );
         }
         let mut i = input();
         i.rw = vec![p("/")];
-        assert!(check(&i, &facts()).unwrap_err().contains("--rw is /"));
+        assert!(check(&i.workspace, &i.ro, &i.rw, &facts())
+            .unwrap_err()
+            .contains("--rw is /"));
         for ro in ["/", "/etc", "/etc/ssl"] {
             let mut i = input();
             i.ro = vec![p(ro)];
-            assert!(check(&i, &facts()).is_err(), "--ro {ro} accepted");
+            assert!(
+                check(&i.workspace, &i.ro, &i.rw, &facts()).is_err(),
+                "--ro {ro} accepted"
+            );
         }
         let mut i = input();
         i.ro = vec![p("/etc/ssl/certs"), p("/opt/sdk")];
-        assert_eq!(check(&i, &facts()), Ok(()));
-        assert_eq!(check(&input(), &facts()), Ok(()));
+        assert_eq!(check(&i.workspace, &i.ro, &i.rw, &facts()), Ok(()));
+        assert_eq!(
+            {
+                let i = input();
+                check(&i.workspace, &i.ro, &i.rw, &facts())
+            },
+            Ok(())
+        );
     }
 
     #[test]

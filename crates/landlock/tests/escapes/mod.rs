@@ -340,18 +340,6 @@ fn a_fork_bomb_under_pids_is_contained_and_the_sandbox_goes_on() {
 
 #[test]
 fn a_workspace_or_bind_that_would_grant_the_system_is_refused() {
-    let tmp_dirs = || -> Vec<PathBuf> {
-        let mine = format!("hako-landlock-{}-", std::process::id());
-        std::fs::read_dir(std::env::temp_dir())
-            .unwrap()
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with(&mine))
-            })
-            .collect()
-    };
-    let before = tmp_dirs();
     for ws in ["/", "/etc", "/usr/lib"] {
         match LandlockSandbox::new(LandlockConfig::new(ws)) {
             Err(Error::Backend {
@@ -377,14 +365,7 @@ fn a_workspace_or_bind_that_would_grant_the_system_is_refused() {
             "--rw {rw:?} --ro {ro:?} accepted"
         );
     }
-    // Nothing was left behind, and a good workspace still opens.
-    let left: Vec<_> = tmp_dirs()
-        .into_iter()
-        .filter(|d| !before.contains(d))
-        .collect();
-    assert!(
-        left.is_empty(),
-        "temporary directories left by refused sandboxes: {left:?}"
-    );
+    // A good workspace still opens. (Each is refused before anything is
+    // made: the leak check after the suite finds any temporary directory.)
     still_usable(&sandbox(&ws));
 }
