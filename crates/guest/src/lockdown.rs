@@ -1,4 +1,7 @@
-//! The confinement of a `linux` sandbox's commands.
+//! The confinement of a `linux` sandbox's commands, and of a `landlock`
+//! sandbox's ([`Confinement::shared`]: no namespace; a ruleset over the
+//! whole filesystem, the default seccomp policy on the guest itself, and a
+//! second filter in each supervisor, after step 3 below).
 //!
 //! Order, and why:
 //! 0. seccomp, before anything: pid 1 loads the filter on itself once (see
