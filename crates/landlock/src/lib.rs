@@ -164,13 +164,53 @@ pub struct LandlockSandbox {
 
 hako_driver::delegate_sandbox!(LandlockSandbox, inner);
 
+/// Removes the private temporary directories that hako processes no
+/// longer alive left in `base` (a hako killed with SIGKILL closes
+/// nothing): those named `hako-landlock-PID-...`, owned by this user,
+/// whose PID is gone. A PID alive again under another process keeps its
+/// directory until that one ends too. Returns what was removed.
+pub fn remove_stale_tmp(base: &Path) -> Vec<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let me = hako_sys::rustix::process::geteuid().as_raw();
+    let mut removed = Vec::new();
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return removed;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("hako-landlock-"))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let path = entry.path();
+        let ours = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir() && m.uid() == me);
+        if ours
+            && pid != 0
+            && !Path::new(&format!("/proc/{pid}")).exists()
+            && std::fs::remove_dir_all(&path).is_ok()
+        {
+            removed.push(path);
+        }
+    }
+    removed
+}
+
 /// Makes the sandbox's private temporary directory (mode 0700) in the
-/// system's temporary directory.
+/// system's temporary directory (first removing what dead hako processes
+/// left there, once per process).
 fn make_tmp() -> Result<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let base = std::fs::canonicalize(std::env::temp_dir())
         .map_err(|e| backend_err("make its temporary directory", e.to_string()))?;
+    static COLLECT: std::sync::Once = std::sync::Once::new();
+    COLLECT.call_once(|| {
+        remove_stale_tmp(&base);
+    });
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());

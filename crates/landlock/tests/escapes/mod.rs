@@ -369,3 +369,28 @@ fn a_workspace_or_bind_that_would_grant_the_system_is_refused() {
     // made: the leak check after the suite finds any temporary directory.)
     still_usable(&sandbox(&ws));
 }
+
+#[test]
+fn a_killed_hakos_temporary_directory_is_removed_and_a_live_ones_is_kept() {
+    let base = tempfile::tempdir().unwrap();
+    // A process that has ended: its pid names a dead owner.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let stale = base.path().join(format!("hako-landlock-{dead}-0-00000000"));
+    let live = base
+        .path()
+        .join(format!("hako-landlock-{}-0-00000000", std::process::id()));
+    let other = base.path().join("hako-landlock-notapid");
+    for dir in [&stale, &live, &other] {
+        std::fs::create_dir(dir).unwrap();
+        std::fs::write(dir.join("f"), "x").unwrap();
+    }
+    if Path::new(&format!("/proc/{dead}")).exists() {
+        // The pid was taken again at once: nothing to check this time.
+        return;
+    }
+    let removed = hako_landlock::remove_stale_tmp(base.path());
+    assert_eq!(removed, [stale.clone()]);
+    assert!(!stale.exists() && live.exists() && other.exists());
+}
