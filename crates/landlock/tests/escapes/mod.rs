@@ -391,6 +391,6 @@ fn a_killed_hakos_temporary_directory_is_removed_and_a_live_ones_is_kept() {
         return;
     }
     let removed = hako_landlock::remove_stale_tmp(base.path());
-    assert_eq!(removed, [stale.clone()]);
+    assert_eq!(removed, std::slice::from_ref(&stale));
     assert!(!stale.exists() && live.exists() && other.exists());
 }
