@@ -150,10 +150,8 @@ fn serve_link(ctl: server::Link) -> GuestExit {
 /// cgroups, builds what every supervisor enforces, and installs the
 /// default seccomp policy on itself (see [`lockdown::Confinement::shared`]).
 fn confine_here(spec: &proto::ConfineSpec) -> Result<lockdown::Confinement, GuestError> {
-    let pid = std::process::id().to_string();
-    for file in &spec.cgroup_procs {
-        std::fs::write(file, &pid).map_err(error::failed_on("join cgroup", file))?;
-    }
+    let pid = hako_sys::rustix::process::getpid().as_raw_nonzero().get();
+    namespaces::join_cgroups(&spec.cgroup_procs, pid)?;
     let mut confinement = lockdown::Confinement::shared(spec)?;
     confinement.seal_guest()?;
     Ok(confinement)

@@ -49,9 +49,10 @@ const CLONED_NAMESPACES: i32 = ns::CLONE_NEWUSER
     | ns::CLONE_NEWCGROUP
     | ns::CLONE_NEWPID;
 
-/// Moves process `pid` into the sandbox's cgroups.
-fn join_cgroups(spec: &LinuxSpec, pid: i32) -> Result<(), GuestError> {
-    for file in &spec.cgroup_procs {
+/// Moves process `pid` into the sandbox's cgroups (their `cgroup.procs`
+/// files): a `linux` sandbox's pid 1, or a `landlock` sandbox's guest.
+pub(crate) fn join_cgroups(cgroup_procs: &[PathBuf], pid: i32) -> Result<(), GuestError> {
+    for file in cgroup_procs {
         std::fs::write(file, pid.to_string()).map_err(failed_on("join cgroup", file))?;
     }
     Ok(())
@@ -122,7 +123,7 @@ pub(crate) fn spawn_pid1(
                     gid: spec.gid.1,
                     source,
                 })
-                .and_then(|()| join_cgroups(spec, pid))
+                .and_then(|()| join_cgroups(&spec.cgroup_procs, pid))
                 .and_then(|()| {
                     hako_sys::rustix::io::write(&go_w, b"1")
                         .map(drop)

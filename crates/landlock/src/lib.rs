@@ -37,7 +37,7 @@ use hako_driver::sandbox::{
     OPTIONAL,
 };
 use hako_driver::{InProcessGuest, LaunchOptions};
-use hako_proto::{ConfineSpec, MemoryWatch, RlimitResource, RlimitSpec};
+use hako_proto::{ConfineSpec, MemoryWatch, Rlimits};
 
 pub use hako_driver::connection::locate_guest;
 
@@ -96,7 +96,15 @@ fn backend_err(op: &'static str, message: impl Into<String>) -> Error {
 /// Landlock itself, and (unless `best_effort`) its scoping of signals and
 /// abstract unix sockets (ABI 6). Restricts nothing.
 pub fn ready(best_effort: bool) -> std::result::Result<(), String> {
-    match hako_sys::confine::landlock_policy_status() {
+    ready_with(hako_sys::confine::landlock_policy_status(), best_effort)
+}
+
+/// [`ready`], given what the kernel's Landlock offers.
+fn ready_with(
+    status: Option<hako_sys::confine::PolicyStatus>,
+    best_effort: bool,
+) -> std::result::Result<(), String> {
+    match status {
         None => Err("this kernel offers no Landlock (Linux 5.13 or later with `landlock` in the lsm= list), or an outer seccomp filter refuses it".into()),
         Some(status) if !status.scoped && !best_effort => Err(format!(
             "this kernel's Landlock is ABI {}: scoping signals and abstract unix sockets to the sandbox needs ABI 6 (Linux 6.12); without it a command could signal any process of its user",
@@ -248,30 +256,19 @@ impl LandlockSandbox {
                 reason: "its commands share the host's network namespace and Landlock filters TCP by port alone, not by address: a connection to the egress proxy's port at any other address could not be stopped; use --net none, or a backend with a network namespace (linux, docker, gvisor)".into(),
             });
         }
-        ready(spec.best_effort).map_err(|why| backend_err("open", why))?;
         let status = hako_sys::confine::landlock_policy_status();
+        ready_with(status, spec.best_effort).map_err(|why| backend_err("open", why))?;
         let fence = open_workspace(&spec.workspace, &launch.fence)?;
         let limits = spec.limits;
         // cgroups where they can be made; rlimits otherwise.
         let cgroups = hako_driver::cgroup::for_sandbox(NAME, &limits, spec.best_effort)?;
         let by_cgroup = cgroups.as_ref().map(|c| c.mechanism);
-        let mut rlimits = Vec::new();
-        for (resource, value) in [
-            (
-                RlimitResource::AddressSpace,
-                limits.memory.filter(|_| by_cgroup.is_none()),
-            ),
-            (
-                RlimitResource::Nproc,
-                limits.pids.filter(|_| by_cgroup.is_none()),
-            ),
-            (RlimitResource::Fsize, limits.file_size),
-            (RlimitResource::Nofile, limits.open_files),
-        ] {
-            if let Some(value) = value {
-                rlimits.push(RlimitSpec { resource, value });
-            }
-        }
+        let rlimits = Rlimits {
+            address_space: limits.memory.filter(|_| by_cgroup.is_none()),
+            nproc: limits.pids.filter(|_| by_cgroup.is_none()),
+            fsize: limits.file_size,
+            nofile: limits.open_files,
+        };
         // Without ABI 6 (and only with --best-effort, see `ready`): run,
         // and say what is missing.
         let scoped = status.is_some_and(|s| s.scoped) || !spec.best_effort;

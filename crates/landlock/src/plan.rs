@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use hako_proto::{ConfineSpec, RlimitResource, RlimitSpec};
+use hako_proto::{ConfineSpec, Rlimits};
 use hako_view::HostFacts;
 
 /// The device files a command may read, write and send ioctls to.
@@ -39,7 +39,7 @@ pub struct PlanInput {
     /// Scoped signals and abstract sockets are required.
     pub scoped: bool,
     /// Limits set by `setrlimit`.
-    pub rlimits: Vec<RlimitSpec>,
+    pub rlimits: Rlimits,
     /// The sandbox's cgroups.
     pub cgroup_procs: Vec<PathBuf>,
 }
@@ -152,11 +152,7 @@ pub fn plan(input: &PlanInput, facts: &HostFacts, list_dir: ListDir<'_>) -> Conf
     read.extend(input.ro.iter().cloned());
     let mut write = vec![input.workspace.clone(), input.tmp.clone()];
     write.extend(input.rw.iter().cloned());
-    let mut rlimits = vec![RlimitSpec {
-        resource: RlimitResource::Core,
-        value: 0,
-    }];
-    rlimits.extend(input.rlimits.iter().cloned());
+    let rlimits = input.rlimits.specs();
     ConfineSpec {
         read,
         list: listed,
@@ -222,7 +218,7 @@ mod tests {
             rw: vec![p("/srv/cache")],
             host_network: false,
             scoped: true,
-            rlimits: vec![],
+            rlimits: Rlimits::default(),
             cgroup_procs: vec![],
         }
     }
@@ -318,6 +314,6 @@ mod tests {
         assert!(spec
             .rlimits
             .iter()
-            .any(|r| r.resource == RlimitResource::Core));
+            .any(|r| r.resource == hako_proto::RlimitResource::Core));
     }
 }

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use hako_proto::{LandlockSpec, LinuxSpec, MountOp, RlimitResource, RlimitSpec};
+use hako_proto::{LandlockSpec, LinuxSpec, MountOp};
 use hako_view::{
     HostFacts, HostPath, MASKED_ETC_DIRS, MASKED_ETC_FILES, MASKED_PROC_DIRS, MASKED_PROC_FILES,
     READ_ONLY_PROC_DIRS,
@@ -20,18 +20,7 @@ pub const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "t
 /// runs as root inside.
 pub const ROOT_INVOKER_INNER_ID: u32 = 1000;
 
-/// Resource limits enforced with `setrlimit`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Rlimits {
-    /// Address space, bytes (`--memory` without a cgroup).
-    pub address_space: Option<u64>,
-    /// Processes (`--pids` without a cgroup).
-    pub nproc: Option<u64>,
-    /// Largest file, bytes (`--max-file-size`).
-    pub fsize: Option<u64>,
-    /// Open descriptors (`--max-open-files`).
-    pub nofile: Option<u64>,
-}
+pub use hako_proto::Rlimits;
 
 /// Everything the plan needs from the configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -205,20 +194,7 @@ pub fn plan(input: &PlanInput, facts: &HostFacts) -> Result<LinuxSpec, PlanError
         .iter()
         .map(|n| Path::new("/dev").join(n))
         .collect();
-    let mut rlimits = vec![RlimitSpec {
-        resource: RlimitResource::Core,
-        value: 0,
-    }];
-    for (resource, value) in [
-        (RlimitResource::AddressSpace, input.rlimits.address_space),
-        (RlimitResource::Nproc, input.rlimits.nproc),
-        (RlimitResource::Fsize, input.rlimits.fsize),
-        (RlimitResource::Nofile, input.rlimits.nofile),
-    ] {
-        if let Some(value) = value {
-            rlimits.push(RlimitSpec { resource, value });
-        }
-    }
+    let rlimits = input.rlimits.specs();
     Ok(LinuxSpec {
         uid: (inner(facts.uid), facts.uid),
         gid: (inner(facts.gid), facts.gid),
@@ -242,6 +218,7 @@ pub fn plan(input: &PlanInput, facts: &HostFacts) -> Result<LinuxSpec, PlanError
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hako_proto::RlimitResource;
 
     fn facts(uid: u32) -> HostFacts {
         HostFacts {

@@ -161,6 +161,41 @@ pub struct RlimitSpec {
     pub value: u64,
 }
 
+/// The resource limits a `linux` or `landlock` sandbox sets on each
+/// command with `setrlimit` (those not left to a cgroup).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rlimits {
+    /// Address space, bytes (`--memory` without a cgroup).
+    pub address_space: Option<u64>,
+    /// Processes (`--pids` without a cgroup).
+    pub nproc: Option<u64>,
+    /// Largest file, bytes (`--max-file-size`).
+    pub fsize: Option<u64>,
+    /// Open descriptors (`--max-open-files`).
+    pub nofile: Option<u64>,
+}
+
+impl Rlimits {
+    /// What the guest is told: no core dumps, then each limit given.
+    pub fn specs(&self) -> Vec<RlimitSpec> {
+        let mut specs = vec![RlimitSpec {
+            resource: RlimitResource::Core,
+            value: 0,
+        }];
+        for (resource, value) in [
+            (RlimitResource::AddressSpace, self.address_space),
+            (RlimitResource::Nproc, self.nproc),
+            (RlimitResource::Fsize, self.fsize),
+            (RlimitResource::Nofile, self.nofile),
+        ] {
+            if let Some(value) = value {
+                specs.push(RlimitSpec { resource, value });
+            }
+        }
+        specs
+    }
+}
+
 /// Landlock: where the command may write. Reads are not restricted by
 /// Landlock (the filesystem view decides what exists).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -225,11 +225,15 @@ impl AutoChoice {
 /// refusal naming `hako doctor`. `auto` never picks `host`, which isolates
 /// nothing.
 pub fn choose_auto() -> Result<AutoChoice, Error> {
-    strongest(crate::probe::probe_for_auto)
+    choose_auto_with(crate::probe::probe_for_auto)
 }
 
-/// The first of [`BackendKind::ALL`] but `host` that `works`.
-fn strongest(works: impl Fn(BackendKind) -> Result<(), Unavailable>) -> Result<AutoChoice, Error> {
+/// `auto`'s choice with `works` the test of each backend (`hako doctor`
+/// passes its own, thorough one): the first of [`BackendKind::ALL`] but
+/// `host` that `works`.
+pub fn choose_auto_with(
+    works: impl Fn(BackendKind) -> Result<(), Unavailable>,
+) -> Result<AutoChoice, Error> {
     let mut passed_over = Vec::new();
     for kind in BackendKind::ALL {
         if kind == BackendKind::Host {
@@ -301,7 +305,7 @@ mod tests {
                 hint: "none".into(),
             }),
         };
-        let choice = strongest(works).unwrap();
+        let choice = choose_auto_with(works).unwrap();
         assert_eq!(choice.kind, BackendKind::Docker);
         let passed: Vec<_> = choice.passed_over.iter().map(|(k, _)| *k).collect();
         assert_eq!(passed, [BackendKind::Vm, BackendKind::Gvisor]);
@@ -326,24 +330,24 @@ mod tests {
             }
         };
         assert_eq!(
-            strongest(only(&[BackendKind::Landlock, BackendKind::Host]))
+            choose_auto_with(only(&[BackendKind::Landlock, BackendKind::Host]))
                 .unwrap()
                 .kind,
             BackendKind::Landlock
         );
         assert_eq!(
-            strongest(only(&[BackendKind::Linux, BackendKind::Landlock]))
+            choose_auto_with(only(&[BackendKind::Linux, BackendKind::Landlock]))
                 .unwrap()
                 .kind,
             BackendKind::Linux
         );
-        let err = strongest(only(&[BackendKind::Host])).unwrap_err();
+        let err = choose_auto_with(only(&[BackendKind::Host])).unwrap_err();
         assert!(err.to_string().contains("auto never picks host"), "{err}");
     }
 
     #[test]
     fn auto_with_nothing_working_points_at_hako_doctor() {
-        let err = strongest(|_| {
+        let err = choose_auto_with(|_| {
             Err(Unavailable {
                 reason: "no".into(),
                 hint: "none".into(),

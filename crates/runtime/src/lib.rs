@@ -49,11 +49,13 @@ mod probe;
 mod profile;
 pub mod token;
 
-pub use backend::{choose_auto, resolve, AutoChoice, BackendArg, BackendKind, ParseBackendError};
+pub use backend::{
+    choose_auto, choose_auto_with, resolve, AutoChoice, BackendArg, BackendKind, ParseBackendError,
+};
 pub use cow::{CowHold, CowRequest};
 pub use flags::{parse_key_value, parse_resolve, parse_size, parse_size_u64, Plan, SandboxFlags};
 pub use hako_core::{SandboxSpec, DEFAULT_MAX_PROCESSES, DEFAULT_MAX_SESSIONS};
 pub use hako_driver::{DriverOptions, ExitFollowsClose};
 pub use limits::parse_cpus;
 pub use open::{open, open_with, Opener};
-pub use probe::{check, probe, probe_for_auto, protections, Protection, Unavailable};
+pub use probe::{check, fit_for_auto, probe, probe_for_auto, protections, Protection, Unavailable};

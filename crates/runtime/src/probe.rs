@@ -86,10 +86,15 @@ fn split_hint_at<'a>(text: &'a str, at: &str) -> (&'a str, Option<&'a str>) {
     }
 }
 
-/// [`probe`], and what `auto` asks beyond it: that the backend runs
-/// everyday tools here (a gVisor whose `stat` fails is passed over).
+/// [`probe`], and what `auto` asks beyond it ([`fit_for_auto`]).
 pub fn probe_for_auto(kind: BackendKind) -> Result<(), Unavailable> {
     probe(kind)?;
+    fit_for_auto(kind)
+}
+
+/// What `auto` asks of a backend that works: that it runs everyday tools
+/// here (a gVisor whose `stat` fails is passed over).
+pub fn fit_for_auto(kind: BackendKind) -> Result<(), Unavailable> {
     if kind == BackendKind::Gvisor {
         hako_gvisor::everyday_tools_work().map_err(|why| {
             let (reason, hint) = split_hint_at(&why, ": install");

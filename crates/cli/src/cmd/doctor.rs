@@ -38,33 +38,22 @@ pub fn run(args: DoctorArgs) -> u8 {
             }
         })
         .collect();
-    // What `auto` picks, as `hako run` would: never `host`, and a backend
-    // that works here and runs everyday tools (see `probe_for_auto`).
-    let mut passed_over = Vec::new();
-    let mut best = None;
-    for (kind, report) in BackendKind::ALL.into_iter().zip(&reports) {
-        if kind == BackendKind::Host {
-            break;
+    // What `auto` picks, as `hako run` would (never `host`; a backend
+    // that works here and runs everyday tools), judged by the checks above
+    // rather than probing again.
+    let choice = hako_runtime::choose_auto_with(|kind| {
+        let report = reports.iter().find(|r| r.backend == kind.name());
+        match report {
+            Some(r) if r.works => hako_runtime::fit_for_auto(kind),
+            _ => Err(hako_runtime::Unavailable {
+                reason: report.and_then(|r| r.reason.clone()).unwrap_or_default(),
+                hint: report.and_then(|r| r.hint.clone()).unwrap_or_default(),
+            }),
         }
-        let fit = if report.works {
-            hako_runtime::probe_for_auto(kind)
-        } else {
-            Err(hako_runtime::Unavailable {
-                reason: report.reason.clone().unwrap_or_default(),
-                hint: report.hint.clone().unwrap_or_default(),
-            })
-        };
-        match fit {
-            Ok(()) => {
-                best = Some(kind);
-                break;
-            }
-            Err(why) => passed_over.push((kind, why)),
-        }
-    }
-    let choice = best.map(|kind| hako_runtime::AutoChoice { kind, passed_over });
+    })
+    .ok();
     let why = choice.as_ref().map(hako_runtime::AutoChoice::why);
-    let best = best.map(BackendKind::name);
+    let best = choice.as_ref().map(|c| c.kind.name());
     if args.json {
         let obj = serde_json::json!({
             "backends": reports,
