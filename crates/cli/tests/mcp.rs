@@ -11,7 +11,6 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// One client at a time: the check that nothing outlives a server looks
 /// for the script's commands among every process.
@@ -33,7 +32,7 @@ fn drive(backend: &str) {
     std::fs::create_dir(&ws).unwrap();
     let audit: PathBuf = tmp.path().join("audit.log");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_client.py");
-    let out = Command::new("python3")
+    let out = support::python()
         .arg(&script)
         .arg(env!("CARGO_BIN_EXE_hako"))
         .arg(backend)
@@ -125,7 +124,7 @@ fn python_mcp_client_reviews_checkpoints_rolls_back_and_commits_a_cow_sandbox_on
     let state = tmp.path().join("state");
     let (audit1, audit2) = (tmp.path().join("one.log"), tmp.path().join("two.log"));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_cow_client.py");
-    let out = Command::new("python3")
+    let out = support::python()
         .arg(&script)
         .arg(env!("CARGO_BIN_EXE_hako"))
         .args([&ws, &state, &audit1, &audit2])

@@ -114,7 +114,7 @@ fn python_mcp_client_over_http_needs_the_token_and_shares_one_sandbox() {
     assert!(!seen.iter().any(|l| l.contains(&token)), "{seen:?}");
 
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_http_client.py");
-    let out = Command::new("python3")
+    let out = support::python()
         .arg(&script)
         .arg(&url)
         .arg(&token_file)

@@ -16,16 +16,22 @@ pub fn skip(reason: &str) -> bool {
     false
 }
 
+/// The Python that runs the clients: the test virtualenv's
+/// (`HAKO_TEST_PYTHON`, set by the test command), else `python3`.
+pub fn python() -> Command {
+    Command::new(std::env::var_os("HAKO_TEST_PYTHON").unwrap_or_else(|| "python3".into()))
+}
+
 /// Whether `python3` has the `mcp` package and `hako-guest` is beside
 /// `hako` (the server runs under tokio, so it starts the guest binary);
 /// prints why not.
 pub fn client_and_guest_ready() -> bool {
-    let python = Command::new("python3").args(["-c", "import mcp"]).output();
+    let python = python().args(["-c", "import mcp"]).output();
     match python {
         Err(e) => return skip(&format!("python3 cannot run ({e})")),
         Ok(out) if !out.status.success() => {
             return skip(&format!(
-                "the Python mcp package is missing (python3 -m pip install mcp): {}",
+                "the Python mcp package is missing (the test command installs it into its virtualenv, HAKO_TEST_PYTHON): {}",
                 String::from_utf8_lossy(&out.stderr).trim()
             ))
         }
