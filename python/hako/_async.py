@@ -12,6 +12,7 @@ import time
 from typing import (
     Any,
     AsyncIterator,
+    BinaryIO,
     Dict,
     List,
     Mapping,
@@ -274,43 +275,45 @@ class _AServer:
         self.dir = ""
         self.token = ""
         self.url = ""
-        self.log = ""
+        self.log: Optional[BinaryIO] = None
 
     async def start(self, flags: Sequence[str]) -> None:
         binary = c.find_binary()
         self.dir, token_path, self.token = c.token_file()
-        self.log = os.path.join(self.dir, "serve.log")
         try:
-            with open(self.log, "wb") as log:
-                self.proc = await asyncio.create_subprocess_exec(
-                    *c.serve_argv(binary, token_path, flags),
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=log,
-                    start_new_session=True,
-                )
-        except OSError as e:
-            shutil.rmtree(self.dir, ignore_errors=True)
-            raise HakoError(f"cannot start {binary}: {e}", "no_binary") from e
-        try:
-            assert self.proc.stdout is not None
             try:
-                line = await asyncio.wait_for(self.proc.stdout.readline(), c.START_TIMEOUT)
-            except asyncio.TimeoutError as e:
-                raise CommandTimeout(
-                    f"hako serve did not say it listens within {c.START_TIMEOUT:.0f} s: "
-                    + c.read_log(self.log)[-2000:]
-                ) from e
-            if not line.endswith(b"\n"):
+                w, self.log = c.open_log(self.dir)
+                with w:
+                    self.proc = await asyncio.create_subprocess_exec(
+                        *c.serve_argv(binary, token_path, flags),
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=w,
+                        start_new_session=True,
+                    )
+            except OSError as e:
+                raise HakoError(f"cannot start {binary}: {e}", "no_binary") from e
+            try:
+                assert self.proc.stdout is not None
                 try:
-                    code: Optional[int] = await asyncio.wait_for(self.proc.wait(), 10)
-                except asyncio.TimeoutError:
-                    code = None
-                c.parse_ready(line, c.read_log(self.log), code)
-            self.url = c.parse_ready(line, "", None)
-        except BaseException:
-            await self.stop()
-            raise
+                    line = await asyncio.wait_for(self.proc.stdout.readline(), c.START_TIMEOUT)
+                except asyncio.TimeoutError as e:
+                    raise CommandTimeout(
+                        f"hako serve did not say it listens within {c.START_TIMEOUT:.0f} s: "
+                        + c.read_log(self.log)[-2000:]
+                    ) from e
+                if not line.endswith(b"\n"):
+                    try:
+                        code: Optional[int] = await asyncio.wait_for(self.proc.wait(), 10)
+                    except asyncio.TimeoutError:
+                        code = None
+                    c.parse_ready(line, c.read_log(self.log), code)
+                self.url = c.parse_ready(line, "", None)
+            except BaseException:
+                await self.stop()
+                raise
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def lost(self) -> Optional[str]:
         code = self.proc.returncode
@@ -332,8 +335,8 @@ class _AServer:
             except asyncio.TimeoutError:
                 proc.kill()
                 await proc.wait()
-        if self.dir:
-            shutil.rmtree(self.dir, ignore_errors=True)
+        if self.log is not None:
+            self.log.close()
 
 
 class AsyncFiles:

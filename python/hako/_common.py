@@ -13,7 +13,7 @@ import sys
 import sysconfig
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, BinaryIO, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import quote, urlsplit
 
 from ._errors import BadRequest, HakoError, error_for
@@ -217,27 +217,48 @@ def parse_ready(line: bytes, stderr: str, code: Optional[int]) -> str:
     return _start_failure(stderr, code, line)
 
 
+# What a policy refusal at start says (hako_core's errors): the server
+# exits 125 with one of these on stderr.
+_POLICY_REFUSALS = (
+    "refused to run:",
+    "invalid network policy",
+    "cannot provide network mode",
+)
+
+
 def _start_failure(stderr: str, code: Optional[int], line: bytes = b"") -> str:
     said = (stderr.strip() or line.decode("utf-8", "replace").strip())[-4000:]
     if code == 2:
         # clap's usage errors: a flag or value serve refuses.
         raise BadRequest(f"hako serve refused its arguments: {said}", "bad_flag")
+    if code == 125 and any(p in said for p in _POLICY_REFUSALS):
+        raise error_for("policy", f"hako serve refused to start: {said}")
     raise error_for(
-        "server_exited",
+        "start_failed",
         f"hako serve did not start (exit {code}): {said or 'it said nothing'}",
     )
 
 
-def read_log(path: str) -> str:
-    """The private server's stderr so far (its last 64 KiB)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            n = f.tell()
-            f.seek(max(0, n - 65536))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
+def read_log(log: "Optional[BinaryIO]") -> str:
+    """The private server's stderr so far (its last 64 KiB), from the
+    SDK's own read handle on it."""
+    if log is None:
         return ""
+    try:
+        size = os.fstat(log.fileno()).st_size
+        return os.pread(log.fileno(), 65536, max(0, size - 65536)).decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return ""
+
+
+def open_log(d: str) -> "Tuple[BinaryIO, BinaryIO]":
+    """The server's stderr file in ``d``: a handle for the server (append
+    only) and one for the SDK to read; the file itself is unlinked with
+    ``d`` once the server is ready."""
+    path = os.path.join(d, "serve.log")
+    w = open(path, "ab")
+    r = open(path, "rb")
+    return w, r
 
 
 def path_query(path: PathLike) -> str:

@@ -11,7 +11,7 @@ import subprocess
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _common as c
 from ._errors import (
@@ -202,16 +202,20 @@ class _Server:
 
     def __init__(self, flags: Sequence[str]) -> None:
         binary = c.find_binary()
+        # The token file and the server's stderr live in a private
+        # directory only until the server is ready (it has read the token);
+        # then the directory goes and the SDK keeps a handle on the log.
         self.dir, token_path, self.token = c.token_file()
-        self.log = os.path.join(self.dir, "serve.log")
+        self.log: Optional[BinaryIO] = None
         argv = c.serve_argv(binary, token_path, flags)
         try:
-            with open(self.log, "wb") as log:
+            w, self.log = c.open_log(self.dir)
+            with w:
                 self.proc = subprocess.Popen(
                     argv,
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
-                    stderr=log,
+                    stderr=w,
                     start_new_session=True,
                 )
         except OSError as e:
@@ -220,9 +224,11 @@ class _Server:
         try:
             self.url = self._ready()
         except BaseException:
-            self.stop()
+            _Server._reap(self.proc, self.log)
             raise
-        self._finalizer = weakref.finalize(self, _Server._reap, self.proc, self.dir)
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        self._finalizer = weakref.finalize(self, _Server._reap, self.proc, self.log)
 
     def _ready(self) -> str:
         assert self.proc.stdout is not None
@@ -262,7 +268,7 @@ class _Server:
         return f"hako serve exited ({code}): {c.read_log(self.log)[-2000:].strip()}"
 
     @staticmethod
-    def _reap(proc: "subprocess.Popen[bytes]", d: str) -> None:
+    def _reap(proc: "subprocess.Popen[bytes]", log: Optional[BinaryIO]) -> None:
         if proc.stdin is not None and not proc.stdin.closed:
             try:
                 proc.stdin.close()
@@ -273,15 +279,14 @@ class _Server:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        shutil.rmtree(d, ignore_errors=True)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        if log is not None:
+            log.close()
 
     def stop(self) -> None:
         """Ends the server (closing its lifeline; killed if it lingers)."""
-        fin = getattr(self, "_finalizer", None)
-        if fin is not None:
-            fin()
-        else:
-            _Server._reap(self.proc, self.dir)
+        self._finalizer()
 
 
 class Files:
