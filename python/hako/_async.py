@@ -425,6 +425,7 @@ class AsyncProcess:
         self._sb = sb
         self.id = pid
         self._offset = 0
+        self._err_offset = 0
 
     @property
     def pid(self) -> int:
@@ -435,13 +436,19 @@ class AsyncProcess:
         return f"processes/{self.id}{tail}"
 
     async def read(self, wait: float = 0.0, binary: bool = False) -> Tuple[Union[str, bytes], Union[str, bytes]]:
-        """Output since the last read: ``(stdout, stderr)``."""
-        q = f"?offset={self._offset}&wait_ms={int(wait * 1000)}"
+        """The output written since the last read: ``(stdout, stderr)``;
+        waits up to ``wait`` seconds (at most 60) for some when there is
+        none yet. The server keeps the last 1 MiB of stdout and 256 KiB of
+        stderr of a process; output older than that is gone."""
+        wait_ms = max(0, min(int(wait * 1000), 60000))
+        q = f"?offset={self._offset}&stderr_offset={self._err_offset}&wait_ms={wait_ms}"
         if binary:
             q += "&encoding=base64"
-        v = await self._sb._json("GET", self._path("/output") + q, timeout=wait + 60.0)
+        v = await self._sb._json("GET", self._path("/output") + q, timeout=wait_ms / 1000 + 60.0)
         self._offset = int(v.get("offset", self._offset))
-        return c.decode_chunk(v.get("stdout") or "", binary), c.decode_chunk(v.get("stderr") or "", binary)
+        self._err_offset = int(v.get("stderr_offset", self._err_offset))
+        out, err = v.get("stdout") or "", v.get("stderr") or ""
+        return c.decode_chunk(out, binary), c.decode_chunk(err, binary)
 
     async def write(self, data: Union[str, bytes]) -> None:
         """Writes to its stdin."""
@@ -460,11 +467,17 @@ class AsyncProcess:
         return ProcessState.from_json(await self._sb._json("GET", self._path()))
 
     async def wait(self, timeout: Optional[float] = None) -> ProcessState:
-        """Waits until it ends, or ``timeout`` seconds."""
-        q = "" if timeout is None else f"?timeout_ms={int(timeout * 1000)}"
-        return ProcessState.from_json(
-            await self._sb._json("POST", self._path("/wait") + q, timeout=c.http_timeout(timeout))
-        )
+        """Waits until it ends, or ``timeout`` seconds (then ``running`` is
+        still true); without a timeout, until it ends."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = 60.0 if deadline is None else max(0.0, min(60.0, deadline - time.monotonic()))
+            v = await self._sb._json(
+                "POST", self._path("/wait") + f"?timeout_ms={int(left * 1000)}", timeout=left + 60.0
+            )
+            st = ProcessState.from_json(v)
+            if not st.running or (deadline is not None and time.monotonic() >= deadline):
+                return st
 
 
 class RunStream:
@@ -676,10 +689,14 @@ class AsyncSandbox:
         return AsyncSession(self, int(v["session"]))
 
     async def spawn(
-        self, cmd: c.Command, cwd: Optional[c.PathLike] = None, env: Optional[Mapping[str, str]] = None
+        self,
+        cmd: c.Command,
+        cwd: Optional[c.PathLike] = None,
+        env: Optional[Mapping[str, str]] = None,
+        timeout: Optional[float] = None,
     ) -> AsyncProcess:
-        """Starts a long-lived process."""
-        v = await self._json("POST", "processes", c.process_body(cmd, cwd, env))
+        """Starts a long-lived process, as :meth:`hako.Sandbox.spawn`."""
+        v = await self._json("POST", "processes", c.process_body(cmd, cwd, env, timeout))
         return AsyncProcess(self, int(v["process"]))
 
     async def processes(self) -> List[ProcessState]:

@@ -335,11 +335,13 @@ def raise_for(status: int, body: bytes) -> None:
 
 
 def process_body(
-    cmd: Command, cwd: Optional[PathLike], env: Optional[Mapping[str, str]]
+    cmd: Command,
+    cwd: Optional[PathLike],
+    env: Optional[Mapping[str, str]],
+    timeout: Optional[float] = None,
 ) -> Dict[str, Any]:
     """The body of ``POST .../processes``."""
-    body = exec_body(cmd, cwd=cwd, env=env)
-    return body
+    return exec_body(cmd, cwd=cwd, env=env, timeout=timeout)
 
 
 def stdin_body(data: Union[str, bytes, None], close: bool) -> Dict[str, Any]:
