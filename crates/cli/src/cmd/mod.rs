@@ -211,7 +211,8 @@ pub struct SandboxArgs {
     /// (repeatable): a name (ports 80 and 443 unless one is given),
     /// `*.example.org` (its subdomains), an IP address, or `localhost:PORT`
     /// (that port on the host's loopback, also reachable inside as
-    /// 127.0.0.1:PORT).
+    /// 127.0.0.1:PORT); or a URL of a host, `https://HOST[:PORT]` (port 443
+    /// for https, 80 for http, unless one is given; never a path).
     #[arg(long = "allow", value_name = "HOST[:PORT]")]
     pub allow: Vec<String>,
     /// Have the egress proxy resolve NAME to ADDR instead of asking the

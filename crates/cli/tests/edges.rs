@@ -1,0 +1,94 @@
+//! The rough edges a new user met at the command line, each tested through
+//! the `hako` binary: URLs in `--allow`, profile keys and their values,
+//! the help text of every command, and `run --json` errors.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn hako() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_hako"))
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn run_in(ws: &Path, args: &[&str]) -> Output {
+    hako()
+        .arg("run")
+        .arg("--workspace")
+        .arg(ws)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn allow_takes_a_url_as_its_host_and_the_port_of_its_scheme() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A host service on loopback, allowed by a URL: the sandbox reaches it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.write_all(b"from-the-host\n").unwrap();
+    });
+    let allow = format!("http://localhost:{port}/");
+    let script = format!("busybox nc 127.0.0.1 {port} </dev/null");
+    let out = run_in(
+        tmp.path(),
+        &[
+            "--backend",
+            "linux",
+            "--allow",
+            &allow,
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    server.join().unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{}", text(&out.stdout), text(&out.stderr)));
+    assert!(
+        json["stdout"].as_str().unwrap().contains("from-the-host"),
+        "{json}"
+    );
+    assert_eq!(json["network_access"], "allowlist", "{json}");
+
+    // A URL with a path is refused before anything runs, saying that
+    // entries are hosts, and what to write instead.
+    let out = run_in(
+        tmp.path(),
+        &[
+            "--backend",
+            "linux",
+            "--allow",
+            "https://example.org/some/repo",
+            "--",
+            "true",
+        ],
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains("`https://example.org/some/repo`")
+            && err.contains("allow entries are hosts, not URLs with a path")
+            && err.contains("write `https://example.org`"),
+        "{err}"
+    );
+    assert!(!err.contains("not a port number"), "{err}");
+    // A scheme with no known port is refused by name.
+    let out = run_in(
+        tmp.path(),
+        &["--backend", "linux", "--allow", "ftp://example.org", "--", "true"],
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(err.contains("`ftp://` is not a scheme"), "{err}");
+}
