@@ -92,3 +92,70 @@ fn allow_takes_a_url_as_its_host_and_the_port_of_its_scheme() {
     assert_eq!(out.status.code(), Some(125), "{err}");
     assert!(err.contains("`ftp://` is not a scheme"), "{err}");
 }
+
+#[test]
+fn profile_min_isolation_timeout_and_audit_apply_and_bad_values_list_the_valid_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let profile = tmp.path().join("p.toml");
+    std::fs::write(
+        &profile,
+        "backend = \"linux\"\nmin_isolation = \"process\"\ntimeout = \"1s\"\naudit = \"logs.jsonl\"\n",
+    )
+    .unwrap();
+    let p = profile.to_str().unwrap();
+    // The profile's timeout ends the command; its audit log records it.
+    let out = run_in(&ws, &["--profile", p, "--json", "--", "sleep", "30"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{}", text(&out.stdout), text(&out.stderr)));
+    assert_eq!(json["timed_out"], true, "{json}");
+    assert_eq!(json["backend"], "linux", "{json}");
+    let log = tmp.path().join("logs.jsonl");
+    assert!(hako_audit_verifies(&log), "{}", log.display());
+    let records = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        records.contains("\"sleep\"") && records.contains("\"timed_out\":true"),
+        "{records}"
+    );
+    // A flag wins over the key: --timeout lets the command finish.
+    let out = run_in(
+        &ws,
+        &["--profile", p, "--timeout", "60s", "--json", "--", "echo", "done"],
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((json["timed_out"].clone(), json["exit_code"].clone()), (false.into(), 0.into()), "{json}");
+    // The profile's min_isolation refuses a weaker backend.
+    let out = run_in(&ws, &["--profile", p, "--backend", "host", "--", "true"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(err.contains("process"), "{err}");
+
+    for (key, valid) in [
+        (
+            "backend = \"dockr\"",
+            "auto, host, linux, landlock, docker, gvisor",
+        ),
+        ("net = \"open\"", "none, allow or host"),
+        ("min_isolation = \"strong\"", "none, process, kernel, vm"),
+        ("timeout = \"soon\"", "30s"),
+        ("audti = \"x.log\"", "`audit`"),
+    ] {
+        std::fs::write(&profile, format!("{key}\n")).unwrap();
+        let out = run_in(&ws, &["--profile", p, "--", "true"]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{key}: {err}");
+        assert!(err.contains(valid), "{key}: {err}");
+    }
+}
+
+/// `hako audit verify FILE` accepts the log.
+fn hako_audit_verifies(log: &Path) -> bool {
+    hako()
+        .args(["audit", "verify"])
+        .arg(log)
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
