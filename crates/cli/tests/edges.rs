@@ -159,3 +159,141 @@ fn hako_audit_verifies(log: &Path) -> bool {
         .status
         .success()
 }
+
+fn help(args: &[&str]) -> String {
+    let out = hako().args(args).output().unwrap();
+    assert!(out.status.success(), "hako {args:?}: {}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// What `-h` says of `flag`: its line and the lines that continue it.
+fn short_help_line(help: &str, flag: &str) -> Option<String> {
+    let with_value = format!("{flag} <");
+    let mut lines = help.lines();
+    let first = lines.find(|l| l.trim_start().starts_with(&with_value))?;
+    let rest = lines.take_while(|l| !l.trim_start().starts_with('-') && !l.trim().is_empty());
+    Some(std::iter::once(first).chain(rest).collect::<Vec<_>>().join(" "))
+}
+
+#[test]
+fn help_lists_the_values_of_every_enum_flag() {
+    let enums: [(&str, &[&str]); 3] = [
+        (
+            "--backend",
+            &["auto", "host", "linux", "landlock", "docker", "gvisor"],
+        ),
+        ("--min-isolation", &["none", "process", "kernel", "vm"]),
+        ("--net", &["none", "allow", "host"]),
+    ];
+    for command in ["run", "shell", "fs", "mcp", "serve", "doctor", "bench"] {
+        let short = help(&[command, "-h"]);
+        let long = help(&[command, "--help"]);
+        for (flag, values) in enums {
+            let Some(line) = short_help_line(&short, flag) else {
+                continue;
+            };
+            let listed = format!("[possible values: {}]", values.join(", "));
+            assert!(line.contains(&listed), "hako {command} -h, {flag}:\n{line}");
+            // --help describes each value on a line of its own.
+            for value in values {
+                assert!(
+                    long.contains(&format!("- {value}:")),
+                    "hako {command} --help does not describe {flag} {value}:\n{long}"
+                );
+            }
+            // A bad value is refused, listing the valid ones.
+            let args = [command, flag, "bogus"];
+            let out = hako().args(&args).output().unwrap();
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "hako {args:?}: {err}");
+            assert!(
+                err.contains("invalid value 'bogus'") && err.contains(&listed),
+                "hako {args:?}: {err}"
+            );
+        }
+    }
+    // Every command that opens a sandbox has the three; doctor has none.
+    for command in ["run", "shell", "mcp", "serve"] {
+        let short = help(&[command, "-h"]);
+        for (flag, _) in enums {
+            assert!(short_help_line(&short, flag).is_some(), "hako {command} -h lacks {flag}");
+        }
+    }
+    let doctor = help(&["doctor", "--help"]);
+    assert!(doctor.contains("--json") && !doctor.contains(" <"), "{doctor}");
+}
+
+#[test]
+fn fs_help_offers_only_the_flags_that_apply_to_files() {
+    let fs = help(&["fs", "--help"]);
+    for absent in [
+        "--memory",
+        "--pids",
+        "--cpus",
+        "--max-file-size",
+        "--max-open-files",
+        "--max-output",
+        "--max-sessions",
+        "--max-processes",
+        "--net",
+        "--allow",
+        "--resolve",
+        "--timeout",
+        "--env",
+        "--pass-env",
+        "--ro",
+        "--rw",
+        "--best-effort",
+    ] {
+        assert!(
+            !fs.lines().any(|l| l.trim_start().starts_with(&format!("{absent} "))
+                || l.trim() == absent),
+            "hako fs --help offers {absent}:\n{fs}"
+        );
+    }
+    for present in [
+        "--profile <FILE>",
+        "--backend <BACKEND>",
+        "--workspace <DIR>",
+        "--min-isolation <LEVEL>",
+        "--cow",
+        "--name <NAME>",
+        "--json",
+    ] {
+        assert!(fs.contains(present), "hako fs --help lacks {present}:\n{fs}");
+    }
+    // Such a flag is a usage error, not silently ignored.
+    let tmp = tempfile::tempdir().unwrap();
+    let out = hako()
+        .args(["fs", "--memory", "1G", "--workspace"])
+        .arg(tmp.path())
+        .arg("ls")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("unexpected argument '--memory'"));
+    // What it keeps still works: a file written and listed.
+    let mut child = hako()
+        .args(["fs", "--backend", "linux", "--min-isolation", "process", "--workspace"])
+        .arg(tmp.path())
+        .args(["write", "a.txt"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"hi\n").unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(std::fs::read_to_string(tmp.path().join("a.txt")).unwrap(), "hi\n");
+    // And a profile's keys for commands are still read and checked.
+    let profile = tmp.path().join("p.toml");
+    std::fs::write(&profile, "memory = \"lots\"\n").unwrap();
+    let out = hako()
+        .args(["fs", "--profile"])
+        .arg(&profile)
+        .arg("--workspace")
+        .arg(tmp.path())
+        .arg("ls")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("profile key `memory`"));
+}
