@@ -34,7 +34,8 @@ pub struct ServeArgs {
     /// token is generated and printed once on stderr.
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
-    /// Record every effect in this hash-chained audit log.
+    /// Record every effect in this hash-chained audit log [default: the
+    /// profile's `audit`, else none].
     #[arg(long, value_name = "FILE")]
     audit: Option<PathBuf>,
     /// The most sandboxes open at once; one more is refused (429).
@@ -66,6 +67,8 @@ pub fn run(args: ServeArgs) -> u8 {
     if args.allow_agent_commit && plan.cow.is_none() {
         return fail(&"--allow-agent-commit lets clients commit a copy-on-write sandbox's changes: give --cow (or the profile's `cow = true`) too");
     }
+    // `--audit`, else the profile's `audit`.
+    let audit_path = args.audit.clone().or_else(|| plan.audit.clone());
     // Every sandbox a client asks for is opened from this one choice, and
     // a backend weaker than --min-isolation refuses to start.
     let opener = match hako_runtime::Opener::from_plan(plan, Isolation::None) {
@@ -100,8 +103,7 @@ pub fn run(args: ServeArgs) -> u8 {
         },
     };
     let writable = opener.spec().writable();
-    let audit = match args
-        .audit
+    let audit = match audit_path
         .as_deref()
         .map(|path| hako_audit::AuditLog::open(path, &writable))
     {
