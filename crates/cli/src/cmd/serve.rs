@@ -75,6 +75,15 @@ pub fn run(args: ServeArgs) -> u8 {
         Ok(opener) => opener,
         Err(e) => return fail(&e),
     };
+    // What the backend needs (its guest, its image) is checked now: a
+    // server that cannot open a sandbox refuses to start, with the fix,
+    // rather than failing its clients' first calls.
+    if let Err(u) = hako_runtime::preflight(opener.kind(), opener.spec()) {
+        return fail(&format!(
+            "the {} backend cannot start here: {u}",
+            opener.kind().name()
+        ));
+    }
     if opener.kind().isolation() == Isolation::None && opener.min_isolation() == Isolation::None {
         eprintln!(
             "hako serve: warning: the {} backend isolates nothing: every client's commands run as you, on this host; pass --min-isolation process to refuse it",
