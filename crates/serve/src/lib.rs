@@ -100,10 +100,8 @@ const MAX_WAITS: usize = 32;
 /// running, and the client asks again.
 pub const MAX_PROCESS_WAIT: Duration = Duration::from_secs(60);
 
-/// The most bytes of each stream a command's result may hold (an exec's
-/// `max_output` past it is refused), and the most bytes of each stream
-/// one read of a process's output returns.
-pub const MAX_OUTPUT: usize = 4 << 20;
+/// The most bytes of each stream one read of a process's output returns.
+pub const MAX_READ_OUTPUT: usize = 4 << 20;
 
 /// The most file reads and writes at once: each holds up to [`MAX_BODY`]
 /// bytes in memory.

@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use crate::exec::{env_vars, program};
 use crate::reply::{error, from_base64, from_error, no_sandbox, reply, Encoding, Reply};
 use crate::state::{audit, audit_failure, lookup, State};
-use crate::{MAX_EXEC_TIMEOUT, MAX_OUTPUT, MAX_PROCESS_WAIT};
+use crate::{MAX_EXEC_TIMEOUT, MAX_PROCESS_WAIT, MAX_READ_OUTPUT};
 
 /// The bytes of each stream one read returns when the request names no
 /// `max`.
@@ -244,12 +244,12 @@ pub(crate) fn output(state: &State, sid: &str, process: &str, query: &[(String, 
         let wait = bounded_wait(number(query, "wait_ms", 0)?);
         let max = number(query, "max", DEFAULT_READ as u64)?;
         let max = match usize::try_from(max) {
-            Ok(max) if max <= MAX_OUTPUT => max,
+            Ok(max) if max <= MAX_READ_OUTPUT => max,
             _ => {
                 return Err(error(
                     400,
                     "bad_request",
-                    format!("max is {max}; the most one read returns is {MAX_OUTPUT} bytes"),
+                    format!("max is {max}; the most one read returns is {MAX_READ_OUTPUT} bytes"),
                 ))
             }
         };

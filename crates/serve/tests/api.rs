@@ -1446,8 +1446,9 @@ fn exec_takes_env_and_binary_stdin_and_answers_raw_bytes_in_base64_within_max_ou
     let session = opened["session"].as_u64().unwrap();
     for (body, says) in [
         (
-            serde_json::json!({"argv": ["true"], "max_output": 4_194_305}),
-            "max_output",
+            // Past the server's --max-output (1 MiB, the default).
+            serde_json::json!({"argv": ["true"], "max_output": (1 << 20) + 1}),
+            "--max-output",
         ),
         (
             serde_json::json!({"argv": ["cat"], "stdin": "a", "stdin_base64": "YQ=="}),
