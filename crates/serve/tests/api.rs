@@ -1834,6 +1834,32 @@ fn processes_take_stdin_give_output_from_offsets_end_and_die_with_their_sandbox(
     let (_, out) = get(s.port, &format!("{procs}/{t}/output"));
     assert!(out["stdout"].as_str().unwrap().contains("33 101"), "{out}");
     assert!(out["stdout"].as_str().unwrap().contains("tty"), "{out}");
+    // Its own environment; a stdin that ends at once when asked.
+    let (status, v) = json(
+        s.port,
+        "POST",
+        &procs,
+        serde_json::json!({"command": "printf %s \"$V\"; cat", "env": {"V": "from-env"}, "keep_stdin_open": false}),
+    );
+    assert_eq!(status, 201, "{v}");
+    let e = v["process"].as_u64().unwrap();
+    let (_, st) = json(
+        s.port,
+        "POST",
+        &format!("{procs}/{e}/wait?timeout_ms=20000"),
+        Value::Null,
+    );
+    assert_eq!(st["exit_code"].as_i64(), Some(0), "{st}");
+    let (_, out) = get(s.port, &format!("{procs}/{e}/output"));
+    assert_eq!(out["stdout"].as_str(), Some("from-env"), "{out}");
+    // Another sandbox's process numbers name nothing here.
+    let other = open(&s);
+    let (status, v) = get(s.port, &format!("{other}/processes/{e}"));
+    assert_eq!(
+        (status, v["kind"].as_str()),
+        (404, Some("no_such_process")),
+        "{v}"
+    );
     // Unknown or malformed processes, refused paths.
     let (status, v) = get(s.port, &format!("{procs}/9999"));
     assert_eq!(
@@ -1908,7 +1934,7 @@ fn processes_take_stdin_give_output_from_offsets_end_and_die_with_their_sandbox(
         .iter()
         .filter(|r| r["kind"] == "exec" && r["running"] == true)
         .count();
-    assert_eq!(started, 4, "{records:?}");
+    assert_eq!(started, 5, "{records:?}");
     // A sandbox without processes: 501, typed.
     let plain = start_with(|root| Ok(Box::new(Plain(linux(root)?)) as Box<dyn hako_core::Sandbox>));
     let base = open(&plain);
