@@ -34,7 +34,8 @@ pub struct ServeArgs {
     /// token is generated and printed once on stderr.
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
-    /// Record every effect in this hash-chained audit log.
+    /// Record every effect in this hash-chained audit log [default: the
+    /// profile's `audit`, else none].
     #[arg(long, value_name = "FILE")]
     audit: Option<PathBuf>,
     /// The most sandboxes open at once; one more is refused (429).
@@ -66,12 +67,23 @@ pub fn run(args: ServeArgs) -> u8 {
     if args.allow_agent_commit && plan.cow.is_none() {
         return fail(&"--allow-agent-commit lets clients commit a copy-on-write sandbox's changes: give --cow (or the profile's `cow = true`) too");
     }
+    // `--audit`, else the profile's `audit`.
+    let audit_path = args.audit.clone().or_else(|| plan.audit.clone());
     // Every sandbox a client asks for is opened from this one choice, and
     // a backend weaker than --min-isolation refuses to start.
     let opener = match hako_runtime::Opener::from_plan(plan, Isolation::None) {
         Ok(opener) => opener,
         Err(e) => return fail(&e),
     };
+    // What the backend needs (its guest, its image) is checked now: a
+    // server that cannot open a sandbox refuses to start, with the fix,
+    // rather than failing its clients' first calls.
+    if let Err(u) = hako_runtime::preflight(opener.kind(), opener.spec()) {
+        return fail(&format!(
+            "the {} backend cannot start here: {u}",
+            opener.kind().name()
+        ));
+    }
     if opener.kind().isolation() == Isolation::None && opener.min_isolation() == Isolation::None {
         eprintln!(
             "hako serve: warning: the {} backend isolates nothing: every client's commands run as you, on this host; pass --min-isolation process to refuse it",
@@ -100,8 +112,7 @@ pub fn run(args: ServeArgs) -> u8 {
         },
     };
     let writable = opener.spec().writable();
-    let audit = match args
-        .audit
+    let audit = match audit_path
         .as_deref()
         .map(|path| hako_audit::AuditLog::open(path, &writable))
     {
