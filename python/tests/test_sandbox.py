@@ -263,3 +263,12 @@ def test_cow_keeps_the_workspace_untouched(workspace: Path) -> None:
         s.files.write("f.txt", "changed")
         assert s.run("cat f.txt").stdout == "changed"
     assert (workspace / "f.txt").read_text() == "original"
+
+
+def test_the_readme_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "repo").mkdir()
+    with hako.Sandbox(backend="linux", workspace="repo", memory="1G", timeout=60) as sb:
+        sb.files.write("hello.py", "print('hi')")
+        print(sb.run(["python3", "hello.py"]).stdout)   # hi
+    assert capsys.readouterr().out == "hi\n\n"
