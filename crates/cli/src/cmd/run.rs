@@ -25,7 +25,8 @@ pub struct RunArgs {
     /// Working directory, relative to the workspace.
     #[arg(long, value_name = "REL")]
     cwd: Option<PathBuf>,
-    /// Kill the command and everything it started after DUR (e.g. 30s, 2m, 500ms).
+    /// Kill the command and everything it started after DUR (e.g. 30s, 2m,
+    /// 500ms) [default: the profile's `timeout`, else none].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     timeout: Option<Duration>,
     /// Feed hako's standard input to the command (at most 64 MiB).
@@ -36,7 +37,7 @@ pub struct RunArgs {
     json: bool,
     /// Append what the run did (the command, how it ended, every network
     /// decision, a refusal) to this hash-chained audit log (`hako audit
-    /// verify FILE` checks it).
+    /// verify FILE` checks it) [default: the profile's `audit`, else none].
     #[arg(long, value_name = "FILE")]
     audit: Option<PathBuf>,
     /// The command and its arguments.
@@ -106,8 +107,12 @@ pub fn run(args: RunArgs) -> u8 {
         Ok(plan) => plan.spec.writable(),
         Err(_) => args.sandbox.flags().writable_without_profile(),
     };
-    let audit = match args
+    // `--audit`, else the profile's `audit`.
+    let audit_path = args
         .audit
+        .clone()
+        .or_else(|| plan.as_ref().ok().and_then(|plan| plan.audit.clone()));
+    let audit = match audit_path
         .as_deref()
         .map(|path| AuditLog::open(path, &writable))
     {
@@ -139,6 +144,8 @@ pub fn run(args: RunArgs) -> u8 {
         Ok(plan) => plan,
         Err(e) => return refuse(None, &e, exit::SANDBOX_FAILED, false),
     };
+    // `--timeout`, else the profile's `timeout`.
+    let timeout = args.timeout.or(plan.timeout);
     let (kind, backend_choice) = match plan.backend().kind() {
         Some(kind) => (kind, None),
         None => match hako_runtime::choose_auto() {
@@ -169,7 +176,7 @@ pub fn run(args: RunArgs) -> u8 {
     };
     let mut command = Command::new(args.command).max_output(spec.max_output);
     command.cwd = args.cwd;
-    command.timeout = args.timeout;
+    command.timeout = timeout;
     if args.stdin {
         let mut data = Vec::new();
         match std::io::stdin().take(MAX_STDIN + 1).read_to_end(&mut data) {
