@@ -61,7 +61,7 @@ class _Resp:
     """An answer: its head read, its body read by :meth:`read` or
     :meth:`lines`."""
 
-    def __init__(self, conn: _Conn, status: int, headers: Dict[str, str], head_request: bool = False) -> None:
+    def __init__(self, conn: _Conn, status: int, headers: Dict[str, str]) -> None:
         self.conn = conn
         self.status = status
         self.headers = headers
@@ -499,8 +499,10 @@ class RunStream:
     async def _run(self) -> AsyncIterator[Chunk]:
         sb = self._sb
         sb._check()
+        pool = sb._pool
+        assert pool is not None
         try:
-            resp, pre = await sb._pool.open("POST", sb._base + "exec", json.dumps(self._body).encode())
+            resp, pre = await pool.open("POST", sb._base + "exec", json.dumps(self._body).encode())
         except (SandboxLost, ServerError) as e:
             raise sb._lost(e) from e
         if pre is not None:
@@ -529,11 +531,11 @@ class RunStream:
             raise sb._lost(SandboxLost(f"the command's stream was cut: {e}", "connection")) from e
         finally:
             if ended and resp.done:
-                sb._pool.give(resp)
+                pool.give(resp)
             elif ended:
                 try:
                     await resp.read()
-                    sb._pool.give(resp)
+                    pool.give(resp)
                 except (ConnectionError, asyncio.IncompleteReadError, ValueError):
                     resp.conn.close()
             else:

@@ -6,6 +6,7 @@ import http.client
 import json
 import os
 import selectors
+import socket
 import shutil
 import subprocess
 import threading
@@ -107,7 +108,7 @@ class _Pool:
         """The answer's whole body; the connection back to the pool."""
         try:
             data = resp.read()
-        except TimeoutError as e:
+        except (socket.timeout, TimeoutError) as e:
             conn.close()
             raise CommandTimeout(
                 f"no answer to {method} {path.split('?')[0]} within {timeout} s"
@@ -144,7 +145,7 @@ class _Pool:
                     # read this request: send it again on a new one.
                     continue
                 raise SandboxLost(f"the server closed the connection: {e}", "connection") from e
-            except TimeoutError as e:
+            except (socket.timeout, TimeoutError) as e:
                 conn.close()
                 raise CommandTimeout(
                     f"no answer to {method} {path.split('?')[0]} within {timeout} s"
