@@ -272,3 +272,16 @@ def test_the_readme_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         sb.files.write("hello.py", "print('hi')")
         print(sb.run(["python3", "hello.py"]).stdout)   # hi
     assert capsys.readouterr().out == "hi\n\n"
+
+
+def test_a_named_cow_sandbox_continues_on_its_layers(workspace: Path, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    flags = ["--state", str(state)]
+    with hako.Sandbox(backend="linux", workspace=workspace, cow=True, name="py-named", extra_flags=flags) as s:
+        s.files.write("kept.txt", "from the first")
+    assert not (workspace / "kept.txt").exists()
+    with hako.Sandbox(backend="linux", workspace=workspace, cow=True, name="py-named", extra_flags=flags) as s:
+        assert s.files.read("kept.txt") == "from the first"
+    with pytest.raises(hako.BadRequest) as e:
+        hako.Sandbox(backend="linux", workspace=workspace, name="no-cow")
+    assert e.value.kind == "not_cow"
