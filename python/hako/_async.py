@@ -211,16 +211,17 @@ class _APool:
         """Sends a request: the answer, and its body when it was read
         already (an error answer). 503 ``busy`` is retried after a pause."""
         pause = _BUSY_PAUSE
-        for _ in range(_BUSY_TRIES):
+        attempt = 0
+        while True:
             resp = await self._send(method, path, body, content_type)
             if resp.status < 400:
                 return resp, None
             data = await self.read(resp)
-            if resp.status != 503 or not _is_busy(data):
+            attempt += 1
+            if resp.status != 503 or not _is_busy(data) or attempt > _BUSY_TRIES:
                 return resp, data
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)
-        return await self._send(method, path, body, content_type), None
 
     async def read(self, resp: _Resp) -> bytes:
         """The answer's whole body; its connection back to the pool."""
@@ -277,9 +278,11 @@ class _AServer:
         self.url = ""
         self.log: Optional[BinaryIO] = None
 
-    async def start(self, flags: Sequence[str]) -> None:
+    async def start(self, flags: Sequence[str], profile: Optional[str] = None) -> None:
         binary = c.find_binary()
         self.dir, token_path, self.token = c.token_file()
+        if profile is not None:
+            flags = ["--profile", c.write_private(self.dir, "profile.toml", profile), *flags]
         try:
             try:
                 w, self.log = c.open_log(self.dir)
@@ -578,6 +581,7 @@ class AsyncSandbox:
         self._name = name
         self._remote = c.remote_target(url, token, policy)
         self._flags = None if self._remote else c.serve_flags(**policy)  # type: ignore[arg-type]
+        self._profile = None if self._remote else c.env_profile(env)
         self._server: Optional[_AServer] = None
         self._pool: Optional[_APool] = None
         self.id = 0
@@ -590,7 +594,7 @@ class AsyncSandbox:
             return self
         if self._remote is None:
             self._server = _AServer()
-            await self._server.start(self._flags or [])
+            await self._server.start(self._flags or [], self._profile)
             self.url, tok = self._server.url, self._server.token
         else:
             self.url, tok = self._remote

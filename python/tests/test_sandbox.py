@@ -285,3 +285,17 @@ def test_a_named_cow_sandbox_continues_on_its_layers(workspace: Path, tmp_path: 
     with pytest.raises(hako.BadRequest) as e:
         hako.Sandbox(backend="linux", workspace=workspace, name="no-cow")
     assert e.value.kind == "not_cow"
+
+
+def test_sandbox_env_arrives_intact_and_never_on_a_command_line(workspace: Path) -> None:
+    tricky = 'a "quoted" \\back\\slash\nnew line\ttab $HOME `x` \u00e9\U0001f600 \x7f end'
+    with hako.Sandbox(backend="linux", workspace=workspace, env={"SECRET_TOKEN": tricky, "B": ""}) as s:
+        r = s.run(["printenv", "SECRET_TOKEN"])
+        assert r.stdout == tricky + "\n"
+        assert s.run("echo \"[$B]\"").stdout == "[]\n"
+        assert s._server is not None
+        with open(f"/proc/{s._server.proc.pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        assert b"quoted" not in cmdline and b"SECRET_TOKEN" not in cmdline
+    with pytest.raises(hako.BadRequest):
+        hako.Sandbox(backend="linux", workspace=workspace, env={"A=B": "x"})
