@@ -12,6 +12,7 @@ import time
 from typing import (
     Any,
     AsyncIterator,
+    Awaitable,
     BinaryIO,
     Dict,
     List,
@@ -641,9 +642,13 @@ class AsyncSandbox:
         _, _, data = await self._call(method, tail, raw, timeout=timeout)
         return json.loads(data) if data else None
 
-    async def capabilities(self) -> Dict[str, Any]:
-        """What the sandbox enforces, as the server reports it (a coroutine
-        here, a property on :class:`hako.Sandbox`)."""
+    @property
+    def capabilities(self) -> Awaitable[Dict[str, Any]]:
+        """What the sandbox enforces, as the server reports it:
+        ``await sb.capabilities``."""
+        return self._capabilities()
+
+    async def _capabilities(self) -> Dict[str, Any]:
         self._check()
         assert self._pool is not None
         return dict((await self._pool.json("GET", f"/v1/sandboxes/{self.id}"))["capabilities"])
