@@ -263,3 +263,39 @@ def test_cow_keeps_the_workspace_untouched(workspace: Path) -> None:
         s.files.write("f.txt", "changed")
         assert s.run("cat f.txt").stdout == "changed"
     assert (workspace / "f.txt").read_text() == "original"
+
+
+def test_the_readme_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "repo").mkdir()
+    with hako.Sandbox(backend="linux", workspace="repo", memory="1G", timeout=60) as sb:
+        sb.files.write("hello.py", "print('hi')")
+        print(sb.run(["python3", "hello.py"]).stdout)   # hi
+    assert capsys.readouterr().out == "hi\n\n"
+
+
+def test_a_named_cow_sandbox_continues_on_its_layers(workspace: Path, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    flags = ["--state", str(state)]
+    with hako.Sandbox(backend="linux", workspace=workspace, cow=True, name="py-named", extra_flags=flags) as s:
+        s.files.write("kept.txt", "from the first")
+    assert not (workspace / "kept.txt").exists()
+    with hako.Sandbox(backend="linux", workspace=workspace, cow=True, name="py-named", extra_flags=flags) as s:
+        assert s.files.read("kept.txt") == "from the first"
+    with pytest.raises(hako.BadRequest) as e:
+        hako.Sandbox(backend="linux", workspace=workspace, name="no-cow")
+    assert e.value.kind == "not_cow"
+
+
+def test_sandbox_env_arrives_intact_and_never_on_a_command_line(workspace: Path) -> None:
+    tricky = 'a "quoted" \\back\\slash\nnew line\ttab $HOME `x` \u00e9\U0001f600 \x7f end'
+    with hako.Sandbox(backend="linux", workspace=workspace, env={"SECRET_TOKEN": tricky, "B": ""}) as s:
+        r = s.run(["printenv", "SECRET_TOKEN"])
+        assert r.stdout == tricky + "\n"
+        assert s.run("echo \"[$B]\"").stdout == "[]\n"
+        assert s._server is not None
+        with open(f"/proc/{s._server.proc.pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        assert b"quoted" not in cmdline and b"SECRET_TOKEN" not in cmdline
+    with pytest.raises(hako.BadRequest):
+        hako.Sandbox(backend="linux", workspace=workspace, env={"A=B": "x"})
