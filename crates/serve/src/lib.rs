@@ -18,7 +18,8 @@
 //! Files, one thing each: `conn` (accepting connections), `auth` (the
 //! token), `routes` (routing, bounded bodies), `state` (the sandboxes'
 //! table and the slot pools), `sandboxes`, `exec`, `files` (the handlers)
-//! and `reply` (the JSON shapes answered).
+//! and `reply` (the JSON shapes answered); `swerex` answers SWE-ReX's
+//! remote runtime protocol instead ([`ServeConfig::swerex`]).
 
 mod auth;
 mod conn;
@@ -30,6 +31,7 @@ mod review;
 mod routes;
 mod sandboxes;
 mod state;
+mod swerex;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -161,6 +163,11 @@ pub struct ServeConfig {
     /// `--allow-agent-commit`: clients may commit and discard; without
     /// it those routes answer `403` `agent_commit_refused`.
     pub allow_agent_commit: bool,
+    /// `--swerex`: answer SWE-ReX's remote runtime protocol (for its
+    /// `RemoteRuntime` client, as SWE-agent uses it) instead of this API:
+    /// one sandbox, named sessions, absolute paths under its working
+    /// directory (see the `swerex` module).
+    pub swerex: bool,
 }
 
 /// Makes the copy-on-write layers of a new sandbox: the named sandbox the
@@ -199,6 +206,7 @@ impl ServeConfig {
             stop_on_signals: false,
             cow: None,
             allow_agent_commit: false,
+            swerex: false,
         }
     }
 
@@ -266,6 +274,7 @@ pub fn serve(listener: std::net::TcpListener, config: ServeConfig) -> std::io::R
         execs: Arc::new(Slots::new(MAX_EXECS)),
         starts: gate::StartGate::new(gate::width(), gate::WINDOW),
         transfers: Arc::new(Slots::new(MAX_TRANSFERS)),
+        swerex: swerex::Rex::default(),
     });
     let result = runtime.block_on(accept_loop(listener, Arc::clone(&state)));
     // Closing the sandboxes first kills what still runs in them, so the

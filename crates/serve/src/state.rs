@@ -29,6 +29,8 @@ pub(crate) struct State {
     pub(crate) starts: crate::gate::StartGate,
     pub(crate) transfers: Arc<Slots>,
     pub(crate) connections: Arc<Slots>,
+    /// In SWE-ReX mode: its sandbox and named sessions.
+    pub(crate) swerex: crate::swerex::Rex,
 }
 
 /// The open sandboxes, and how many are being opened (they count against

@@ -36,6 +36,11 @@ pub struct ServeArgs {
     /// committing stays with the person, `hako commit NAME`].
     #[arg(long)]
     allow_agent_commit: bool,
+    /// Answer SWE-ReX's remote runtime protocol (SWE-agent's remote
+    /// deployment) instead of the /v1 API: one sandbox, named sessions,
+    /// the token as X-API-Key.
+    #[arg(long)]
+    swerex: bool,
 }
 
 /// Runs `hako serve`.
@@ -55,6 +60,9 @@ pub fn run(args: ServeArgs) -> u8 {
     }
     if args.allow_agent_commit && plan.cow.is_none() {
         return fail(&"--allow-agent-commit lets clients commit a copy-on-write sandbox's changes: give --cow (or the profile's `cow = true`) too");
+    }
+    if args.swerex && plan.cow.is_some() {
+        return fail(&"--swerex serves SWE-ReX's protocol, which has no way to review, commit or keep a copy-on-write sandbox's changes: leave out --cow (or the profile's `cow = true`)");
     }
     // Every sandbox a client asks for is opened from this one choice, and
     // a backend weaker than --min-isolation refuses to start.
@@ -109,9 +117,14 @@ pub fn run(args: ServeArgs) -> u8 {
         Err(e) => return fail(&format!("cannot listen on {}: {e}", args.listen)),
     };
     eprintln!(
-        "hako serve: listening on {} ({} backend)",
+        "hako serve: listening on {} ({} backend{})",
         args.listen,
-        opener.kind().name()
+        opener.kind().name(),
+        if args.swerex {
+            ", SWE-ReX protocol"
+        } else {
+            ""
+        }
     );
     if let Some(warning) = listener
         .local_addr()
@@ -126,6 +139,7 @@ pub fn run(args: ServeArgs) -> u8 {
     config.stop_on_signals = true;
     config.max_sandboxes = usize::try_from(args.max_sandboxes).unwrap_or(usize::MAX);
     config.allow_agent_commit = args.allow_agent_commit;
+    config.swerex = args.swerex;
     match hako_serve::serve(listener, config) {
         Ok(()) => 0,
         Err(e) => fail(&e),
