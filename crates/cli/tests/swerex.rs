@@ -164,7 +164,10 @@ impl Server {
         let mut raw = String::new();
         s.read_to_string(&mut raw).unwrap();
         let status = raw.split_whitespace().nth(1).unwrap().parse().unwrap();
-        (status, raw.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
+        (
+            status,
+            raw.split("\r\n\r\n").nth(1).unwrap_or("").to_string(),
+        )
     }
 }
 

@@ -22,6 +22,7 @@ import zipfile
 try:
     import aiohttp
     from swerex.exceptions import (
+        BashIncorrectSyntaxError,
         CommandTimeoutError,
         NonZeroExitCodeError,
         SessionDoesNotExistError,
@@ -133,6 +134,36 @@ async def drive(port, token, ws):
         "an interactive command is refused by name",
         contains="interactive",
     )
+
+    # A command that does not parse raises before anything of it runs.
+    e = await raises(
+        BashIncorrectSyntaxError,
+        rt.run_in_session(BashAction(command="touch parsed; if then", session="main")),
+        "a command with a syntax error raises BashIncorrectSyntaxError",
+        contains="syntax error",
+    )
+    check("bash_stderr" in e.extra_info, f"with bash's stderr in extra_info: {e.extra_info}")
+    check(not os.path.exists(os.path.join(ws, "sub", "parsed")), "and nothing of it ran")
+
+    # Startup files are sourced into a new session; a session whose shell
+    # exits is gone, and its name free again.
+    with open(os.path.join(ws, "rc.sh"), "w") as f:
+        f.write("export FROM_RC=yes\necho sourced-rc\n")
+    created = await rt.create_session(
+        CreateBashSessionRequest(session="rc", startup_source=[os.path.join(ws, "rc.sh")], startup_timeout=30)
+    )
+    check(created.output == "sourced-rc\n", f"the startup file's output: {created.output!r}")
+    obs = await rt.run_in_session(BashAction(command='echo "$FROM_RC"', session="rc"))
+    check(obs.output == "yes\n", f"what it exported lasts: {obs.output!r}")
+    await rt.run_in_session(BashAction(command="exit 3", session="rc", check="silent"))
+    await raises(
+        SessionDoesNotExistError,
+        rt.run_in_session(BashAction(command="true", session="rc")),
+        "a session whose shell exited is gone",
+        contains="'rc'",
+    )
+    await rt.create_session(CreateBashSessionRequest(session="rc"))
+    await rt.close_session(CloseBashSessionRequest(session="rc"))
 
     # One-off commands.
     r = await rt.execute(Command(command=["sh", "-c", 'echo "$FOO"; pwd'], env={"FOO": "bar"}, cwd=os.path.join(ws, "sub")))

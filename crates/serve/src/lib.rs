@@ -276,6 +276,11 @@ pub fn serve(listener: std::net::TcpListener, config: ServeConfig) -> std::io::R
         transfers: Arc::new(Slots::new(MAX_TRANSFERS)),
         swerex: swerex::Rex::default(),
     });
+    // In SWE-ReX mode the sandbox is there before the first request: the
+    // client's alive check waits a fraction of a second, not for a start.
+    if state.config.swerex {
+        swerex::start(&state)?;
+    }
     let result = runtime.block_on(accept_loop(listener, Arc::clone(&state)));
     // Closing the sandboxes first kills what still runs in them, so the
     // blocking tasks waiting on them end.

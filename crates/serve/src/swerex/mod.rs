@@ -5,8 +5,9 @@
 //!
 //! What the client sees:
 //! - One sandbox, opened with the server's policy (its flags; the client
-//!   chooses nothing) at the first request, closed by `POST /close` (the
-//!   next request opens a new one) or when the server stops.
+//!   chooses nothing) when the server starts (a server whose sandbox
+//!   cannot open does not start), closed by `POST /close` (the next
+//!   request opens a new one) or when the server stops.
 //! - Sessions are named, as SWE-ReX names them: each is a hako session, a
 //!   shell whose directory, variables and functions last from one command
 //!   to the next. Its output is stdout and stderr as they came.
@@ -31,9 +32,13 @@
 //!   [`DEFAULT_EXEC_TIMEOUT`](crate::DEFAULT_EXEC_TIMEOUT)), output capped.
 //!
 //! The `/v1` API is not served in this mode. `ops` holds the operations,
-//! `upload` the multipart body and the zip of a directory.
+//! `session` those of sessions,
+//! `upload` the multipart body and the zip of a directory, `text` the
+//! decoding and quoting SWE-ReX's Python side does.
 
 mod ops;
+mod session;
+mod text;
 mod upload;
 
 use std::collections::HashMap;
@@ -282,6 +287,20 @@ pub(crate) async fn handle(state: Arc<State>, request: Request<Incoming>) -> Res
     response(answer)
 }
 
+/// Opens the server's sandbox before the first request, or says why it
+/// cannot.
+pub(crate) fn start(state: &State) -> std::io::Result<()> {
+    match ops::sandbox(state) {
+        Ok(_) => Ok(()),
+        Err(
+            Fail::Raise { message, .. }
+            | Fail::Http {
+                detail: message, ..
+            },
+        ) => Err(std::io::Error::other(message)),
+    }
+}
+
 /// Why an operation failed, as the client is told.
 #[derive(Debug)]
 pub(crate) enum Fail {
@@ -340,6 +359,7 @@ mod class {
     pub(super) const NON_ZERO: &str = "swerex.exceptions.NonZeroExitCodeError";
     pub(super) const SESSION_EXISTS: &str = "swerex.exceptions.SessionExistsError";
     pub(super) const NO_SESSION: &str = "swerex.exceptions.SessionDoesNotExistError";
+    pub(super) const SYNTAX: &str = "swerex.exceptions.BashIncorrectSyntaxError";
     pub(super) const FILE_NOT_FOUND: &str = "builtins.FileNotFoundError";
     pub(super) const PERMISSION: &str = "builtins.PermissionError";
     pub(super) const IS_A_DIRECTORY: &str = "builtins.IsADirectoryError";

@@ -31,8 +31,12 @@ pub(super) fn upload(state: &State, body: &[u8], content_type: &str) -> Result<(
         let (id, sb) = sandbox(state)?;
         return write(state, id, sb.as_ref(), &target, form.file);
     }
-    let refused =
-        |why: String| Fail::raise(class::VALUE, format!("the uploaded zip {why}; nothing was written"));
+    let refused = |why: String| {
+        Fail::raise(
+            class::VALUE,
+            format!("the uploaded zip {why}; nothing was written"),
+        )
+    };
     let entries = entries(form.file).map_err(refused)?;
     // Every entry inflates to its size and CRC before one is written.
     for entry in &entries {
@@ -238,7 +242,10 @@ fn entries(zip: &[u8]) -> Result<Vec<Entry>, String> {
         return Err("spans several disks".into());
     }
     if count == 0xffff || offset == 0xffff_ffff {
-        return Err("is a ZIP64 archive (more than 65,534 entries or 4 GiB), which hako does not unpack".into());
+        return Err(
+            "is a ZIP64 archive (more than 65,534 entries or 4 GiB), which hako does not unpack"
+                .into(),
+        );
     }
     let mut at = offset as usize;
     let mut total: u64 = 0;
@@ -258,9 +265,7 @@ fn entries(zip: &[u8]) -> Result<Vec<Entry>, String> {
         let extra_len = usize::from(field16(30)?);
         let comment_len = usize::from(field16(32)?);
         let local = u64::from(field32(42)?);
-        let raw = zip
-            .get(at + 46..at + 46 + name_len)
-            .ok_or_else(short)?;
+        let raw = zip.get(at + 46..at + 46 + name_len).ok_or_else(short)?;
         let name = std::str::from_utf8(raw)
             .map_err(|_| "has an entry whose name is not UTF-8".to_string())?;
         if flags & 1 != 0 {
@@ -406,7 +411,7 @@ mod tests {
                 zip.extend_from_slice(&(name.len() as u16).to_le_bytes());
                 zip.extend_from_slice(&0u16.to_le_bytes()); // extra
                 if central {
-                    zip.extend_from_slice(&[0u8; 12]); // comment, disk, attributes
+                    zip.extend_from_slice(&[0u8; 10]); // comment, disk, attributes
                     zip.extend_from_slice(&offset.to_le_bytes());
                 }
                 zip.extend_from_slice(name.as_bytes());
@@ -437,8 +442,8 @@ mod tests {
     #[test]
     fn a_zip_is_read_entry_by_entry_with_its_sizes_and_crcs_checked() {
         let zip = stored_zip(&[("d/", b""), ("d/a.txt", b"alpha"), ("b", b"beta")]);
-        let entries = entries(&zip).unwrap();
-        let names: Vec<_> = entries.iter().map(|e| (e.name.clone(), e.dir)).collect();
+        let listed = entries(&zip).unwrap();
+        let names: Vec<_> = listed.iter().map(|e| (e.name.clone(), e.dir)).collect();
         assert_eq!(
             names,
             [
@@ -447,14 +452,12 @@ mod tests {
                 (PathBuf::from("b"), false)
             ]
         );
-        assert_eq!(contents(&zip, &entries[1]).unwrap(), b"alpha");
+        assert_eq!(contents(&zip, &listed[1]).unwrap(), b"alpha");
         // One byte of the data changed: its CRC no longer matches.
         let mut broken = zip.clone();
         let at = find(&broken, b"alpha").unwrap();
         broken[at] = b'A';
-        assert!(contents(&broken, &entries[1])
-            .unwrap_err()
-            .contains("CRC"));
+        assert!(contents(&broken, &listed[1]).unwrap_err().contains("CRC"));
         // Cut short, or not a zip at all.
         assert!(entries(&zip[..zip.len() - 30]).is_err());
         assert!(entries(b"not a zip").is_err());
@@ -479,8 +482,13 @@ mod tests {
         let quoted = Form::parse(body, "Multipart/Form-Data; boundary=\"XyZ\"").unwrap();
         assert_eq!(quoted.target_path, "/w/t");
         assert!(Form::parse(body, "application/json").is_err());
-        assert!(Form::parse(&body[..body.len() - 10], "multipart/form-data; boundary=XyZ").is_err());
-        let no_target = b"--B\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nx\r\n--B--\r\n";
+        assert!(Form::parse(
+            &body[..body.len() - 10],
+            "multipart/form-data; boundary=XyZ"
+        )
+        .is_err());
+        let no_target =
+            b"--B\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nx\r\n--B--\r\n";
         let err = Form::parse(no_target, "multipart/form-data; boundary=B").unwrap_err();
         assert!(err.contains("target_path"), "{err}");
     }
