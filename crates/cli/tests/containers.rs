@@ -776,3 +776,37 @@ fn containers_an_image_from_a_debian_root_directory_runs_commands_and_files() {
         .args(["image", "rm", "-f", &tag])
         .output();
 }
+
+#[test]
+fn containers_servers_refuse_to_start_on_a_runtime_dockerd_does_not_know() {
+    if !works("docker") {
+        return;
+    }
+    let ws = tempfile::tempdir().unwrap();
+    for (cmd, extra) in [
+        ("mcp", &[][..]),
+        ("serve", &["--listen", "127.0.0.1:0"][..]),
+    ] {
+        let out = hako()
+            .args([
+                cmd,
+                "--backend",
+                "docker",
+                "--runtime",
+                "hako-no-such-runtime",
+            ])
+            .arg("--workspace")
+            .arg(ws.path())
+            .args(extra)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{cmd}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{cmd}: {stderr}");
+        assert!(
+            stderr.contains("the docker backend cannot start here: dockerd has no runtime named hako-no-such-runtime; hint: install hako-no-such-runtime"),
+            "{cmd}: {stderr}"
+        );
+    }
+}

@@ -189,11 +189,16 @@ pub fn import(engine: &Engine, runner: &dyn Runner, dir: &Path, name: &str) -> R
 pub fn present(engine: &Engine, runner: &dyn Runner, tag: &str) -> Result<bool> {
     let out = runner
         .output(&engine.command(["image", "inspect", "--format", "{{.Id}}", tag]))
-        .map_err(|e| {
-            failed(
+        .map_err(|e| match hako_sys::exhaust::diagnose(&e) {
+            Some(found) => Error::OutOfResources {
+                op: "look for the image",
+                resource: found.resource,
+                message: found.message,
+            },
+            None => failed(
                 "look for the image",
                 format!("cannot run {}: {e}", engine.name()),
-            )
+            ),
         })?;
     Ok(out.success)
 }
