@@ -499,18 +499,16 @@ pub fn readiness(image: &str, runtime: Option<&str>) -> std::result::Result<(), 
         reason: e.to_string(),
         hint: engine_hint(),
     })?;
-    if let Err(why) = engine.works(&CliRunner) {
-        return Err(NotReady {
-            reason: format!("{} does not answer: {why}", engine.name()),
-            hint: daemon_hint(&engine, &why),
-        });
-    }
-    let present =
-        hako_container::image::present(&engine, &CliRunner, image).map_err(|e| NotReady {
-            reason: e.to_string(),
-            hint: engine_hint(),
-        })?;
+    // The image first: one call that also fails when the daemon is down,
+    // which is then asked why (`info`) only when it does.
+    let present = hako_container::image::present(&engine, &CliRunner, image).unwrap_or(false);
     if !present {
+        if let Err(why) = engine.works(&CliRunner) {
+            return Err(NotReady {
+                reason: format!("{} does not answer: {why}", engine.name()),
+                hint: daemon_hint(&engine, &why),
+            });
+        }
         if image != DEFAULT_IMAGE {
             return Err(NotReady {
                 reason: format!("the {} image {image} is not present", engine.name()),
