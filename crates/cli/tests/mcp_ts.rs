@@ -65,7 +65,10 @@ fn drive(test: &str, backend: &str) {
     }
     if backend == "linux" {
         if let Err(reason) = hako_sys::ns::user_namespaces_allowed() {
-            return skip(test, &format!("the linux backend cannot run here: {reason}"));
+            return skip(
+                test,
+                &format!("the linux backend cannot run here: {reason}"),
+            );
         }
     }
     let tmp = tempfile::tempdir().unwrap();

@@ -207,7 +207,7 @@ pub fn run(args: RunArgs) -> u8 {
         Err(e) => return refuse(Some(chosen), &e, exit::SANDBOX_FAILED, is_refusal(&e)),
     };
     let caps = sandbox.capabilities();
-    let on = On::caps(&caps);
+    let on = On::caps(caps);
     let mut command = Command::new(args.command).max_output(spec.max_output);
     command.cwd = args.cwd;
     command.timeout = timeout;
