@@ -17,6 +17,7 @@ pub use common::{
     limit_reports_pids_inside, locate_static_guest, memory_by_the_guest, memory_watch,
     seccomp_profile, unique_name, ContainerLauncher, Owner, RunNetwork, StderrTail,
     DEFAULT_TMP_SIZE, GUEST_INSIDE, GVISOR_MEMORY_HEADROOM, LABEL_PID, LABEL_START,
+    static_guest_hint, static_guest_ready, NotReady, STATIC_GUEST_BUILD, STATIC_GUEST_NAME,
     STATIC_GUEST_VAR,
 };
 pub use engine::{Engine, EngineKind};

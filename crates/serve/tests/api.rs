@@ -24,6 +24,12 @@ struct Server {
     _dir: tempfile::TempDir,
 }
 
+/// A linux sandbox over `root`.
+fn linux(root: &Path) -> hako_core::Result<Box<dyn hako_core::Sandbox>> {
+    Ok(Box::new(hako_linux::LinuxSandbox::new(hako_linux::LinuxConfig::new(root))?)
+        as Box<dyn hako_core::Sandbox>)
+}
+
 fn start() -> Server {
     start_with(|root| {
         Ok(Box::new(HostSandbox::new(HostConfig::new(root))?) as Box<dyn hako_core::Sandbox>)
@@ -183,8 +189,9 @@ fn the_openapi_file_matches_what_the_server_serves() {
         .collect();
     assert_eq!(documented, served);
     // Every documented operation answers (no "no such route"), and a
-    // success carries what its schema requires.
-    let s = start();
+    // success carries what its schema requires: on linux, which has
+    // every capability a route needs (processes, stat, mkdir).
+    let s = start_with(linux);
     std::fs::write(s.ws.join("f.txt"), b"hello").unwrap();
     let (status, created) = json(s.port, "POST", "/v1/sandboxes", Value::Null);
     assert_eq!(status, 201, "{created}");
@@ -196,22 +203,43 @@ fn the_openapi_file_matches_what_the_server_serves() {
         Value::Null,
     );
     let session = session["session"].as_u64().unwrap();
+    let (status, process) = json(
+        s.port,
+        "POST",
+        &format!("/v1/sandboxes/{id}/processes"),
+        serde_json::json!({"argv": ["cat"]}),
+    );
+    assert_eq!(status, 201, "{process}");
+    let process = process["process"].as_u64().unwrap();
     // In an order where each call finds what it needs.
     let mut ops: Vec<(String, String)> = documented.into_iter().collect();
-    ops.sort_by_key(|(m, p)| (p.contains("sessions/{session}") || m == "delete", p.clone()));
+    ops.sort_by_key(|(m, p)| {
+        (
+            p.contains("sessions/{session}") || m == "delete" || p.ends_with("/kill"),
+            p.clone(),
+        )
+    });
     let order = |m: &str, p: &str| (m == "delete" && p == "/v1/sandboxes/{id}") as u8;
     ops.sort_by_key(|(m, p)| order(m, p));
     for (method, template) in ops {
         let path = template
             .replace("{id}", &id.to_string())
-            .replace("{session}", &session.to_string());
-        let path = if path.ends_with("/files") || path.ends_with("/dir") {
+            .replace("{session}", &session.to_string())
+            .replace("{process}", &process.to_string());
+        let path = if path.ends_with("/files") || path.ends_with("/dir") || path.ends_with("/stat")
+        {
             format!("{path}?path=f.txt")
+        } else if path.ends_with("/output") {
+            format!("{path}?wait_ms=0")
+        } else if path.ends_with("/wait") {
+            format!("{path}?timeout_ms=10")
         } else {
             path
         };
         let body: &[u8] = match (method.as_str(), template.as_str()) {
             ("post", "/v1/sandboxes/{id}/exec") => br#"{"argv":["cat","f.txt"]}"#,
+            ("post", "/v1/sandboxes/{id}/processes") => br#"{"argv":["true"]}"#,
+            ("post", "/v1/sandboxes/{id}/processes/{process}/stdin") => br#"{"data":"x"}"#,
             ("put", _) => b"written",
             _ => b"",
         };

@@ -102,7 +102,8 @@ enum FsOp {
         #[arg(long, value_name = "N")]
         max_bytes: Option<u64>,
     },
-    /// Replace a file with standard input, atomically.
+    /// Replace a file with standard input, atomically (missing parent
+    /// directories are created).
     Write {
         /// Path relative to the workspace.
         path: PathBuf,
@@ -306,9 +307,15 @@ fn operate(sandbox: &dyn Sandbox, op: &FsOp, json: bool) -> Result<(), String> {
         }
         FsOp::Write { path } => {
             let data = read_input()?;
-            sandbox.write_file(path, &data).map_err(err)?;
+            // As MCP's write_file and the HTTP API's PUT /files do.
+            let created_dirs =
+                hako_core::write_file_creating_parents(sandbox, path, &data).map_err(err)?;
             if json {
-                print_json(&serde_json::json!({ "path": path, "bytes": data.len() }));
+                print_json(&serde_json::json!({
+                    "path": path,
+                    "bytes": data.len(),
+                    "created_dirs": created_dirs,
+                }));
             }
         }
         FsOp::Edit {

@@ -72,6 +72,12 @@ pub fn run(args: McpArgs) -> u8 {
         Err(e) => return fail(&e),
     };
     let kind = opener.kind();
+    // What the backend needs (its guest, its image) is checked now: a
+    // server that cannot open a sandbox refuses to start, with the fix,
+    // rather than failing its client's first call.
+    if let Err(u) = hako_runtime::preflight(kind, opener.spec()) {
+        return fail(&format!("the {} backend cannot start here: {u}", kind.name()));
+    }
     // With --http: the token and the bound socket, before the audit log is
     // opened, so a port in use leaves no log behind.
     let http = match args.http.as_deref() {

@@ -1,6 +1,7 @@
 //! `hako serve`: the HTTP/JSON API (see the `hako-serve` crate and its
 //! `openapi.json`).
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -17,9 +18,18 @@ pub struct ServeArgs {
     /// policy; clients cannot change it).
     #[command(flatten)]
     sandbox: SandboxArgs,
-    /// Address to listen on, e.g. 127.0.0.1:8700.
+    /// Address to listen on, e.g. 127.0.0.1:8700 (port 0: one the system
+    /// chooses, named in the start-up line and by --ready-json).
     #[arg(long, value_name = "ADDR")]
     listen: String,
+    /// Once listening, print one JSON line on stdout and flush it:
+    /// {"url": "http://ADDR", "listen": ADDR, "pid": N, "backend": NAME}.
+    #[arg(long)]
+    ready_json: bool,
+    /// When stdin ends (the process that started the server died or
+    /// closed it), close every sandbox and exit 0.
+    #[arg(long)]
+    exit_on_stdin_eof: bool,
     /// A file holding the bearer token clients must send; without it a
     /// token is generated and printed once on stderr.
     #[arg(long, value_name = "FILE")]
@@ -65,6 +75,15 @@ pub fn run(args: ServeArgs) -> u8 {
         Ok(opener) => opener,
         Err(e) => return fail(&e),
     };
+    // What the backend needs (its guest, its image) is checked now: a
+    // server that cannot open a sandbox refuses to start, with the fix,
+    // rather than failing its clients' first calls.
+    if let Err(u) = hako_runtime::preflight(opener.kind(), opener.spec()) {
+        return fail(&format!(
+            "the {} backend cannot start here: {u}",
+            opener.kind().name()
+        ));
+    }
     if opener.kind().isolation() == Isolation::None && opener.min_isolation() == Isolation::None {
         eprintln!(
             "hako serve: warning: the {} backend isolates nothing: every client's commands run as you, on this host; pass --min-isolation process to refuse it",
@@ -110,11 +129,29 @@ pub fn run(args: ServeArgs) -> u8 {
         Ok(l) => l,
         Err(e) => return fail(&format!("cannot listen on {}: {e}", args.listen)),
     };
+    let local = match listener.local_addr() {
+        Ok(addr) => addr,
+        Err(e) => return fail(&format!("cannot tell the address of {}: {e}", args.listen)),
+    };
     eprintln!(
-        "hako serve: listening on {} ({} backend)",
-        args.listen,
+        "hako serve: listening on {local} ({} backend)",
         opener.kind().name()
     );
+    if args.ready_json {
+        // One line, flushed: a client that started this server reads it
+        // to learn where to connect (the listener already queues
+        // connections).
+        let line = serde_json::json!({
+            "url": format!("http://{local}"),
+            "listen": local.to_string(),
+            "pid": std::process::id(),
+            "backend": opener.kind().name(),
+        });
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
+            return fail(&format!("cannot write the ready line on stdout: {e}"));
+        }
+    }
     if let Some(warning) = listener
         .local_addr()
         .ok()
@@ -128,6 +165,7 @@ pub fn run(args: ServeArgs) -> u8 {
     config.stop_on_signals = true;
     config.max_sandboxes = usize::try_from(args.max_sandboxes).unwrap_or(usize::MAX);
     config.allow_agent_commit = args.allow_agent_commit;
+    config.stop_on_stdin_eof = args.exit_on_stdin_eof;
     match hako_serve::serve(listener, config) {
         Ok(()) => 0,
         Err(e) => fail(&e),
