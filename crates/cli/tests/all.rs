@@ -823,21 +823,28 @@ fn mcp_tool_call(
         writeln!(stdin, "{v}").unwrap();
         stdin.flush().unwrap();
     };
-    send(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {},
-        "clientInfo": {"name": "hako-test", "version": "0"}}}));
-    let init: serde_json::Value =
-        serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        "clientInfo": {"name": "hako-test", "version": "0"}}}),
+    );
+    let init: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
     assert_eq!(init["result"]["serverInfo"]["name"], "hako", "{init}");
     send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-    send(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-        "params": {"name": tool, "arguments": args}}));
-    let reply: serde_json::Value =
-        serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": tool, "arguments": args}}),
+    );
+    let reply: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
     drop(send);
     drop(stdin);
     let mut stderr = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
     let status = child.wait().unwrap();
     assert!(status.success(), "{status}: {stderr}");
     assert_eq!(reply["id"], 2, "{reply}");

@@ -505,10 +505,11 @@ pub fn readiness(image: &str, runtime: Option<&str>) -> std::result::Result<(), 
             hint: daemon_hint(&engine, &why),
         });
     }
-    let present = hako_container::image::present(&engine, &CliRunner, image).map_err(|e| NotReady {
-        reason: e.to_string(),
-        hint: engine_hint(),
-    })?;
+    let present =
+        hako_container::image::present(&engine, &CliRunner, image).map_err(|e| NotReady {
+            reason: e.to_string(),
+            hint: engine_hint(),
+        })?;
     if !present {
         if image != DEFAULT_IMAGE {
             return Err(NotReady {
@@ -546,7 +547,8 @@ pub fn readiness(image: &str, runtime: Option<&str>) -> std::result::Result<(), 
 
 /// What to do when no container engine works.
 fn engine_hint() -> String {
-    "install Docker (Debian: `sudo apt-get install docker.io`) and start dockerd, or install podman".into()
+    "install Docker (Debian: `sudo apt-get install docker.io`) and start dockerd, or install podman"
+        .into()
 }
 
 /// What to do when the engine is installed but `info` fails, by what it
@@ -628,7 +630,10 @@ mod tests {
         };
         let hint = daemon_hint(&docker, "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?");
         assert!(hint.starts_with("start the daemon"), "{hint}");
-        let hint = daemon_hint(&docker, "Got permission denied while trying to connect to the Docker daemon socket");
+        let hint = daemon_hint(
+            &docker,
+            "Got permission denied while trying to connect to the Docker daemon socket",
+        );
         assert!(hint.contains("docker group"), "{hint}");
         let hint = daemon_hint(&docker, "not installed");
         assert!(hint.starts_with("install Docker"), "{hint}");

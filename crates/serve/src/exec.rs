@@ -45,7 +45,10 @@ struct ExecBody {
 }
 
 /// What to run: exactly one of `argv` (not empty) and `command`.
-pub(crate) fn program(argv: Option<Vec<String>>, command: Option<String>) -> Result<Program, Reply> {
+pub(crate) fn program(
+    argv: Option<Vec<String>>,
+    command: Option<String>,
+) -> Result<Program, Reply> {
     match (argv, command) {
         (Some(argv), None) if !argv.is_empty() => Ok(Program::Argv(argv)),
         (None, Some(cmd)) => Ok(Program::Shell(cmd)),
@@ -60,7 +63,9 @@ pub(crate) fn program(argv: Option<Vec<String>>, command: Option<String>) -> Res
 /// A request's `env`, checked: a name is not empty and holds no `=` or
 /// NUL, a value no NUL (the command would otherwise get a variable other
 /// than the one asked for, or none).
-pub(crate) fn env_vars(env: Option<BTreeMap<String, String>>) -> Result<Vec<(String, String)>, Reply> {
+pub(crate) fn env_vars(
+    env: Option<BTreeMap<String, String>>,
+) -> Result<Vec<(String, String)>, Reply> {
     let env = env.unwrap_or_default();
     for (name, value) in &env {
         if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
@@ -75,7 +80,10 @@ pub(crate) fn env_vars(env: Option<BTreeMap<String, String>>) -> Result<Vec<(Str
 }
 
 /// A request's stdin: `stdin` (text) or `stdin_base64` (bytes), not both.
-fn stdin_bytes(stdin: Option<String>, stdin_base64: Option<String>) -> Result<Option<Vec<u8>>, Reply> {
+fn stdin_bytes(
+    stdin: Option<String>,
+    stdin_base64: Option<String>,
+) -> Result<Option<Vec<u8>>, Reply> {
     match (stdin, stdin_base64) {
         (Some(_), Some(_)) => Err(error(
             400,
@@ -319,7 +327,10 @@ fn stream_command(
         Err(e) => {
             // The same kind an error answer would carry.
             let kind = from_error(e).body["kind"].clone();
-            send(json!({"seq": seq, "error": e.to_string(), "kind": kind}), false)
+            send(
+                json!({"seq": seq, "error": e.to_string(), "kind": kind}),
+                false,
+            )
         }
     };
 }

@@ -207,7 +207,10 @@ pub(crate) fn get(state: &State, sid: &str, process: &str) -> Reply {
         Err(r) => return r,
     };
     with_processes(state, sid, |_, _, p| {
-        Ok(reply(200, state_json(&p.wait(process, Some(Duration::ZERO))?)))
+        Ok(reply(
+            200,
+            state_json(&p.wait(process, Some(Duration::ZERO))?),
+        ))
     })
 }
 
@@ -215,13 +218,9 @@ pub(crate) fn get(state: &State, sid: &str, process: &str) -> Reply {
 fn number(query: &[(String, String)], key: &str, default: u64) -> Result<u64, Reply> {
     match query.iter().find(|(k, _)| k == key) {
         None => Ok(default),
-        Some((_, v)) => v.parse().map_err(|_| {
-            error(
-                400,
-                "bad_request",
-                format!("{key} is {v:?}, not a number"),
-            )
-        }),
+        Some((_, v)) => v
+            .parse()
+            .map_err(|_| error(400, "bad_request", format!("{key} is {v:?}, not a number"))),
     }
 }
 
@@ -234,12 +233,7 @@ fn bounded_wait(ms: u64) -> Duration {
 /// up to `max` bytes of each stream from its offset. With `wait_ms`, waits
 /// (at most [`MAX_PROCESS_WAIT`]) for stdout bytes past `offset` or the
 /// end, unless stderr already has some.
-pub(crate) fn output(
-    state: &State,
-    sid: &str,
-    process: &str,
-    query: &[(String, String)],
-) -> Reply {
+pub(crate) fn output(state: &State, sid: &str, process: &str, query: &[(String, String)]) -> Reply {
     let process = match process_id(process) {
         Ok(p) => p,
         Err(r) => return r,
@@ -334,7 +328,11 @@ pub(crate) fn stdin(state: &State, sid: &str, process: &str, body: &[u8]) -> Rep
     };
     let data = match (req.data, req.data_base64) {
         (Some(_), Some(_)) => {
-            return error(400, "bad_request", "give at most one of data and data_base64")
+            return error(
+                400,
+                "bad_request",
+                "give at most one of data and data_base64",
+            )
         }
         (Some(text), None) => text.into_bytes(),
         (None, Some(b64)) => match from_base64("data_base64", &b64) {
@@ -342,13 +340,7 @@ pub(crate) fn stdin(state: &State, sid: &str, process: &str, body: &[u8]) -> Rep
             Err(r) => return r,
         },
         (None, None) if req.close => Vec::new(),
-        (None, None) => {
-            return error(
-                400,
-                "bad_request",
-                "give data, data_base64 or close: true",
-            )
-        }
+        (None, None) => return error(400, "bad_request", "give data, data_base64 or close: true"),
     };
     with_processes(state, sid, |id, _, p| {
         if !data.is_empty() {

@@ -333,11 +333,9 @@ fn query_pairs(query: &str) -> Result<Vec<(String, String)>, Reply> {
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| match (percent_decode(k), percent_decode(v)) {
             (Ok(k), Ok(v)) => Ok((k, v)),
-            (Err(why), _) | (_, Err(why)) => Err(error(
-                400,
-                "bad_request",
-                format!("the query's {k} {why}"),
-            )),
+            (Err(why), _) | (_, Err(why)) => {
+                Err(error(400, "bad_request", format!("the query's {k} {why}")))
+            }
         })
         .collect()
 }

@@ -26,8 +26,9 @@ struct Server {
 
 /// A linux sandbox over `root`.
 fn linux(root: &Path) -> hako_core::Result<Box<dyn hako_core::Sandbox>> {
-    Ok(Box::new(hako_linux::LinuxSandbox::new(hako_linux::LinuxConfig::new(root))?)
-        as Box<dyn hako_core::Sandbox>)
+    Ok(Box::new(hako_linux::LinuxSandbox::new(
+        hako_linux::LinuxConfig::new(root),
+    )?) as Box<dyn hako_core::Sandbox>)
 }
 
 fn start() -> Server {

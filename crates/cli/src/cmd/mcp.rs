@@ -76,7 +76,10 @@ pub fn run(args: McpArgs) -> u8 {
     // server that cannot open a sandbox refuses to start, with the fix,
     // rather than failing its client's first call.
     if let Err(u) = hako_runtime::preflight(kind, opener.spec()) {
-        return fail(&format!("the {} backend cannot start here: {u}", kind.name()));
+        return fail(&format!(
+            "the {} backend cannot start here: {u}",
+            kind.name()
+        ));
     }
     // With --http: the token and the bound socket, before the audit log is
     // opened, so a port in use leaves no log behind.
