@@ -228,7 +228,7 @@ fn help_lists_the_values_of_every_enum_flag() {
             }
             // A bad value is refused, listing the valid ones.
             let args = [command, flag, "bogus"];
-            let out = hako().args(&args).output().unwrap();
+            let out = hako().args(args).output().unwrap();
             let err = text(&out.stderr);
             assert_eq!(out.status.code(), Some(2), "hako {args:?}: {err}");
             assert!(
@@ -340,4 +340,102 @@ fn fs_help_offers_only_the_flags_that_apply_to_files() {
         .unwrap();
     assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("profile key `memory`"));
+}
+
+#[test]
+fn run_json_errors_carry_the_backend_and_its_isolation_like_results() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let json_of = |args: &[&str]| -> (serde_json::Value, Option<i32>) {
+        let out = run_in(&ws, args);
+        let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!("{args:?}: {e}: {}{}", text(&out.stdout), text(&out.stderr))
+        });
+        (v, out.status.code())
+    };
+    // A result, for comparison.
+    let (ok, code) = json_of(&["--backend", "linux", "--json", "--", "true"]);
+    assert_eq!(code, Some(0), "{ok}");
+    assert_eq!(
+        (ok["backend"].as_str(), ok["isolation"].as_str()),
+        (Some("linux"), Some("process"))
+    );
+
+    for (args, code, backend, isolation, says) in [
+        // A command that is not there.
+        (
+            &["--backend", "linux", "--json", "--", "no-such-command-here"][..],
+            127,
+            "linux",
+            "process",
+            "command not found",
+        ),
+        // A cwd outside the workspace.
+        (
+            &[
+                "--backend",
+                "linux",
+                "--cwd",
+                "../x",
+                "--json",
+                "--",
+                "true",
+            ][..],
+            125,
+            "linux",
+            "process",
+            "climbs out",
+        ),
+        // A policy that refuses the backend.
+        (
+            &[
+                "--backend",
+                "host",
+                "--min-isolation",
+                "process",
+                "--json",
+                "--",
+                "true",
+            ][..],
+            125,
+            "host",
+            "none",
+            "requires isolation `process`",
+        ),
+        // A network mode the backend cannot enforce.
+        (
+            &["--backend", "host", "--net", "none", "--json", "--", "true"][..],
+            125,
+            "host",
+            "none",
+            "cannot provide network mode `none`",
+        ),
+    ] {
+        let (v, got) = json_of(args);
+        assert_eq!(got, Some(code), "{args:?}: {v}");
+        assert_eq!(v["exit_code"], code, "{args:?}: {v}");
+        assert_eq!(v["backend"], backend, "{args:?}: {v}");
+        assert_eq!(v["isolation"], isolation, "{args:?}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(says), "{args:?}: {v}");
+    }
+
+    // Before a backend is chosen (a profile that does not parse), both are
+    // there, and null.
+    let profile = tmp.path().join("p.toml");
+    std::fs::write(&profile, "backend = \"dockr\"\n").unwrap();
+    let (v, code) = json_of(&[
+        "--profile",
+        profile.to_str().unwrap(),
+        "--json",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code, Some(125), "{v}");
+    let obj = v.as_object().unwrap();
+    assert!(
+        obj["backend"].is_null() && obj["isolation"].is_null(),
+        "{v}"
+    );
+    assert!(v["error"].as_str().unwrap().contains("dockr"), "{v}");
 }
