@@ -897,7 +897,6 @@ fn mcp_tool_call(
         "params": {"name": tool, "arguments": args}}),
     );
     let reply: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
-    drop(send);
     drop(stdin);
     let mut stderr = String::new();
     child
