@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 mod files;
 mod lost;
+mod readme;
 mod review;
 mod serve;
 mod terminal;
