@@ -449,6 +449,8 @@ pub enum FileOp {
     },
     /// Removed.
     Remove,
+    /// A directory made, with its missing parents (`mkdir -p`).
+    MakeDir,
     /// A directory listed.
     List {
         /// Entries listed.
@@ -520,6 +522,8 @@ impl File {
 pub struct Process {
     /// Its handle.
     pub process: u64,
+    /// The sandbox's id, where the front end numbers them (`hako serve`).
+    pub sandbox: Option<u64>,
     /// The operation and its fields.
     #[serde(flatten)]
     pub op: ProcessOp,
@@ -776,6 +780,7 @@ mod tests {
             (
                 Record::Process(Process {
                     process: 2,
+                    sandbox: None,
                     op: ProcessOp::KilledAtClose { argv: vec![] },
                 }),
                 "process",

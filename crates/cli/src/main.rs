@@ -29,8 +29,20 @@ hako_sys::entry_point!(run);
 #[cfg(test)]
 const _: fn() -> u8 = run;
 
-/// Everything `hako` does: its exit code.
+/// Everything `hako` does: its exit code. Started under one of the
+/// guest's names (`hako-guest`: see `hako_guest_bin::is_guest_name`), it
+/// is the guest, exactly as the `hako-guest` executable is; so a `hako`
+/// installed alone carries its guest, which the driver starts from this
+/// executable when no `hako-guest` is beside it (see
+/// `hako_driver::connection::locate_guest`).
 fn run() -> u8 {
+    if std::env::args_os()
+        .next()
+        .is_some_and(|argv0| hako_guest_bin::is_guest_name(&argv0))
+    {
+        return hako_guest_bin::main();
+    }
+    hako_driver::connection::set_carries_guest();
     log::init();
     // The egress proxies' connections are budgeted from the soft limit
     // (see `hako_net::ConnectionBudget`); without it, hako works with less.

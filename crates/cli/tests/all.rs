@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod files;
 mod lost;
+mod readme;
 mod review;
 mod serve;
 mod terminal;
@@ -521,6 +523,67 @@ fn doctor_reports_every_backend() {
     }
 }
 
+/// `hako doctor --json`'s reason and hint for `backend`, with `env` set.
+fn doctor_says(backend: &str, env: &[(&str, &std::ffi::OsStr)]) -> (String, String) {
+    let mut cmd = hako();
+    cmd.args(["doctor", "--json"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let b = v["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["backend"] == backend)
+        .unwrap()
+        .clone();
+    assert_eq!(b["works"], false, "{b}");
+    (
+        b["reason"].as_str().unwrap().to_string(),
+        b["hint"].as_str().unwrap().to_string(),
+    )
+}
+
+#[test]
+fn doctor_hints_follow_the_cause_found() {
+    let d = dirs();
+    let not_elf = d.outside.join("secret");
+    // runsc missing: install it.
+    let (reason, hint) = doctor_says(
+        "gvisor",
+        &[("HAKO_RUNSC", std::ffi::OsStr::new("/nonexistent/runsc"))],
+    );
+    assert!(reason.ends_with("is not installed"), "{reason}");
+    assert!(hint.starts_with("install gVisor's runsc"), "{hint}");
+    // runsc there (a stand-in that answers --version), the static guest
+    // not: build the guest, not "install runsc".
+    let (reason, hint) = doctor_says(
+        "gvisor",
+        &[
+            ("HAKO_RUNSC", std::ffi::OsStr::new("/bin/true")),
+            ("HAKO_GUEST_STATIC", not_elf.as_os_str()),
+        ],
+    );
+    assert!(reason.contains("not a readable 64-bit ELF"), "{reason}");
+    assert!(
+        hint.starts_with("build it with `./scripts/build`"),
+        "{hint}"
+    );
+    assert!(!hint.contains("install"), "{hint}");
+    // No container engine at all: install one.
+    let (reason, hint) = doctor_says(
+        "docker",
+        &[("HAKO_DOCKER", std::ffi::OsStr::new("/nonexistent/docker"))],
+    );
+    assert!(
+        reason.contains("does not answer: not installed"),
+        "{reason}"
+    );
+    assert!(hint.starts_with("install Docker"), "{hint}");
+}
+
 #[test]
 fn bench_json_reports_ratios() {
     let out = hako()
@@ -787,6 +850,144 @@ fn hako_alone_needs_no_guest_binary_beside_it() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["errors"], serde_json::json!([]), "{v}");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+/// One MCP tool call over stdio, the protocol spoken by hand (the Python
+/// SDK's client drives the full server in `mcp.rs`): initialize, the
+/// initialized notification, `tools/call` of `tool` with `args`. Returns
+/// the call's result and what the server wrote on stderr.
+fn mcp_tool_call(
+    hako: &Path,
+    backend: &str,
+    ws: &Path,
+    tool: &str,
+    args: serde_json::Value,
+) -> (serde_json::Value, String) {
+    use std::io::{BufRead, Read};
+    let mut cmd = Command::new(hako);
+    cmd.args(["mcp", "--backend", backend, "--workspace"])
+        .arg(ws)
+        .env_remove("HAKO_GUEST")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = loop {
+        match cmd.spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => break other.unwrap(),
+        }
+    };
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut send = |v: serde_json::Value| {
+        writeln!(stdin, "{v}").unwrap();
+        stdin.flush().unwrap();
+    };
+    send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "hako-test", "version": "0"}}}),
+    );
+    let init: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(init["result"]["serverInfo"]["name"], "hako", "{init}");
+    send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": tool, "arguments": args}}),
+    );
+    let reply: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    drop(stdin);
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}: {stderr}");
+    assert_eq!(reply["id"], 2, "{reply}");
+    (reply["result"].clone(), stderr)
+}
+
+#[test]
+fn hako_alone_serves_mcp_tool_calls_with_the_guest_it_carries() {
+    // `cargo install --path crates/cli` installs only `hako`: the MCP
+    // server (many threads, so it starts the guest as a program) runs the
+    // guest from `hako` itself, started as `hako-guest`.
+    let dir = tempfile::tempdir().unwrap();
+    let lone = dir.path().join("hako");
+    std::fs::copy(env!("CARGO_BIN_EXE_hako"), &lone).unwrap();
+    let d = dirs();
+    for backend in ["linux", "landlock"] {
+        let (result, stderr) = mcp_tool_call(
+            &lone,
+            backend,
+            &d.ws,
+            "run_command",
+            serde_json::json!({"command": "echo alone"}),
+        );
+        assert_eq!(result["isError"], false, "{backend}: {result} {stderr}");
+        let text = result["content"][0]["text"].as_str().unwrap_or_default();
+        assert!(text.contains("alone\n"), "{backend}: {text}");
+    }
+    // And the guest it carries is exactly the guest: started by hand as
+    // `hako-guest`, it says what `hako-guest` says.
+    let carried = std::os::unix::process::CommandExt::arg0(&mut Command::new(&lone), "hako-guest")
+        .output()
+        .unwrap();
+    let guest = Command::new(Path::new(env!("CARGO_BIN_EXE_hako")).with_file_name("hako-guest"))
+        .output()
+        .unwrap();
+    assert_eq!(carried.status.code(), guest.status.code());
+    assert_eq!(text(&carried.stderr), text(&guest.stderr));
+    assert!(text(&carried.stderr).contains("no control socket at fd 3"));
+}
+
+#[test]
+fn hako_mcp_and_serve_refuse_to_start_when_their_backend_cannot_run() {
+    let d = dirs();
+    let missing = d.outside.join("no-such-guest");
+    for (cmd, extra) in [
+        ("mcp", &[][..]),
+        ("serve", &["--listen", "127.0.0.1:0"][..]),
+    ] {
+        let out = hako()
+            .args([cmd, "--backend", "linux", "--workspace"])
+            .arg(&d.ws)
+            .args(extra)
+            .env("HAKO_GUEST", &missing)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{cmd}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{cmd}: one line: {stderr}");
+        assert!(
+            stderr.contains("the linux backend cannot start here")
+                && stderr.contains("no-such-guest")
+                && stderr.contains("hint: set HAKO_GUEST"),
+            "{cmd}: {stderr}"
+        );
+        assert!(!stderr.contains("listening"), "{cmd}: {stderr}");
+    }
+    // A gvisor image that is not a directory is named before serving.
+    let out = hako()
+        .args(["mcp", "--backend", "gvisor", "--image"])
+        .arg(&missing)
+        .arg("--workspace")
+        .arg(&d.ws)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(
+        stderr.contains("the gvisor backend cannot start here") && stderr.contains("hint: "),
+        "{stderr}"
+    );
 }
 
 /// Runs a program that was just copied: another test's fork may still

@@ -4,9 +4,9 @@
 //! audit log the server left is checked.
 //!
 //! Needs the test virtualenv's Python (`HAKO_TEST_PYTHON`) with `swe-rex`
-//! and `aiohttp`, the `hako-guest` binary beside `hako`, and user
-//! namespaces; without them the tests skip with the reason, unless
-//! `HAKO_MUST_WORK=1`, which makes that a failure.
+//! and `aiohttp`, and user namespaces (`hako` carries its guest); without
+//! them the tests skip with the reason, unless `HAKO_MUST_WORK=1`, which
+//! makes that a failure.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 #[path = "support/mcp.rs"]
@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-/// Whether the client, the guest and the linux backend are all here;
+/// Whether the client and the linux backend are both here;
 /// prints why not.
 fn ready(test: &str) -> bool {
     match support::python()
@@ -29,17 +29,13 @@ fn ready(test: &str) -> bool {
         Ok(out) if !out.status.success() => {
             return support::skip(&format!(
                 "{test}: the Python swe-rex and aiohttp packages are missing (the test command installs them into its virtualenv, HAKO_TEST_PYTHON): {}",
-                String::from_utf8_lossy(&out.stderr).trim()
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or_default()
             ))
         }
         Ok(_) => {}
-    }
-    let guest = Path::new(env!("CARGO_BIN_EXE_hako")).with_file_name("hako-guest");
-    if std::env::var_os("HAKO_GUEST").is_none() && !guest.is_file() {
-        return support::skip(&format!(
-            "{test}: {} is missing; run `cargo build --workspace` first",
-            guest.display()
-        ));
     }
     if let Err(reason) = hako_sys::ns::user_namespaces_allowed() {
         return support::skip(&format!(

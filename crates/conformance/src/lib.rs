@@ -173,6 +173,7 @@ macro_rules! __hako_with_case_names {
             session_keeps_cwd_variables_functions_and_jobs,
             session_output_and_status_are_delimited_exactly,
             session_timeout_kills_the_command_and_the_session_goes_on,
+            session_command_past_its_deadline_runs_nothing_after_it,
             sessions_run_concurrently_and_stay_apart,
             closing_a_session_kills_its_jobs,
             a_session_that_exits_says_so_and_session_commands_are_checked,

@@ -55,42 +55,119 @@ pub fn is_static_elf(path: &Path) -> Option<bool> {
     Some(!has_interp)
 }
 
+/// The file name of the static guest hako looks for beside itself
+/// (`scripts/build` puts it beside `hako` in `target/release`).
+pub const STATIC_GUEST_NAME: &str = "hako-guest-static";
+
+/// The command that builds the static guest beside `hako`, for hints.
+pub const STATIC_GUEST_BUILD: &str = "./scripts/build";
+
 /// The statically linked guest to mount into a container: `explicit`, else
-/// `$HAKO_GUEST_STATIC`, else the `hako-guest` hako would run on the host
-/// if it happens to be static. An image brings no libc hako can rely on.
+/// `$HAKO_GUEST_STATIC`, else [`STATIC_GUEST_NAME`] beside the running
+/// executable (or one directory up, where Cargo puts binaries relative to
+/// tests), else the `hako-guest` hako would run on the host if it happens
+/// to be static. An image brings no libc hako can rely on.
+///
+/// The running `hako` itself is never taken, even when it is static and
+/// carries the guest: what runs inside every container is the guest's own
+/// executable, which links nothing of the driver, the backends or the
+/// egress proxy.
 pub fn locate_static_guest(backend: &str, explicit: Option<&Path>) -> Result<PathBuf> {
-    let err = |message: String| Error::Backend {
+    find_static_guest(explicit).map_err(|reason| Error::Backend {
         backend: backend.into(),
         op: "find the static hako-guest",
-        message,
-    };
-    let hint = format!(
-        "build one with scripts/build-static-guest and set {STATIC_GUEST_VAR} to the path it prints"
-    );
+        message: format!("{reason}: {}", static_guest_hint()),
+    })
+}
+
+/// What to do when no static guest is found.
+pub fn static_guest_hint() -> String {
+    format!(
+        "build it with `{STATIC_GUEST_BUILD}` (which puts {STATIC_GUEST_NAME} beside hako), or set {STATIC_GUEST_VAR} to a static hako-guest (scripts/build-static-guest prints one)"
+    )
+}
+
+/// [`locate_static_guest`]'s search; the reason when it finds none.
+fn find_static_guest(explicit: Option<&Path>) -> std::result::Result<PathBuf, String> {
     let chosen = explicit
         .map(Path::to_path_buf)
         .or_else(|| std::env::var_os(STATIC_GUEST_VAR).map(PathBuf::from));
     if let Some(path) = chosen {
         return match is_static_elf(&path) {
             Some(true) => Ok(path.canonicalize().unwrap_or(path)),
-            Some(false) => Err(err(format!(
-                "{} is dynamically linked; the guest runs inside the image, which has no libc hako can rely on: {hint}",
+            Some(false) => Err(format!(
+                "{} is dynamically linked; the guest runs inside the image, which has no libc hako can rely on",
                 path.display()
-            ))),
-            None => Err(err(format!(
-                "{} is not a readable 64-bit ELF executable: {hint}",
+            )),
+            None => Err(format!(
+                "{} is not a readable 64-bit ELF executable",
                 path.display()
-            ))),
+            )),
+        };
+    }
+    let exe = std::env::current_exe().ok();
+    if let Some(found) = beside(exe.as_deref(), STATIC_GUEST_NAME) {
+        return match is_static_elf(&found) {
+            Some(true) => Ok(found.canonicalize().unwrap_or(found)),
+            _ => Err(format!(
+                "{} is not a statically linked executable",
+                found.display()
+            )),
         };
     }
     match hako_driver::connection::locate_guest() {
+        Ok(path) if exe.as_deref() == Some(path.as_path()) => Err(format!(
+            "no static hako-guest found (no {STATIC_GUEST_NAME} beside hako)"
+        )),
         Ok(path) if is_static_elf(&path) == Some(true) => Ok(path.canonicalize().unwrap_or(path)),
-        Ok(path) => Err(err(format!(
-            "the only hako-guest found ({}) is dynamically linked; the guest runs inside the image: {hint}",
+        Ok(path) => Err(format!(
+            "no static hako-guest found (no {STATIC_GUEST_NAME} beside hako, and the hako-guest found, {}, is dynamically linked; the guest runs inside the image)",
             path.display()
-        ))),
-        Err(_) => Err(err(format!("no hako-guest found: {hint}"))),
+        )),
+        Err(_) => Err(format!(
+            "no static hako-guest found (no {STATIC_GUEST_NAME} beside hako)"
+        )),
     }
+}
+
+/// Why a container backend cannot start here, and the one thing to do
+/// about it, chosen by the cause found (for `hako doctor`, and for the
+/// servers' check at start-up).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotReady {
+    /// What is missing or failed.
+    pub reason: String,
+    /// What fixes that cause.
+    pub hint: String,
+}
+
+impl std::fmt::Display for NotReady {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}; hint: {}", self.reason, self.hint)
+    }
+}
+
+/// Whether a static guest is found ([`locate_static_guest`]), as a
+/// [`NotReady`] when not.
+pub fn static_guest_ready() -> std::result::Result<PathBuf, NotReady> {
+    find_static_guest(None).map_err(|reason| NotReady {
+        reason,
+        hint: static_guest_hint(),
+    })
+}
+
+/// `name` in the directory of `exe` or the one above, if it is a file.
+fn beside(exe: Option<&Path>, name: &str) -> Option<PathBuf> {
+    let mut dir = exe?.parent();
+    for _ in 0..2 {
+        let d = dir?;
+        let candidate = d.join(name);
+        if candidate.is_file() {
+            return Some(candidate);
+        }
+        dir = d.parent();
+    }
+    None
 }
 
 /// hako's seccomp policy as the OCI profile a container runtime applies.
@@ -350,6 +427,13 @@ fn memory_hint(limit: u64) -> String {
 }
 
 fn spawn_error(backend: &str, argv: &[String], e: &std::io::Error) -> Error {
+    if let Some(found) = hako_sys::exhaust::diagnose(e) {
+        return Error::OutOfResources {
+            op: "start the container",
+            resource: found.resource,
+            message: found.message,
+        };
+    }
     let program = argv.first().map(String::as_str).unwrap_or("");
     let message = if e.kind() == std::io::ErrorKind::NotFound {
         format!("{program} is not installed")

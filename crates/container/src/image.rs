@@ -185,6 +185,108 @@ pub fn import(engine: &Engine, runner: &dyn Runner, dir: &Path, name: &str) -> R
     Ok(())
 }
 
+/// Whether `tag` is present in the engine's local images.
+pub fn present(engine: &Engine, runner: &dyn Runner, tag: &str) -> Result<bool> {
+    let out = runner
+        .output(&engine.command(["image", "inspect", "--format", "{{.Id}}", tag]))
+        .map_err(|e| match hako_sys::exhaust::diagnose(&e) {
+            Some(found) => Error::OutOfResources {
+                op: "look for the image",
+                resource: found.resource,
+                message: found.message,
+            },
+            None => failed(
+                "look for the image",
+                format!("cannot run {}: {e}", engine.name()),
+            ),
+        })?;
+    Ok(out.success)
+}
+
+/// What stops hako from building its default image by itself, with the
+/// one command that fixes it, or `None` when it can.
+pub fn cannot_build_default() -> Option<String> {
+    cannot_build_from(Path::new(DEFAULT_BUSYBOX))
+}
+
+/// [`cannot_build_default`] with `busybox` the one to build from.
+fn cannot_build_from(busybox: &Path) -> Option<String> {
+    match is_static_elf(busybox) {
+        Some(true) => None,
+        _ => Some(format!(
+            "hako builds its default image from a static busybox, and {} is not one: run `sudo apt-get install busybox-static` (Debian, Ubuntu), or build an image of your own and pass --image",
+            busybox.display()
+        )),
+    }
+}
+
+/// Makes sure the default image (`DEFAULT_NAME:latest`, or `tag`) is in
+/// the engine: when it is missing, builds it as `hako image build` does
+/// (from the host's static busybox, in a directory of hako's private
+/// directory removed afterwards) and imports it, saying so on stderr. Once
+/// present it is not asked again by this process. Returns whether it was
+/// built now. Where it cannot be built, the error says the one command to
+/// run.
+pub fn ensure_default(engine: &Engine, runner: &dyn Runner, tag: &str) -> Result<bool> {
+    ensure_built_from(engine, runner, tag, Path::new(DEFAULT_BUSYBOX))
+}
+
+/// [`ensure_default`], building from `busybox`.
+pub fn ensure_built_from(
+    engine: &Engine,
+    runner: &dyn Runner,
+    tag: &str,
+    busybox: &Path,
+) -> Result<bool> {
+    // One build at a time in this process (a server opens sandboxes on
+    // many threads), and each tag is asked once it is known present.
+    static KNOWN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut known = KNOWN
+        .lock()
+        .map_err(|_| failed("look for the image", "lock poisoned"))?;
+    let key = format!("{}\0{tag}", engine.name());
+    if known.contains(&key) {
+        return Ok(false);
+    }
+    if present(engine, runner, tag)? {
+        known.push(key);
+        return Ok(false);
+    }
+    if let Some(why) = cannot_build_from(busybox) {
+        return Err(failed(
+            "build the default image",
+            format!("the {} image {tag} is not present; {why}", engine.name()),
+        ));
+    }
+    let private = crate::private::private_dir()
+        .map_err(|e| failed("build the default image", e.to_string()))?;
+    let dir = private.join(format!(
+        "image-build-{}",
+        crate::common::unique_name("default")
+    ));
+    eprintln!(
+        "hako: the {} image {tag} is not present: building it from {} (once; `hako image build` does the same)",
+        engine.name(),
+        busybox.display()
+    );
+    let spec = ImageSpec {
+        busybox: busybox.to_path_buf(),
+        dir: dir.clone(),
+    };
+    let built = build_rootfs(&spec).and_then(|applets| {
+        eprintln!(
+            "hako: root directory written (busybox, {applets} applets); importing it into {}",
+            engine.name()
+        );
+        import(engine, runner, &dir, tag)
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    built?;
+    eprintln!("hako: {} image {tag} built", engine.name());
+    known.push(key);
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

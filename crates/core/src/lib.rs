@@ -31,9 +31,9 @@ pub use fs::{DirEntry, DirListing, FileKind, Metadata, ReadOutcome};
 pub use isolation::{Isolation, ParseIsolationError};
 pub use network::{NetDecision, NetEvent, NetMode, NetProtocol, NetworkPolicy};
 pub use sandbox::{
-    exec_or_detach, replace_if_unchanged, require_isolation, AppendFile, ExecStream, MakeDirAll,
-    NetworkEvents, OutputSink, OutputSlice, ProcessId, ProcessState, Processes, ReadLimit,
-    ReplaceUnchanged, Sandbox, SessionId, SessionOptions, Sessions, SpawnOptions, StatPath, Stream,
-    TermSize, Waited, Workdir,
+    exec_or_detach, replace_if_unchanged, require_isolation, write_file_creating_parents,
+    AppendFile, ExecStream, MakeDirAll, NetworkEvents, OutputSink, OutputSlice, ProcessId,
+    ProcessState, Processes, ReadLimit, ReplaceUnchanged, Sandbox, SessionId, SessionOptions,
+    Sessions, SpawnOptions, StatPath, Stream, TermSize, Waited, Workdir,
 };
 pub use spec::{CowLayers, SandboxSpec, DEFAULT_MAX_PROCESSES, DEFAULT_MAX_SESSIONS};

@@ -160,6 +160,40 @@ pub fn replace_if_unchanged(
     }
 }
 
+/// Writes `data` to `path` as [`Sandbox::write_file`] does, first creating
+/// the missing parent directories through the sandbox's [`MakeDirAll`]
+/// (`mkdir -p` inside the root, which never follows a symlink out of it and
+/// never creates a dangling symlink's target). Every front end writes a
+/// file through this, so a write that creates `notes/x.txt` works, or is
+/// refused, the same way from each. Returns whether directories were
+/// created.
+///
+/// Only a write refused with
+/// [`FenceError::NotFound`](crate::FenceError::NotFound) is retried after
+/// the parents are made; every other refusal (a symlink leading out, a
+/// file in the way) is returned as it is. A sandbox without `MakeDirAll`
+/// gets the `NotFound` of its write.
+pub fn write_file_creating_parents(
+    sandbox: &dyn Sandbox,
+    path: &Path,
+    data: &[u8],
+) -> Result<bool> {
+    let not_found = match sandbox.write_file(path, data) {
+        Ok(()) => return Ok(false),
+        Err(err @ Error::Fence(crate::FenceError::NotFound { .. })) => err,
+        Err(err) => return Err(err),
+    };
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+    match (parent, sandbox.make_dir_all()) {
+        (Some(parent), Some(mkdir)) => {
+            mkdir.make_dir_all(parent)?;
+            sandbox.write_file(path, data)?;
+            Ok(true)
+        }
+        _ => Err(not_found),
+    }
+}
+
 /// Appending without reading the file first.
 pub trait AppendFile {
     /// Appends `data` to a regular file, creating it if missing.

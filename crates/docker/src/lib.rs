@@ -28,7 +28,7 @@ pub use plan::{
     check_run_plan, is_gvisor_runtime, keeper_argv, run_argv, volume_create_argv,
     write_seccomp_profile, CowVolume, RunPlan,
 };
-pub use sandbox::{ready, DockerConfig, DockerSandbox};
+pub use sandbox::{readiness, ready, DockerConfig, DockerSandbox};
 
 /// The backend's name.
 pub const NAME: &str = "docker";

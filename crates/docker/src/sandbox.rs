@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, Once};
 use hako_container::runner::{CliRunner, Runner};
 use hako_container::{
     base_env, limit_reports, limit_reports_pids_inside, locate_static_guest, ContainerLauncher,
-    Engine, EngineKind, Owner, RunNetwork, DEFAULT_TMP_SIZE,
+    Engine, EngineKind, NotReady, Owner, RunNetwork, DEFAULT_TMP_SIZE,
 };
 use hako_core::{Capabilities, Error, Isolation, NetworkPolicy, Result, SandboxSpec};
 use hako_driver::network::NetworkSetup;
@@ -126,6 +126,10 @@ impl Prepared {
         } else {
             PathBuf::new()
         };
+        if spec.image.is_none() {
+            // First use without an image: hako builds its default one.
+            hako_container::image::ensure_default(&engine, runner.as_ref(), DEFAULT_IMAGE)?;
+        }
         let runtime = spec
             .runtime
             .clone()
@@ -479,30 +483,101 @@ fn podman_runtime_default(engine: &Engine) -> Option<String> {
 }
 
 /// Whether a docker sandbox of `image` can start here: a runtime that
-/// answers, the image present locally, and a static guest. The reason when
-/// not (for `hako doctor` and for tests that skip without one).
+/// answers, the image present locally (or, for the default image, one hako
+/// can build on first use), and a static guest. The reason when not (for
+/// tests that skip without one); [`readiness`] gives the hint too.
 pub fn ready(image: &str, runtime: Option<&str>) -> std::result::Result<(), String> {
-    let engine = hako_container::engine::shared(&CliRunner).map_err(|e| e.to_string())?;
-    let out = CliRunner
-        .output(&engine.command(["image", "inspect", "--format", "{{.Id}}", image]))
-        .map_err(|e| e.to_string())?;
-    if !out.success {
-        return Err(format!(
-            "image {image} is not present ({}); build it with `hako image build`",
-            out.message()
-        ));
-    }
-    if let Some(runtime) = runtime.filter(|_| engine.kind == EngineKind::Docker) {
-        let runtimes = daemon_runtimes(&engine, &CliRunner).map_err(|e| e.to_string())?;
-        if runtimes.get(runtime).is_none() {
-            return Err(format!(
-                "the daemon has no runtime named {runtime}; register it in /etc/docker/daemon.json"
-            ));
+    readiness(image, runtime).map_err(|e| e.to_string())
+}
+
+/// [`ready`], with the hint that fits the cause found: the engine missing
+/// or its daemon down, the image missing (and, for the default image,
+/// what stops hako from building it), the OCI runtime not registered with
+/// the daemon (whether or not it is installed), or no static guest.
+pub fn readiness(image: &str, runtime: Option<&str>) -> std::result::Result<(), NotReady> {
+    let engine = hako_container::engine::shared(&CliRunner).map_err(|e| NotReady {
+        reason: e.to_string(),
+        hint: engine_hint(),
+    })?;
+    // The image first: one call that also fails when the daemon is down,
+    // which is then asked why (`info`) only when it does.
+    let present = hako_container::image::present(&engine, &CliRunner, image).unwrap_or(false);
+    if !present {
+        if let Err(why) = engine.works(&CliRunner) {
+            return Err(NotReady {
+                reason: format!("{} does not answer: {why}", engine.name()),
+                hint: daemon_hint(&engine, &why),
+            });
+        }
+        if image != DEFAULT_IMAGE {
+            return Err(NotReady {
+                reason: format!("the {} image {image} is not present", engine.name()),
+                hint: format!(
+                    "build or load it ({} images lists what is there), or leave out --image for hako's own",
+                    engine.name()
+                ),
+            });
+        }
+        if let Some(why) = hako_container::image::cannot_build_default() {
+            return Err(NotReady {
+                reason: format!(
+                    "the {} image {image} is not present and cannot be built here",
+                    engine.name()
+                ),
+                hint: why,
+            });
         }
     }
-    locate_static_guest(NAME, None)
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+    if let Some(runtime) = runtime.filter(|_| engine.kind == EngineKind::Docker) {
+        let runtimes = daemon_runtimes(&engine, &CliRunner).map_err(|e| NotReady {
+            reason: e.to_string(),
+            hint: engine_hint(),
+        })?;
+        if runtimes.get(runtime).is_none() {
+            return Err(NotReady {
+                reason: format!("dockerd has no runtime named {runtime}"),
+                hint: runtime_hint(runtime, hako_container::engine::on_path(runtime)),
+            });
+        }
+    }
+    hako_container::static_guest_ready().map(|_| ())
+}
+
+/// What to do when no container engine works.
+fn engine_hint() -> String {
+    "install Docker (Debian: `sudo apt-get install docker.io`) and start dockerd, or install podman"
+        .into()
+}
+
+/// What to do when the engine is installed but `info` fails, by what it
+/// said.
+fn daemon_hint(engine: &Engine, said: &str) -> String {
+    let said = said.to_ascii_lowercase();
+    if said.contains("not installed") {
+        engine_hint()
+    } else if said.contains("permission denied") {
+        format!(
+            "you may not use the {} daemon's socket: add yourself to the docker group (`sudo usermod -aG docker $USER`, then log in again), or run hako with sudo",
+            engine.name()
+        )
+    } else if engine.kind == EngineKind::Docker {
+        "start the daemon: `sudo systemctl start docker` (or `sudo dockerd` where there is no systemd)".into()
+    } else {
+        format!("check that `{} info` works", engine.argv.join(" "))
+    }
+}
+
+/// What to do when the daemon has no runtime `runtime`: register it when
+/// it is installed, install it first when not.
+fn runtime_hint(runtime: &str, installed: bool) -> String {
+    let register = format!(
+        "register it in /etc/docker/daemon.json as {{\"runtimes\":{{\"{runtime}\":{{\"path\":\"<path of {runtime}>\",\"runtimeArgs\":[\"--network=none\",\"--oci-seccomp\"]}}}}}} and reload dockerd (`sudo kill -HUP $(pidof dockerd)`)"
+    );
+    if installed {
+        format!("{runtime} is installed but dockerd does not know it: {register}")
+    } else {
+        format!("install {runtime} (gVisor; Debian: `sudo apt-get install runsc`), then {register}")
+    }
 }
 
 /// Removes, once per process, the containers and copy-on-write volumes of
@@ -534,6 +609,33 @@ fn collect_once(engine: &Arc<Engine>, runner: &Arc<dyn Runner>) {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn a_runtime_not_registered_is_told_apart_from_one_not_installed() {
+        let installed = runtime_hint("runsc", true);
+        assert!(installed.starts_with("runsc is installed but dockerd does not know it: register it in /etc/docker/daemon.json"), "{installed}");
+        assert!(!installed.contains("apt-get install"), "{installed}");
+        let missing = runtime_hint("runsc", false);
+        assert!(missing.starts_with("install runsc"), "{missing}");
+        assert!(missing.contains("register it"), "{missing}");
+    }
+
+    #[test]
+    fn a_daemon_that_does_not_answer_gets_the_hint_of_what_it_said() {
+        let docker = Engine {
+            argv: vec!["docker".into()],
+            kind: EngineKind::Docker,
+        };
+        let hint = daemon_hint(&docker, "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?");
+        assert!(hint.starts_with("start the daemon"), "{hint}");
+        let hint = daemon_hint(
+            &docker,
+            "Got permission denied while trying to connect to the Docker daemon socket",
+        );
+        assert!(hint.contains("docker group"), "{hint}");
+        let hint = daemon_hint(&docker, "not installed");
+        assert!(hint.starts_with("install Docker"), "{hint}");
+    }
 
     #[test]
     fn cow_without_the_guest_is_refused_with_a_typed_error_before_any_container_is_made() {

@@ -492,6 +492,20 @@ fn apply(op: &MountOp, src: &Sources, null: &Path, soft: m::Flags) -> std::io::R
                 let null = src.path(null)?;
                 mount_if_present(&at, || m::mount(Some(&null), &at, None, m::MS_BIND, None))?;
             }
+            MountOp::File { path, contents } => {
+                let at = staged(path);
+                // Written on the staging root, bound, then unlinked: the
+                // bind keeps the file, and nothing is left beside the
+                // mount points.
+                let file = Path::new(STAGING).join(".hako-file");
+                std::fs::write(&file, contents)?;
+                let bound =
+                    mount_if_present(&at, || m::mount(Some(&file), &at, None, m::MS_BIND, None));
+                std::fs::remove_file(&file)?;
+                if bound? {
+                    m::remount_readonly(&at, soft | m::MS_NOEXEC, m::Reach::Mount)?;
+                }
+            }
             MountOp::MaskDir { path } => {
                 let at = staged(path);
                 mount_if_present(&at, || {

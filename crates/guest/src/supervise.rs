@@ -476,6 +476,7 @@ impl Supervisor {
             vfork::spawn(
                 SpawnSpec {
                     argv: &job.argv,
+                    program: None,
                     env: &job.env,
                     stdio: [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()],
                     cwd: Some(spawn_cwd),

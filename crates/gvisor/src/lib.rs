@@ -43,7 +43,7 @@ pub use bundle::{config_json, run_argv, view_argv, BundlePlan, SEAL_CAPABILITIES
 #[cfg(feature = "backend")]
 pub use everyday::everyday_tools_work;
 #[cfg(feature = "backend")]
-pub use sandbox::{ready, runsc_path, GvisorConfig, GvisorSandbox};
+pub use sandbox::{readiness, ready, runsc_path, GvisorConfig, GvisorSandbox};
 
 /// The backend's name.
 pub const NAME: &str = "gvisor";

@@ -388,31 +388,64 @@ fn collect_once() {
     });
 }
 
-/// Whether `runsc` runs here (for `hako doctor` and tests that skip
-/// without it); the reason when not. Whether it also runs everyday tools
-/// (an old `runsc` fails `ls -la`), which `auto` asks next, is
-/// [`crate::everyday_tools_work`].
+/// Whether `runsc` runs here (for tests that skip without it); the
+/// reason when not. Whether it also runs everyday tools (an old `runsc`
+/// fails `ls -la`), which `auto` asks next, is
+/// [`crate::everyday_tools_work`]. [`readiness`] gives the hint too.
 pub fn ready() -> std::result::Result<(), String> {
-    let runsc = runsc_path(None);
+    readiness().map_err(|e| e.to_string())
+}
+
+/// [`ready`], with the hint that fits the cause found: `runsc` missing,
+/// `runsc` there but failing, or no static guest.
+pub fn readiness() -> std::result::Result<(), hako_container::NotReady> {
+    runsc_readiness(&runsc_path(None))?;
+    hako_container::static_guest_ready().map(|_| ())
+}
+
+/// Whether `runsc` (at `runsc`) answers `--version`.
+fn runsc_readiness(runsc: &Path) -> std::result::Result<(), hako_container::NotReady> {
+    use hako_container::NotReady;
     match CliRunner.output(&[runsc.display().to_string(), "--version".into()]) {
-        Ok(out) if out.success => {}
-        Ok(out) => return Err(format!("{} --version failed: {}", runsc.display(), out.message())),
-        Err(e) => {
-            return Err(format!(
-                "{} cannot run ({e}); install gVisor's runsc (Debian: apt-get install runsc) or set {RUNSC_VAR}",
+        Ok(out) if out.success => Ok(()),
+        Ok(out) => Err(NotReady {
+            reason: format!("{} --version failed: {}", runsc.display(), out.message()),
+            hint: format!(
+                "runsc is installed but does not run: check `{} --version` by hand, or point {RUNSC_VAR} at a working runsc",
                 runsc.display()
-            ))
-        }
+            ),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(NotReady {
+            reason: format!("{} is not installed", runsc.display()),
+            hint: format!(
+                "install gVisor's runsc (Debian: `sudo apt-get install runsc`), or set {RUNSC_VAR} to its path"
+            ),
+        }),
+        Err(e) => Err(NotReady {
+            reason: format!("{} cannot run: {e}", runsc.display()),
+            hint: format!("make {} executable, or set {RUNSC_VAR} to a runsc that is", runsc.display()),
+        }),
     }
-    locate_static_guest(NAME, None)
-        .map(|_| ())
-        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn runsc_missing_and_runsc_failing_get_different_hints() {
+        let missing = runsc_readiness(Path::new("/nonexistent/runsc")).unwrap_err();
+        assert!(missing.reason.ends_with("is not installed"), "{missing}");
+        assert!(
+            missing.hint.starts_with("install gVisor's runsc"),
+            "{missing}"
+        );
+        // A program that is there but fails `--version`.
+        let failing = runsc_readiness(Path::new("/bin/false")).unwrap_err();
+        assert!(failing.reason.contains("--version failed"), "{failing}");
+        assert!(!failing.hint.contains("apt-get install"), "{failing}");
+    }
 
     #[test]
     fn a_cow_sandbox_s_launcher_always_waits_for_the_client_and_delegates_the_rest() {

@@ -150,6 +150,18 @@ impl LinuxSandbox {
         let cgroups = hako_driver::cgroup::for_sandbox(NAME, &limits, wanted.best_effort)?;
         let cg_mechanism = cgroups.as_ref().map(|c| c.mechanism);
         let workspace = fence.workdir().to_path_buf();
+        // The home is the host user's home path (so `--ro ~/.cargo` is at
+        // `~/.cargo` inside), or the HOME set for the sandbox; never the
+        // host's home directory itself, only its path.
+        let asked_home = wanted
+            .env
+            .set
+            .iter()
+            .rev()
+            .find(|(name, _)| name == "HOME")
+            .map(|(_, value)| std::ffi::OsString::from(value))
+            .or_else(|| std::env::var_os("HOME"));
+        let home = hako_view::user::home(asked_home.as_deref().map(std::path::Path::new));
         let input = PlanInput {
             mount_point: mount_point.unwrap_or_else(|| workspace.clone()),
             workspace,
@@ -169,12 +181,20 @@ impl LinuxSandbox {
                 .unwrap_or_default(),
             oom_counter: cgroups.as_ref().and_then(Cgroups::oom_counter),
             cow: wanted.cow.clone(),
+            home,
         };
-        // No host home directory inside: HOME and TMPDIR point at the
-        // sandbox's private /tmp unless set explicitly.
+        // No host home directory inside: HOME is the sandbox user's own
+        // (private and empty unless the workspace or a bind holds it), and
+        // the user's names are the sandbox user's, unless set explicitly.
+        let home_text = input.home.to_string_lossy().into_owned();
         let mut base_env = hako_driver::sandbox::base_env_defaulting(
             &wanted.env,
-            &[("HOME", "/tmp"), ("TMPDIR", "/tmp")],
+            &[
+                ("HOME", home_text.as_str()),
+                ("USER", hako_view::user::NAME),
+                ("LOGNAME", hako_view::user::NAME),
+                ("TMPDIR", "/tmp"),
+            ],
         );
         network.apply_env(&mut base_env);
         let mut reports = common_limits(wanted.max_output, &fence);

@@ -46,6 +46,19 @@ pub struct PlanInput {
     /// A copy-on-write workspace: the workspace is the lower layer of an
     /// overlay at the mount point, every change in `upper`.
     pub cow: Option<hako_core::CowLayers>,
+    /// The sandbox user's home, `HOME` inside (from
+    /// [`hako_view::user::home`]): a private, empty, writable tmpfs there
+    /// unless the workspace or a bind already holds it.
+    pub home: PathBuf,
+}
+
+/// Whether the sandbox's home gets a tmpfs of its own: not when the
+/// workspace or a bind holds it (then it is that directory, as bound).
+pub fn home_is_private(input: &PlanInput) -> bool {
+    !std::iter::once(&input.mount_point)
+        .chain(&input.ro)
+        .chain(&input.rw)
+        .any(|bound| input.home.starts_with(bound))
 }
 
 /// Why a configuration cannot be planned.
@@ -106,10 +119,35 @@ pub fn plan(input: &PlanInput, facts: &HostFacts) -> Result<LinuxSpec, PlanError
     for key in &facts.ssh_host_keys {
         mounts.push(MountOp::MaskFile { path: key.clone() });
     }
+    let inner = |id: u32| {
+        if id == 0 {
+            ROOT_INVOKER_INNER_ID
+        } else {
+            id
+        }
+    };
+    let (uid, gid) = (inner(facts.uid), inner(facts.gid));
+    // A user of the sandbox's own, over the host's users.
+    mounts.push(MountOp::File {
+        path: p("/etc/passwd"),
+        contents: hako_view::user::passwd(uid, gid, &input.home),
+    });
+    mounts.push(MountOp::File {
+        path: p("/etc/group"),
+        contents: hako_view::user::group(gid),
+    });
     mounts.push(MountOp::Tmpfs {
         path: p("/tmp"),
         options: format!("mode=1777,size={}", input.tmp_size),
     });
+    // Before the workspace and the binds, which may lie under it.
+    let private_home = home_is_private(input);
+    if private_home {
+        mounts.push(MountOp::Tmpfs {
+            path: input.home.clone(),
+            options: format!("mode=0700,uid={uid},gid={gid},size={}", input.tmp_size),
+        });
+    }
     mounts.push(MountOp::Tmpfs {
         path: p("/dev"),
         options: "mode=0755,size=64k".into(),
@@ -176,19 +214,15 @@ pub fn plan(input: &PlanInput, facts: &HostFacts) -> Result<LinuxSpec, PlanError
             });
         }
     }
-    let inner = |id: u32| {
-        if id == 0 {
-            ROOT_INVOKER_INNER_ID
-        } else {
-            id
-        }
-    };
     let mut write_dirs = vec![
         input.mount_point.clone(),
         p("/tmp"),
         p("/dev/shm"),
         p("/dev/pts"),
     ];
+    if private_home {
+        write_dirs.push(input.home.clone());
+    }
     write_dirs.extend(input.rw.iter().cloned());
     let write_files = DEV_NODES
         .iter()
@@ -196,8 +230,8 @@ pub fn plan(input: &PlanInput, facts: &HostFacts) -> Result<LinuxSpec, PlanError
         .collect();
     let rlimits = input.rlimits.specs();
     Ok(LinuxSpec {
-        uid: (inner(facts.uid), facts.uid),
-        gid: (inner(facts.gid), facts.gid),
+        uid: (uid, facts.uid),
+        gid: (gid, facts.gid),
         hostname: "hako".into(),
         mounts,
         rlimits,
@@ -246,6 +280,7 @@ mod tests {
             cgroup_procs: vec![],
             oom_counter: None,
             cow: None,
+            home: p("/home/u"),
         }
     }
 
@@ -361,11 +396,74 @@ mod tests {
         let ll = spec.landlock.unwrap();
         assert_eq!(
             ll.write_dirs,
-            [p("/home/u/proj"), p("/tmp"), p("/dev/shm"), p("/dev/pts")]
+            [
+                p("/home/u/proj"),
+                p("/tmp"),
+                p("/dev/shm"),
+                p("/dev/pts"),
+                p("/home/u")
+            ]
         );
         assert!(ll.write_files.contains(&p("/dev/null")));
         assert!(ll.required);
         assert!(spec.seccomp);
+    }
+
+    #[test]
+    fn the_sandbox_user_has_its_own_passwd_group_and_private_home() {
+        let spec = plan(&input(), &facts(0)).unwrap();
+        let at = |f: &dyn Fn(&MountOp) -> bool| spec.mounts.iter().position(f).unwrap();
+        let etc = at(&|m| matches!(m, MountOp::Bind { path, .. } if path == Path::new("/etc")));
+        let passwd =
+            at(&|m| matches!(m, MountOp::File { path, .. } if path == Path::new("/etc/passwd")));
+        let group =
+            at(&|m| matches!(m, MountOp::File { path, .. } if path == Path::new("/etc/group")));
+        assert!(etc < passwd && etc < group);
+        let MountOp::File { contents, .. } = &spec.mounts[passwd] else {
+            unreachable!()
+        };
+        assert!(
+            contents.contains("\nhako:x:1000:1000:hako:/home/u:/bin/sh\n"),
+            "{contents}"
+        );
+        // The home: private, the user's, made before the workspace inside it.
+        let home =
+            at(&|m| matches!(m, MountOp::Tmpfs { path, .. } if path == Path::new("/home/u")));
+        let MountOp::Tmpfs { options, .. } = &spec.mounts[home] else {
+            unreachable!()
+        };
+        assert!(
+            options.starts_with("mode=0700,uid=1000,gid=1000,"),
+            "{options}"
+        );
+        let ws =
+            at(&|m| matches!(m, MountOp::Bind { path, .. } if path == Path::new("/home/u/proj")));
+        assert!(home < ws);
+        assert!(spec.landlock.unwrap().write_dirs.contains(&p("/home/u")));
+    }
+
+    #[test]
+    fn a_home_the_workspace_or_a_bind_holds_is_not_covered() {
+        for (home, ro, rw) in [
+            ("/home/u/proj", vec![], vec![]),
+            ("/home/u/proj/sub", vec![], vec![]),
+            ("/home/u", vec![p("/home")], vec![]),
+            ("/home/u", vec![], vec![p("/home/u")]),
+        ] {
+            let mut i = input();
+            i.home = p(home);
+            i.ro = ro;
+            i.rw = rw;
+            assert!(!home_is_private(&i), "{home}");
+            let spec = plan(&i, &facts(1000)).unwrap();
+            assert!(
+                !spec
+                    .mounts
+                    .iter()
+                    .any(|m| matches!(m, MountOp::Tmpfs { path, .. } if path == Path::new(home))),
+                "{home}"
+            );
+        }
     }
 
     #[test]

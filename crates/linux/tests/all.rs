@@ -17,6 +17,7 @@ hako_conformance::conformance_tests!(linux, |ws: &Path| {
 mod cow;
 mod escapes;
 mod forwarded;
+mod identity;
 
 /// A fresh workspace: directory `ws` in a temporary directory, which the
 /// caller keeps for as long as the test runs.

@@ -464,6 +464,7 @@ pub fn read_output(
     }
     state.record(Record::Process(Process {
         process,
+        sandbox: None,
         op: ProcessOp::ReadOutput {
             stream: name.to_string(),
             offset: slice.offset,
@@ -495,6 +496,7 @@ pub fn send_input(
     }
     state.record(Record::Process(Process {
         process,
+        sandbox: None,
         op: ProcessOp::SendInput {
             bytes: data.len() as u64,
             sha256: hako_audit::sha256_hex(data.as_bytes()),
@@ -523,6 +525,7 @@ pub fn kill_process(
     state.drain_network(sandbox);
     state.record(Record::Process(Process {
         process,
+        sandbox: None,
         op: ProcessOp::Kill {
             ended: st.finished(),
             exit_code: st.status.and_then(ExitStatus::code),

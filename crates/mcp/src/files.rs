@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use hako_audit::{FileOp, FrontEnd, Record};
-use hako_core::{FenceError, FileKind, Sandbox};
+use hako_core::{FileKind, Sandbox};
 
 use crate::search::{self, GrepQuery};
 use crate::state::{Reply, State, ToolError};
@@ -126,33 +126,6 @@ pub fn read_file(
     Ok(out.into())
 }
 
-/// Writes `data` to `path`, creating missing parent directories when the
-/// sandbox can. Returns whether directories were created.
-fn write_creating_parents(
-    sandbox: &dyn Sandbox,
-    path: &Path,
-    data: &[u8],
-) -> Result<bool, ToolError> {
-    match sandbox.write_file(path, data) {
-        Ok(()) => Ok(false),
-        Err(hako_core::Error::Fence(FenceError::NotFound { .. })) => {
-            let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
-            match (parent, sandbox.make_dir_all()) {
-                (Some(parent), Some(mkdir)) => {
-                    mkdir.make_dir_all(parent)?;
-                    sandbox.write_file(path, data)?;
-                    Ok(true)
-                }
-                _ => Err(ToolError::new(format!(
-                    "the directory of {} does not exist",
-                    shown(path)
-                ))),
-            }
-        }
-        Err(err) => Err(err.into()),
-    }
-}
-
 /// `write_file`.
 pub fn write_file(
     state: &State,
@@ -160,7 +133,7 @@ pub fn write_file(
     path: &Path,
     content: &str,
 ) -> Result<Reply, ToolError> {
-    let created_dirs = write_creating_parents(sandbox, path, content.as_bytes())?;
+    let created_dirs = hako_core::write_file_creating_parents(sandbox, path, content.as_bytes())?;
     record_file(state, path, FileOp::write(content.as_bytes()));
     Ok(format!(
         "wrote {} bytes ({} lines) to {}{}",

@@ -497,6 +497,7 @@ impl State {
             for st in list.iter().filter(|st| !st.finished()) {
                 self.record(Record::Process(Process {
                     process: st.id.0,
+                    sandbox: None,
                     op: ProcessOp::KilledAtClose {
                         argv: st.argv.clone(),
                     },

@@ -45,6 +45,11 @@ pub enum EntryHost {
 /// - `localhost:PORT` (the port is required): that port on the host's
 ///   loopback, reached when the sandbox asks for `localhost`, `127.0.0.1` or
 ///   `::1` with that port.
+/// - A URL of one of the forms above, `http://HOST[:PORT][/]` or
+///   `https://HOST[:PORT][/]`: that host, on the port written, else on 80
+///   for `http` and 443 for `https` (only that one). A path, query,
+///   fragment, user name or other scheme is refused: entries allow hosts
+///   and ports, never paths.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AllowEntry {
     host: EntryHost,
@@ -327,6 +332,64 @@ fn parse_port(p: &str) -> Result<u16, String> {
     }
 }
 
+/// An entry written as a URL, `SCHEME://HOST[:PORT][/]`: the host and the
+/// port, 80 for `http` and 443 for `https` when none is written. A path,
+/// query or fragment is refused (the proxy allows hosts and ports, and
+/// cannot see the path of an HTTPS request), as are credentials and other
+/// schemes.
+fn parse_url_entry(scheme: &str, rest: &str) -> Result<AllowEntry, String> {
+    let default_port: u16 = match scheme.to_ascii_lowercase().as_str() {
+        "http" => 80,
+        "https" => 443,
+        _ => {
+            return Err(format!(
+                "`{}://` is not a scheme an allow entry takes: write the host (`example.org` or \
+                 `example.org:PORT`), or an http:// or https:// URL of it",
+                printable(scheme)
+            ))
+        }
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    if !tail.is_empty() && tail != "/" {
+        return Err(format!(
+            "allow entries are hosts, not URLs with a path (`{}`): write `{}://{}` \
+             (a host is allowed whole; the proxy cannot see the path of an HTTPS request)",
+            printable(tail),
+            printable(scheme),
+            printable(authority)
+        ));
+    }
+    if authority.contains('@') {
+        return Err(
+            "a URL with a user name or password is not an allow entry: write its host".to_string(),
+        );
+    }
+    if authority.is_empty() {
+        return Err("no host in the URL".to_string());
+    }
+    let has_port = match authority.strip_prefix('[') {
+        Some(v6) => v6
+            .split_once(']')
+            .is_some_and(|(_, after)| !after.is_empty()),
+        None => match authority.bytes().filter(|&b| b == b':').count() {
+            0 => false,
+            1 => true,
+            _ => {
+                return Err(
+                    "an IPv6 address in a URL is written in brackets (`http://[ADDR]:PORT`)"
+                        .to_string(),
+                )
+            }
+        },
+    };
+    if has_port {
+        parse_entry(authority)
+    } else {
+        parse_entry(&format!("{authority}:{default_port}"))
+    }
+}
+
 fn parse_entry(raw: &str) -> Result<AllowEntry, String> {
     let s = raw.trim();
     if s.is_empty() {
@@ -334,6 +397,9 @@ fn parse_entry(raw: &str) -> Result<AllowEntry, String> {
     }
     if !s.is_ascii() {
         return Err("not ASCII (write an internationalised name in its xn-- form)".to_string());
+    }
+    if let Some((scheme, rest)) = s.split_once("://") {
+        return parse_url_entry(scheme, rest);
     }
     // Bracketed IPv6, with or without a port.
     if let Some(rest) = s.strip_prefix('[') {
@@ -505,6 +571,55 @@ mod tests {
             253
         );
         assert!(bad(&format!("{a63}.{a63}.{a63}.{a61}a")).contains("253"));
+    }
+
+    #[test]
+    fn url_entries_allow_their_host_and_the_port_of_their_scheme() {
+        for (input, shown) in [
+            ("http://x", "x:80"),
+            ("https://example.org", "example.org:443"),
+            ("HTTPS://Example.ORG/", "example.org:443"),
+            ("http://example.org:8080", "example.org:8080"),
+            ("https://example.org:8443/", "example.org:8443"),
+            ("https://*.example.org", "*.example.org:443"),
+            ("http://10.0.0.5", "10.0.0.5:80"),
+            ("https://[fd00::1]", "[fd00::1]:443"),
+            ("http://[fd00::1]:8080", "[fd00::1]:8080"),
+            ("http://localhost", "localhost:80"),
+            ("http://localhost:11434/", "localhost:11434"),
+        ] {
+            assert_eq!(one(input).to_string(), shown, "{input}");
+        }
+        // Only the port of the scheme, not both defaults.
+        let e = one("https://example.org");
+        assert!(e.allows_port(443) && !e.allows_port(80));
+    }
+
+    #[test]
+    fn url_entries_with_a_path_or_more_are_refused_with_the_reason() {
+        for (input, why) in [
+            ("https://example.org/repo", "hosts, not URLs with a path"),
+            ("https://example.org/repo", "write `https://example.org`"),
+            ("http://x/a/b", "hosts, not URLs with a path"),
+            ("http://x?q=1", "hosts, not URLs with a path"),
+            ("http://x#frag", "hosts, not URLs with a path"),
+            ("http://x//", "hosts, not URLs with a path"),
+            ("ftp://example.org", "not a scheme"),
+            ("://example.org", "not a scheme"),
+            ("http://user:pw@example.org", "user name or password"),
+            ("http://", "no host"),
+            ("http:///path", "hosts, not URLs with a path"),
+            ("http://fd00::1", "in brackets"),
+            ("http://x:0", "out of range"),
+            ("http://x:http", "not a port"),
+            ("http://a..org", "empty label"),
+            ("http://127.1", "numeric"),
+            ("http://localhost:", "not a port"),
+        ] {
+            let msg = bad(input);
+            assert!(msg.contains(why), "{input:?}: {msg}");
+            assert!(msg.contains(&format!("`{input}`")), "{msg}");
+        }
     }
 
     #[test]

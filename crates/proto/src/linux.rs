@@ -98,6 +98,15 @@ pub enum MountOp {
         /// What.
         path: PathBuf,
     },
+    /// A read-only file of the sandbox's own holding `contents`, bound
+    /// over `path` if that exists (the sandbox user's `/etc/passwd` and
+    /// `/etc/group` over the host's).
+    File {
+        /// What.
+        path: PathBuf,
+        /// What the file holds.
+        contents: String,
+    },
     /// Hide a directory, if it exists, behind an empty read-only tmpfs.
     MaskDir {
         /// What.

@@ -89,6 +89,12 @@ pub struct Plan {
     pub spec: SandboxSpec,
     /// `--cow` (with its name and state directory), if asked for.
     pub cow: Option<CowRequest>,
+    /// The profile's `timeout`: the deadline of `hako run`'s command when
+    /// `--timeout` is not given.
+    pub timeout: Option<std::time::Duration>,
+    /// The profile's `audit`: the audit log of `hako run`, `mcp` and
+    /// `serve` when `--audit` is not given.
+    pub audit: Option<PathBuf>,
 }
 
 impl Plan {
@@ -238,6 +244,11 @@ impl SandboxFlags {
             p.max_processes,
             crate::DEFAULT_MAX_PROCESSES,
         )?;
+        let timeout = match p.timeout {
+            Some(v) => Some(limits::parse_timeout(&v.text()).map_err(|e| key("timeout", e))?),
+            None => None,
+        };
+        let audit = p.audit;
         let min_isolation = match (self.min_isolation, p.min_isolation) {
             (Some(level), _) => level,
             (None, Some(name)) => name
@@ -323,7 +334,13 @@ impl SandboxFlags {
             }
             None
         };
-        Ok(Plan { backend, spec, cow })
+        Ok(Plan {
+            backend,
+            spec,
+            cow,
+            timeout,
+            audit,
+        })
     }
 }
 
@@ -431,6 +448,75 @@ mod tests {
             let err = with_profile(text, flags()).unwrap_err();
             assert!(err.starts_with(named), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn an_unknown_profile_value_lists_the_valid_ones() {
+        let flags = || SandboxFlags {
+            workspace: Some("/ws".into()),
+            ..SandboxFlags::default()
+        };
+        for (text, named, valid) in [
+            (
+                "backend = \"dockr\"\n",
+                "profile key `backend`",
+                "auto, host, linux, landlock, docker, gvisor",
+            ),
+            (
+                "net = \"open\"\n",
+                "profile key `net`",
+                "none, allow or host",
+            ),
+            (
+                "min_isolation = \"strong\"\n",
+                "profile key `min_isolation`",
+                "none, process, kernel, vm",
+            ),
+            ("timeout = \"soon\"\n", "profile key `timeout`", "30s"),
+            (
+                "timeout = \"0s\"\n",
+                "profile key `timeout`",
+                "from 1ms to 24h",
+            ),
+        ] {
+            let err = with_profile(text, flags()).unwrap_err();
+            assert!(
+                err.starts_with(named) && err.contains(valid),
+                "{text}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn profile_timeout_and_audit_reach_the_plan() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.toml");
+        std::fs::write(
+            &path,
+            "min_isolation = \"process\"\ntimeout = \"90s\"\naudit = \"a.log\"\n",
+        )
+        .unwrap();
+        let plan = SandboxFlags {
+            profile: Some(path),
+            workspace: Some("/ws".into()),
+            ..SandboxFlags::default()
+        }
+        .plan()
+        .unwrap();
+        assert_eq!(plan.spec.min_isolation, Isolation::Process);
+        assert_eq!(plan.timeout, Some(std::time::Duration::from_secs(90)));
+        assert_eq!(plan.audit, Some(dir.path().join("a.log")));
+        // A bare number is seconds; without the keys, nothing is set.
+        std::fs::write(dir.path().join("q.toml"), "timeout = 5\n").unwrap();
+        let plan = SandboxFlags {
+            profile: Some(dir.path().join("q.toml")),
+            workspace: Some("/ws".into()),
+            ..SandboxFlags::default()
+        }
+        .plan()
+        .unwrap();
+        assert_eq!(plan.timeout, Some(std::time::Duration::from_secs(5)));
+        assert_eq!(plan.audit, None);
     }
 
     #[test]

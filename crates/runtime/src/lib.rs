@@ -58,4 +58,6 @@ pub use hako_core::{SandboxSpec, DEFAULT_MAX_PROCESSES, DEFAULT_MAX_SESSIONS};
 pub use hako_driver::{DriverOptions, ExitFollowsClose};
 pub use limits::parse_cpus;
 pub use open::{open, open_with, Opener};
-pub use probe::{check, fit_for_auto, probe, probe_for_auto, protections, Protection, Unavailable};
+pub use probe::{
+    check, fit_for_auto, preflight, probe, probe_for_auto, protections, Protection, Unavailable,
+};

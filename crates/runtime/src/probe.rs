@@ -42,18 +42,15 @@ pub fn probe(kind: BackendKind) -> Result<(), Unavailable> {
             reason,
             hint: "use a kernel with Landlock ABI 6 (Linux 6.12) or later, or --backend landlock --best-effort to run without scoped signals".into(),
         }),
-        BackendKind::Docker => hako_docker::ready(
-            &format!("{}:latest", hako_container::image::DEFAULT_NAME),
-            None,
-        )
-        .map_err(|reason| Unavailable {
-            reason,
-            hint: "install docker.io (and start dockerd) or podman, run `hako image build`, and set HAKO_GUEST_STATIC to a static hako-guest (scripts/build-static-guest)".into(),
-        }),
+        BackendKind::Docker => hako_docker::readiness(hako_docker::DEFAULT_IMAGE, None)
+            .map_err(|n| Unavailable {
+                reason: n.reason,
+                hint: n.hint,
+            }),
         BackendKind::Gvisor => {
-            hako_gvisor::ready().map_err(|reason| Unavailable {
-                reason,
-                hint: "install runsc (Debian: apt-get install runsc) and set HAKO_GUEST_STATIC to a static hako-guest (scripts/build-static-guest)".into(),
+            hako_gvisor::readiness().map_err(|n| Unavailable {
+                reason: n.reason,
+                hint: n.hint,
             })?;
             // runsc re-executes itself in a user namespace and mounts its
             // own /proc: inside a container that refuses the first (and
@@ -70,6 +67,78 @@ pub fn probe(kind: BackendKind) -> Result<(), Unavailable> {
             reason: "the vm backend is not part of this build yet".into(),
             hint: "use --backend gvisor or linux; the microVM backend is on the roadmap (see README)".into(),
         }),
+    }
+}
+
+/// What a server (`hako mcp`, `hako serve`) checks before it starts, so
+/// that what its backend needs is said at once rather than at the first
+/// call: [`probe`], the guest the local backends start (a `hako-guest`, or
+/// this executable when it carries the guest), and the image `spec` names
+/// (an engine's image for `docker`, a root directory for `gvisor`). The
+/// default docker image is built here when missing (see
+/// `hako_container::image::ensure_default`).
+pub fn preflight(kind: BackendKind, spec: &SandboxSpec) -> Result<(), Unavailable> {
+    match kind {
+        BackendKind::Host | BackendKind::Linux | BackendKind::Landlock => {
+            probe(kind)?;
+            let guest = hako_driver::connection::locate_guest().map_err(|e| {
+                let text = e.to_string();
+                let (reason, hint) = split_hint(&text);
+                Unavailable {
+                    reason: reason.into(),
+                    hint: hint
+                        .unwrap_or("install hako-guest next to hako, or set HAKO_GUEST")
+                        .into(),
+                }
+            })?;
+            if !guest.is_file() {
+                return Err(Unavailable {
+                    reason: format!("the guest {} is not a file", guest.display()),
+                    hint: "set HAKO_GUEST to the hako-guest binary, or unset it to use the one beside hako".into(),
+                });
+            }
+            Ok(())
+        }
+        BackendKind::Docker => {
+            let image = spec
+                .image
+                .clone()
+                .unwrap_or_else(|| hako_docker::DEFAULT_IMAGE.into());
+            hako_docker::readiness(&image, spec.runtime.as_deref()).map_err(|n| Unavailable {
+                reason: n.reason,
+                hint: n.hint,
+            })?;
+            if spec.image.is_none() {
+                let engine = hako_container::engine::shared(&hako_container::runner::CliRunner)
+                    .map_err(|e| Unavailable {
+                        reason: e.to_string(),
+                        hint: "install Docker or podman".into(),
+                    })?;
+                hako_container::image::ensure_default(
+                    &engine,
+                    &hako_container::runner::CliRunner,
+                    &image,
+                )
+                .map_err(|e| Unavailable {
+                    reason: e.to_string(),
+                    hint: "run `hako image build` to see each step".into(),
+                })?;
+            }
+            Ok(())
+        }
+        BackendKind::Gvisor => {
+            probe(kind)?;
+            if let Some(image) = &spec.image {
+                if !std::path::Path::new(image).is_dir() {
+                    return Err(Unavailable {
+                        reason: format!("the gvisor image {image} is not a directory"),
+                        hint: "give --image a root file system directory (`hako image build --dir DIR` writes one)".into(),
+                    });
+                }
+            }
+            Ok(())
+        }
+        BackendKind::Vm => probe(kind),
     }
 }
 

@@ -2,8 +2,11 @@
 //! harness writes its policy once. Every field of [`SandboxFlags`] but
 //! `profile` has a key of the same name (with `_` for `-`); a flag given on
 //! the command line wins over the key, and list flags (`env`, `pass_env`, `ro`, `rw`,
-//! `allow`, `resolve`) add to the profile's lists. An unknown key is an
-//! error that names it.
+//! `allow`, `resolve`) add to the profile's lists. Two more keys are
+//! flags of the front ends rather than of the sandbox: `timeout` (`hako
+//! run --timeout`) and `audit` (`--audit FILE` of `hako run`, `mcp` and
+//! `serve`). An unknown key is an error that names it and lists the keys
+//! there are; an unknown value lists the valid ones.
 //!
 //! ```toml
 //! backend = "linux"
@@ -105,6 +108,12 @@ pub struct Profile {
     pub name: Option<String>,
     /// `--state`: where named sandboxes are kept.
     pub state: Option<PathBuf>,
+    /// `--timeout` of `hako run`: the command's deadline (`"30s"`, `"2m"`;
+    /// a bare number is seconds).
+    pub timeout: Option<Scalar>,
+    /// `--audit FILE` of `hako run`, `mcp` and `serve` (relative to the
+    /// profile's directory).
+    pub audit: Option<PathBuf>,
 }
 
 impl Profile {
@@ -113,8 +122,20 @@ impl Profile {
     pub fn load(path: &Path) -> Result<Profile, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read the profile {}: {e}", path.display()))?;
-        let mut profile: Profile = toml::from_str(&text)
-            .map_err(|e| format!("profile {}: {}", path.display(), e.message()))?;
+        let mut profile: Profile = toml::from_str(&text).map_err(|e| {
+            // Where: the line (and its text), since a type error does
+            // not name its key.
+            let place = e
+                .span()
+                .map(|span| {
+                    let start = span.start.min(text.len());
+                    let line_no = text[..start].matches('\n').count() + 1;
+                    let line = text.lines().nth(line_no - 1).unwrap_or("").trim();
+                    format!(", line {line_no} (`{line}`)")
+                })
+                .unwrap_or_default();
+            format!("profile {}{place}: {}", path.display(), e.message())
+        })?;
         let base = path.parent().unwrap_or(Path::new("."));
         let absolute = |p: &mut PathBuf| {
             if p.is_relative() {
@@ -126,6 +147,9 @@ impl Profile {
         }
         if let Some(state) = profile.state.as_mut() {
             absolute(state);
+        }
+        if let Some(audit) = profile.audit.as_mut() {
+            absolute(audit);
         }
         profile.ro.iter_mut().for_each(absolute);
         profile.rw.iter_mut().for_each(absolute);
@@ -175,9 +199,14 @@ mod tests {
             cow = true
             name = "fix-1"
             state = "state"
+            timeout = "2m"
+            audit = "logs/audit.log"
             "#,
         )
         .unwrap();
+        assert_eq!(p.timeout.unwrap().text(), "2m");
+        let audit = p.audit.unwrap();
+        assert!(audit.is_absolute() && audit.ends_with("logs/audit.log"));
         assert_eq!(p.backend.as_deref(), Some("linux"));
         assert!(p.workspace.unwrap().ends_with("ws"));
         assert_eq!(p.ro[0], PathBuf::from("/opt"));
@@ -194,8 +223,20 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_key_is_named() {
+    fn an_unknown_key_is_named_with_the_keys_there_are() {
         let err = parse("netwrok = \"allow\"\n").unwrap_err();
         assert!(err.contains("netwrok"), "{err}");
+        for known in ["`net`", "`min_isolation`", "`timeout`", "`audit`"] {
+            assert!(err.contains(known), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_names_its_line() {
+        let err = parse("net = \"none\"\nbest_effort = \"yes\"\n").unwrap_err();
+        assert!(
+            err.contains("line 2 (`best_effort = \"yes\"`)") && err.contains("boolean"),
+            "{err}"
+        );
     }
 }

@@ -32,6 +32,40 @@ async fn stop_signal(enabled: bool) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Resolves when this process's stdin ends (or never, when not asked to).
+/// A thread of its own reads it (and throws away what it reads): a
+/// blocking read on tokio's pool would hold up the runtime's shutdown.
+async fn stdin_eof(enabled: bool) {
+    if !enabled {
+        return std::future::pending::<()>().await;
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let spawned = std::thread::Builder::new()
+        .name("hako-serve-stdin".into())
+        .spawn(move || {
+            let mut sink = [0u8; 4096];
+            let mut stdin = std::io::stdin().lock();
+            loop {
+                match std::io::Read::read(&mut stdin, &mut sink) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        tracing::warn!("hako serve: cannot read stdin ({e}); taken as its end");
+                        break;
+                    }
+                }
+            }
+            let _ = tx.send(());
+        });
+    if let Err(e) = spawned {
+        // Fail closed: without the watch the lifeline cannot work.
+        tracing::warn!("hako serve: cannot watch stdin ({e}); stopping");
+        return;
+    }
+    let _ = rx.await;
+}
+
 /// Accepts connections until the listener fails or a stop signal comes,
 /// each served on a task of its own while a connection slot is free.
 pub(crate) async fn accept_loop(
@@ -43,6 +77,8 @@ pub(crate) async fn accept_loop(
     // Before the first connection, so a signal is never missed.
     let stop = stop_signal(state.config.stop_on_signals);
     tokio::pin!(stop);
+    let eof = stdin_eof(state.config.stop_on_stdin_eof);
+    tokio::pin!(eof);
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -56,6 +92,10 @@ pub(crate) async fn accept_loop(
             stopped = &mut stop => {
                 stopped?;
                 tracing::info!("hako serve: signalled, shutting down");
+                return Ok(());
+            }
+            () = &mut eof => {
+                tracing::info!("hako serve: stdin ended, shutting down");
                 return Ok(());
             }
         };

@@ -1,6 +1,7 @@
 //! Running a command: its request, its deadline, and its output as one
 //! JSON object or streamed as JSON lines.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -10,14 +11,18 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hako_audit::{Exec, FrontEnd, Record};
-use hako_core::{Command, Error, Output, Program, Sandbox, SessionId, Stream};
+use hako_core::{
+    Command, Error, LimitKind, Output, Program, Sandbox, SessionId, Stream, DEFAULT_MAX_OUTPUT,
+};
 use http_body_util::BodyExt;
 use hyper::body::{Bytes, Frame};
 use hyper::Response;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::reply::{error, from_error, output_json, reply, response, with_body, Body, Reply};
+use crate::reply::{
+    error, from_base64, from_error, output_json, reply, response, with_body, Body, Encoding, Reply,
+};
 use crate::routes::blocking;
 use crate::state::{audit, audit_failure, Slot, State};
 use crate::{DEFAULT_EXEC_TIMEOUT, MAX_EXEC_TIMEOUT, STREAM_BUFFER};
@@ -29,11 +34,124 @@ struct ExecBody {
     argv: Option<Vec<String>>,
     command: Option<String>,
     cwd: Option<PathBuf>,
+    env: Option<BTreeMap<String, String>>,
     timeout_ms: Option<u64>,
     stdin: Option<String>,
+    stdin_base64: Option<String>,
+    #[serde(default)]
+    encoding: Encoding,
+    max_output: Option<u64>,
     session: Option<u64>,
     #[serde(default)]
     stream: bool,
+}
+
+/// What to run: exactly one of `argv` (not empty) and `command`.
+pub(crate) fn program(
+    argv: Option<Vec<String>>,
+    command: Option<String>,
+) -> Result<Program, Reply> {
+    match (argv, command) {
+        (Some(argv), None) if !argv.is_empty() => Ok(Program::Argv(argv)),
+        (None, Some(cmd)) => Ok(Program::Shell(cmd)),
+        _ => Err(error(
+            400,
+            "bad_request",
+            "give exactly one of argv (non-empty) and command",
+        )),
+    }
+}
+
+/// A request's `env`, checked: a name is not empty and holds no `=` or
+/// NUL, a value no NUL (the command would otherwise get a variable other
+/// than the one asked for, or none).
+pub(crate) fn env_vars(
+    env: Option<BTreeMap<String, String>>,
+) -> Result<Vec<(String, String)>, Reply> {
+    let env = env.unwrap_or_default();
+    for (name, value) in &env {
+        if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
+            return Err(error(
+                400,
+                "bad_request",
+                format!("env {name:?}: a name must be non-empty without '=' or NUL, a value without NUL"),
+            ));
+        }
+    }
+    Ok(env.into_iter().collect())
+}
+
+/// A request's stdin: `stdin` (text) or `stdin_base64` (bytes), not both.
+fn stdin_bytes(
+    stdin: Option<String>,
+    stdin_base64: Option<String>,
+) -> Result<Option<Vec<u8>>, Reply> {
+    match (stdin, stdin_base64) {
+        (Some(_), Some(_)) => Err(error(
+            400,
+            "bad_request",
+            "give at most one of stdin and stdin_base64",
+        )),
+        (Some(text), None) => Ok(Some(text.into_bytes())),
+        (None, Some(b64)) => from_base64("stdin_base64", &b64).map(Some),
+        (None, None) => Ok(None),
+    }
+}
+
+/// The most output bytes per stream a request may ask `sb` to keep: the
+/// cap the server's policy gave it (`--max-output`, reported in its
+/// limits), or the core's default where it reports none.
+fn output_cap(sb: &dyn Sandbox) -> u64 {
+    sb.capabilities()
+        .limits
+        .iter()
+        .find(|l| l.kind == LimitKind::OutputBytes)
+        .and_then(|l| l.value)
+        .unwrap_or(DEFAULT_MAX_OUTPUT as u64)
+}
+
+/// A request's `max_output`: at most `cap` bytes (a client cannot raise
+/// the server's policy; more is refused, never cut down silently); `None`
+/// leaves the sandbox's own.
+fn max_output(max: Option<u64>, cap: u64) -> Result<Option<usize>, Reply> {
+    match max {
+        None => Ok(None),
+        Some(n) => match usize::try_from(n) {
+            Ok(size) if n <= cap => Ok(Some(size)),
+            _ => Err(error(
+                400,
+                "bad_request",
+                format!(
+                    "max_output is {n}; the most this server allows is {cap} bytes per stream (its --max-output)"
+                ),
+            )),
+        },
+    }
+}
+
+/// A command from an exec request's body, for a sandbox whose output cap
+/// is `cap`.
+fn prepare(req: ExecBody, cap: u64) -> Result<Command, Reply> {
+    let mut command = Command {
+        program: program(req.argv, req.command)?,
+        ..Command::new(["true"])
+    };
+    command.timeout = Some(exec_timeout(req.timeout_ms)?);
+    command.max_output = max_output(req.max_output, cap)?;
+    let stdin = stdin_bytes(req.stdin, req.stdin_base64)?;
+    let env = env_vars(req.env)?;
+    if req.session.is_none() {
+        command.cwd = req.cwd;
+        command.stdin = stdin;
+        command.env = env;
+    } else if req.cwd.is_some() || stdin.is_some() || !env.is_empty() {
+        return Err(error(
+            400,
+            "bad_request",
+            "a session command takes no cwd, env or stdin (cd and export inside the session)",
+        ));
+    }
+    Ok(command)
 }
 
 /// A command's deadline: the request's, at most [`MAX_EXEC_TIMEOUT`], or
@@ -63,6 +181,8 @@ struct Prepared {
     /// The sandbox's id.
     sandbox: u64,
     session: Option<u64>,
+    /// How its output is put in JSON.
+    encoding: Encoding,
 }
 
 /// `POST /v1/sandboxes/{id}/exec` on sandbox `id`, its body read: the
@@ -78,49 +198,28 @@ pub(crate) async fn exec(
         Ok(r) => r,
         Err(e) => return response(error(400, "bad_request", format!("bad exec request: {e}"))),
     };
-    let program = match (req.argv, req.command) {
-        (Some(argv), None) if !argv.is_empty() => Program::Argv(argv),
-        (None, Some(cmd)) => Program::Shell(cmd),
-        _ => {
-            return response(error(
-                400,
-                "bad_request",
-                "give exactly one of argv (non-empty) and command",
-            ))
-        }
-    };
-    let mut command = Command {
-        program,
-        ..Command::new(["true"])
-    };
-    command.timeout = match exec_timeout(req.timeout_ms) {
-        Ok(t) => Some(t),
+    let session = req.session;
+    let stream = req.stream;
+    let encoding = req.encoding;
+    let command = match prepare(req, output_cap(sb.as_ref())) {
+        Ok(command) => command,
         Err(r) => return response(r),
     };
-    if req.session.is_none() {
-        command.cwd = req.cwd;
-        command.stdin = req.stdin.map(String::into_bytes);
-    } else if req.cwd.is_some() || req.stdin.is_some() {
-        return response(error(
-            400,
-            "bad_request",
-            "a session command takes no cwd or stdin (cd inside the session)",
-        ));
-    }
     let prepared = Prepared {
         command,
         sandbox: id,
-        session: req.session,
+        session,
+        encoding,
     };
     let turn = state.starts.enter().await;
-    if !req.stream {
+    if !stream {
         return response(
             blocking(move || {
                 let _slot = slot;
                 let _turn = turn;
                 let result = run_command(&state, sb.as_ref(), &prepared, None);
                 match result {
-                    Ok(out) => reply(200, output_json(&out)),
+                    Ok(out) => reply(200, output_json(&out, prepared.encoding)),
                     Err(e) => from_error(&e),
                 }
             })
@@ -224,7 +323,7 @@ fn stream_command(
                 Stream::Stderr => "stderr",
             };
             let line =
-                json!({"seq": seq + 1, "stream": name, "data": String::from_utf8_lossy(chunk)});
+                json!({"seq": seq + 1, "stream": name, "data": prepared.encoding.text(chunk)});
             if dropped == 0 && send(line, true) {
                 seq += 1;
             } else {
@@ -239,8 +338,18 @@ fn stream_command(
     }
     seq += 1;
     match &result {
-        Ok(out) => send(json!({"seq": seq, "exit": output_json(out)}), false),
-        Err(e) => send(json!({"seq": seq, "error": e.to_string()}), false),
+        Ok(out) => send(
+            json!({"seq": seq, "exit": output_json(out, prepared.encoding)}),
+            false,
+        ),
+        Err(e) => {
+            // The same kind an error answer would carry.
+            let kind = from_error(e).body["kind"].clone();
+            send(
+                json!({"seq": seq, "error": e.to_string(), "kind": kind}),
+                false,
+            )
+        }
     };
 }
 
@@ -275,6 +384,20 @@ impl hyper::body::Body for ChannelBody {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn max_output_is_at_most_the_servers_cap() {
+        assert_eq!(max_output(None, 10).ok(), Some(None));
+        assert_eq!(max_output(Some(10), 10).ok(), Some(Some(10)));
+        assert_eq!(max_output(Some(0), 10).ok(), Some(Some(0)));
+        assert_eq!(max_output(Some(11), 10).err().map(|r| r.status), Some(400));
+        assert_eq!(
+            max_output(Some(u64::MAX), u64::MAX - 1)
+                .err()
+                .map(|r| r.status),
+            Some(400)
+        );
+    }
 
     #[test]
     fn every_command_gets_a_deadline_and_none_past_the_maximum() {

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use hako_audit::{FileOp, FrontEnd, Record};
-use hako_core::Sandbox;
+use hako_core::{FileKind, Sandbox};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::header::HeaderValue;
@@ -92,15 +92,75 @@ pub(crate) async fn read(state: Arc<State>, sid: String, file: Option<String>) -
     }
 }
 
-/// `PUT /v1/sandboxes/{id}/files?path=`, once its whole body is read.
+/// `PUT /v1/sandboxes/{id}/files?path=`, once its whole body is read:
+/// missing parent directories are made first, through the fence (the
+/// core's one `write_file_creating_parents`, as every front end writes),
+/// and recorded.
 pub(crate) fn write(state: &State, sid: &str, file: Option<String>, body: &[u8]) -> Reply {
     let r = with_file(state, sid, file, |id, sb, p| {
-        sb.write_file(p, body)?;
+        let made = hako_core::write_file_creating_parents(sb, p, body)?;
+        if let Some(parent) = p.parent().filter(|_| made) {
+            audit_file(state, id, parent, FileOp::MakeDir);
+        }
         audit_file(state, id, p, FileOp::write(body));
+        Ok(made)
+    });
+    r.map(|made| reply(200, json!({"written": body.len(), "created_dirs": made})))
+        .unwrap_or_else(|r| r)
+}
+
+/// `POST /v1/sandboxes/{id}/dir?path=`: `mkdir -p` through the fence.
+pub(crate) fn make_dir(state: &State, sid: &str, file: Option<String>) -> Reply {
+    let r = with_file(state, sid, file, |id, sb, p| {
+        let Some(mkdir) = sb.make_dir_all() else {
+            return Err(unsupported(sb, "make_dir_all"));
+        };
+        mkdir.make_dir_all(p)?;
+        audit_file(state, id, p, FileOp::MakeDir);
         Ok(())
     });
-    r.map(|()| reply(200, json!({"written": body.len()})))
+    r.map(|()| reply(200, json!({"ok": true})))
         .unwrap_or_else(|r| r)
+}
+
+/// `GET /v1/sandboxes/{id}/stat?path=`: the path's own metadata (a
+/// symlink is reported as one, not followed).
+pub(crate) fn stat(state: &State, sid: &str, file: Option<String>) -> Reply {
+    let shown = file.clone().unwrap_or_default();
+    let r = with_file(state, sid, file, |_, sb, p| match sb.stat() {
+        Some(stat) => stat.stat(p),
+        None => Err(unsupported(sb, "stat")),
+    });
+    r.map(|m| {
+        let kind = match m.kind {
+            FileKind::File => "file",
+            FileKind::Dir => "dir",
+            FileKind::Symlink => "symlink",
+            _ => "other",
+        };
+        let modified_ms = m.mtime.checked_mul(1000);
+        reply(
+            200,
+            json!({
+                "path": shown,
+                "kind": kind,
+                "size": m.size,
+                "mode": m.mode,
+                "modified_ms": modified_ms,
+                "links": m.links,
+                "symlink_target": m.symlink_target.as_ref().map(|t| t.to_string_lossy()),
+            }),
+        )
+    })
+    .unwrap_or_else(|r| r)
+}
+
+/// The error for a sandbox without `capability`.
+fn unsupported(sb: &dyn Sandbox, capability: &'static str) -> hako_core::Error {
+    hako_core::Error::Unsupported {
+        backend: sb.capabilities().backend.clone(),
+        capability,
+    }
 }
 
 /// `DELETE /v1/sandboxes/{id}/files?path=`.

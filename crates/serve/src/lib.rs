@@ -17,15 +17,16 @@
 //!
 //! Files, one thing each: `conn` (accepting connections), `auth` (the
 //! token), `routes` (routing, bounded bodies), `state` (the sandboxes'
-//! table and the slot pools), `sandboxes`, `exec`, `files` (the handlers)
-//! and `reply` (the JSON shapes answered); `swerex` answers SWE-ReX's
-//! remote runtime protocol instead ([`ServeConfig::swerex`]).
+//! table and the slot pools), `sandboxes`, `exec`, `files`, `processes`
+//! (the handlers) and `reply` (the JSON shapes answered); `swerex` answers
+//! SWE-ReX's remote runtime protocol instead ([`ServeConfig::swerex`]).
 
 mod auth;
 mod conn;
 mod exec;
 mod files;
 mod gate;
+mod processes;
 mod reply;
 mod review;
 mod routes;
@@ -59,6 +60,15 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("put", "/v1/sandboxes/{id}/files"),
     ("delete", "/v1/sandboxes/{id}/files"),
     ("get", "/v1/sandboxes/{id}/dir"),
+    ("post", "/v1/sandboxes/{id}/dir"),
+    ("get", "/v1/sandboxes/{id}/stat"),
+    ("get", "/v1/sandboxes/{id}/processes"),
+    ("post", "/v1/sandboxes/{id}/processes"),
+    ("get", "/v1/sandboxes/{id}/processes/{process}"),
+    ("get", "/v1/sandboxes/{id}/processes/{process}/output"),
+    ("post", "/v1/sandboxes/{id}/processes/{process}/stdin"),
+    ("post", "/v1/sandboxes/{id}/processes/{process}/kill"),
+    ("post", "/v1/sandboxes/{id}/processes/{process}/wait"),
     ("post", "/v1/sandboxes/{id}/sessions"),
     ("delete", "/v1/sandboxes/{id}/sessions/{session}"),
     ("get", "/v1/sandboxes/{id}/changes"),
@@ -81,6 +91,19 @@ const MAX_REQUESTS: usize = 64;
 /// deadline); more are answered `503`. Counted apart from other requests,
 /// so that running commands never lock a client out of closing them.
 const MAX_EXECS: usize = 32;
+
+/// The most requests at once that may block waiting on a long-lived
+/// process (a wait, a read of output that waits for more): counted apart,
+/// so that clients polling their processes never lock others out.
+const MAX_WAITS: usize = 32;
+
+/// The longest one request may wait on a long-lived process (its end, or
+/// more output); a longer wait asked for ends here, the process still
+/// running, and the client asks again.
+pub const MAX_PROCESS_WAIT: Duration = Duration::from_secs(60);
+
+/// The most bytes of each stream one read of a process's output returns.
+pub const MAX_READ_OUTPUT: usize = 4 << 20;
 
 /// The most file reads and writes at once: each holds up to [`MAX_BODY`]
 /// bytes in memory.
@@ -163,6 +186,12 @@ pub struct ServeConfig {
     /// `--allow-agent-commit`: clients may commit and discard; without
     /// it those routes answer `403` `agent_commit_refused`.
     pub allow_agent_commit: bool,
+    /// Whether the end of this process's standard input stops the server
+    /// (closing every sandbox and the audit log), as a signal does: the
+    /// lifeline of a server started by a client library, which keeps a
+    /// pipe to it open while it lives. Off by default: a library must not
+    /// read a process's stdin unasked.
+    pub stop_on_stdin_eof: bool,
     /// `--swerex`: answer SWE-ReX's remote runtime protocol (for its
     /// `RemoteRuntime` client, as SWE-agent uses it) instead of this API:
     /// one sandbox, named sessions, absolute paths under its working
@@ -206,6 +235,7 @@ impl ServeConfig {
             stop_on_signals: false,
             cow: None,
             allow_agent_commit: false,
+            stop_on_stdin_eof: false,
             swerex: false,
         }
     }
@@ -238,7 +268,8 @@ impl ServeConfig {
 }
 
 /// Serves on `listener` until it fails or, with
-/// [`ServeConfig::stop_on_signals`], until SIGINT or SIGTERM; then closes
+/// [`ServeConfig::stop_on_signals`], until SIGINT or SIGTERM (with
+/// [`ServeConfig::stop_on_stdin_eof`], until stdin ends); then closes
 /// every sandbox and the audit log. Builds its own tokio runtime: call it
 /// from a thread that is not running one.
 ///
@@ -274,6 +305,7 @@ pub fn serve(listener: std::net::TcpListener, config: ServeConfig) -> std::io::R
         execs: Arc::new(Slots::new(MAX_EXECS)),
         starts: gate::StartGate::new(gate::width(), gate::WINDOW),
         transfers: Arc::new(Slots::new(MAX_TRANSFERS)),
+        waits: Arc::new(Slots::new(MAX_WAITS)),
         swerex: swerex::Rex::default(),
     });
     // In SWE-ReX mode the sandbox is there before the first request: the

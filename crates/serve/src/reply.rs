@@ -3,6 +3,8 @@
 
 use std::convert::Infallible;
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
 use hako_core::{Error, Output};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
@@ -42,6 +44,7 @@ pub(crate) fn from_error(e: &Error) -> Reply {
         Error::CannotExecute { .. } => (422, "cannot_execute"),
         Error::InvalidCommand { .. } => (400, "invalid_command"),
         Error::SessionNotOpen { .. } => (404, "no_such_session"),
+        Error::NoSuchProcess { .. } => (404, "no_such_process"),
         Error::SessionBusy { .. } => (409, "session_busy"),
         Error::Closed => (410, "closed"),
         Error::SandboxLost { .. } => (502, "sandbox_lost"),
@@ -90,13 +93,58 @@ pub(crate) fn no_sandbox(sid: &str) -> Reply {
     error(404, "no_such_sandbox", format!("no sandbox {sid}"))
 }
 
-/// A command's result as the API answers it.
-pub(crate) fn output_json(out: &Output) -> Value {
+/// How output bytes are put in JSON.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Encoding {
+    /// As text: bytes that are not UTF-8 are replaced (U+FFFD).
+    #[default]
+    Utf8,
+    /// Base64 (standard alphabet, padded) of the raw bytes.
+    Base64,
+}
+
+impl Encoding {
+    /// `bytes` as a JSON string in this encoding.
+    pub(crate) fn text(self, bytes: &[u8]) -> Value {
+        match self {
+            Encoding::Utf8 => Value::String(String::from_utf8_lossy(bytes).into_owned()),
+            Encoding::Base64 => Value::String(BASE64.encode(bytes)),
+        }
+    }
+
+    /// Its name in a query (`utf8` or `base64`), or the answer for another.
+    pub(crate) fn parse(name: &str) -> Result<Self, Reply> {
+        match name {
+            "utf8" => Ok(Encoding::Utf8),
+            "base64" => Ok(Encoding::Base64),
+            other => Err(error(
+                400,
+                "bad_request",
+                format!("encoding is {other:?}; give utf8 or base64"),
+            )),
+        }
+    }
+}
+
+/// Decodes the base64 of a request's `field`, or answers why not.
+pub(crate) fn from_base64(field: &str, text: &str) -> Result<Vec<u8>, Reply> {
+    BASE64.decode(text).map_err(|e| {
+        error(
+            400,
+            "bad_request",
+            format!("{field} is not base64 (standard alphabet, padded): {e}"),
+        )
+    })
+}
+
+/// A command's result as the API answers it, its output in `encoding`.
+pub(crate) fn output_json(out: &Output, encoding: Encoding) -> Value {
     json!({
         "exit_code": out.status.code(),
         "signal": out.status.signal(),
-        "stdout": String::from_utf8_lossy(&out.stdout),
-        "stderr": String::from_utf8_lossy(&out.stderr),
+        "stdout": encoding.text(&out.stdout),
+        "stderr": encoding.text(&out.stderr),
         "stdout_truncated": out.stdout_truncated,
         "stderr_truncated": out.stderr_truncated,
         "stdout_bytes": out.stdout_total,

@@ -17,7 +17,7 @@ use crate::reply::{
     busy, closing, cut_short, error, no_sandbox, reply, response, too_large, Body, Reply,
 };
 use crate::state::{lookup, State};
-use crate::{files, review, sandboxes};
+use crate::{files, processes, review, sandboxes};
 use crate::{MAX_BODY, OPENAPI};
 
 /// What a route costs: the pool its slot comes from, if any.
@@ -28,6 +28,8 @@ enum Cost {
     Exec,
     /// Moves a file (up to [`MAX_BODY`] bytes in memory).
     Transfer,
+    /// May wait on a long-lived process (its end, or more output).
+    Wait,
     /// Anything else.
     Request,
 }
@@ -38,6 +40,8 @@ fn cost(method: &Method, parts: &[&str]) -> Cost {
         (&Method::GET, ["v1", "health" | "openapi.json"]) => Cost::Free,
         (&Method::POST, ["v1", "sandboxes", _, "exec"]) => Cost::Exec,
         (&Method::GET | &Method::PUT, ["v1", "sandboxes", _, "files"]) => Cost::Transfer,
+        (&Method::GET, ["v1", "sandboxes", _, "processes", _, "output"])
+        | (&Method::POST, ["v1", "sandboxes", _, "processes", _, "wait"]) => Cost::Wait,
         _ => Cost::Request,
     }
 }
@@ -120,6 +124,10 @@ pub(crate) async fn handle(state: Arc<State>, request: Request<Incoming>) -> Res
         Cost::Transfer => match state.transfers.try_take() {
             Some(slot) => Some(slot),
             None => return response(busy("file transfers")),
+        },
+        Cost::Wait => match state.waits.try_take() {
+            Some(slot) => Some(slot),
+            None => return response(busy("waits on processes")),
         },
     };
     let file = match file {
@@ -250,6 +258,31 @@ pub(crate) fn route(state: &State, method: &Method, parts: &[&str], request: Rou
         (&Method::DELETE, ["v1", "sandboxes", sid]) => sandboxes::close(state, sid),
         (&Method::DELETE, ["v1", "sandboxes", sid, "files"]) => files::remove(state, sid, file),
         (&Method::GET, ["v1", "sandboxes", sid, "dir"]) => files::list(state, sid, file),
+        (&Method::POST, ["v1", "sandboxes", sid, "dir"]) => files::make_dir(state, sid, file),
+        (&Method::GET, ["v1", "sandboxes", sid, "stat"]) => files::stat(state, sid, file),
+        (&Method::GET, ["v1", "sandboxes", sid, "processes"]) => processes::list(state, sid),
+        (&Method::POST, ["v1", "sandboxes", sid, "processes"]) => {
+            processes::spawn(state, sid, body)
+        }
+        (&Method::GET, ["v1", "sandboxes", sid, "processes", p]) => processes::get(state, sid, p),
+        (&Method::GET, ["v1", "sandboxes", sid, "processes", p, "output"]) => {
+            match query_pairs(query) {
+                Ok(q) => processes::output(state, sid, p, &q),
+                Err(r) => r,
+            }
+        }
+        (&Method::POST, ["v1", "sandboxes", sid, "processes", p, "stdin"]) => {
+            processes::stdin(state, sid, p, body)
+        }
+        (&Method::POST, ["v1", "sandboxes", sid, "processes", p, "kill"]) => {
+            processes::kill(state, sid, p)
+        }
+        (&Method::POST, ["v1", "sandboxes", sid, "processes", p, "wait"]) => {
+            match query_pairs(query) {
+                Ok(q) => processes::wait(state, sid, p, &q),
+                Err(r) => r,
+            }
+        }
         (&Method::POST, ["v1", "sandboxes", sid, "sessions"]) => {
             sandboxes::open_session(state, sid)
         }
@@ -288,6 +321,21 @@ fn query_values(query: &str, key: &str) -> Result<Vec<String>, Reply> {
         .map(|(_, v)| {
             percent_decode(v)
                 .map_err(|why| error(400, "bad_path", format!("the query's {key} {why}")))
+        })
+        .collect()
+}
+
+/// Every key and value of `query`, percent-decoded (or the answer for
+/// one that cannot be decoded).
+fn query_pairs(query: &str) -> Result<Vec<(String, String)>, Reply> {
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| match (percent_decode(k), percent_decode(v)) {
+            (Ok(k), Ok(v)) => Ok((k, v)),
+            (Err(why), _) | (_, Err(why)) => {
+                Err(error(400, "bad_request", format!("the query's {k} {why}")))
+            }
         })
         .collect()
 }

@@ -182,6 +182,7 @@ pub(crate) fn close(state: &State, sid: &str) -> Reply {
     });
     match removed {
         Some((n, sb, layers)) => {
+            crate::processes::record_killed_at_close(state, n, sb.as_ref());
             let closed = sb.close();
             audit(state, state::closed(n));
             // The layers go once the sandbox is closed (a temporary one

@@ -28,6 +28,8 @@ pub(crate) struct State {
     /// Commands start in turn (see [`crate::gate`]).
     pub(crate) starts: crate::gate::StartGate,
     pub(crate) transfers: Arc<Slots>,
+    /// Requests waiting on a long-lived process.
+    pub(crate) waits: Arc<Slots>,
     pub(crate) connections: Arc<Slots>,
     /// In SWE-ReX mode: its sandbox and named sessions.
     pub(crate) swerex: crate::swerex::Rex,
@@ -114,6 +116,7 @@ pub(crate) fn close_all(state: &State) {
         (t.open.drain().collect(), t.layers.drain().collect())
     };
     for (id, sb) in all {
+        crate::processes::record_killed_at_close(state, id, sb.as_ref());
         let _ = sb.close();
         audit(state, closed(id));
     }

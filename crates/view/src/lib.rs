@@ -18,6 +18,8 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod user;
+
 /// What a host path is, as far as the view cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostPath {

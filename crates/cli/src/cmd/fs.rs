@@ -8,18 +8,82 @@ use clap::{Args, Subcommand};
 use hako_core::{DirEntry, Error, FileKind, Metadata, Sandbox};
 use serde::Serialize;
 
-use super::SandboxArgs;
+use super::{BackendFlag, IsolationFlag};
 use crate::exit;
 use crate::show::{self, escaped};
 
 /// Most bytes `write` and `append` take from standard input.
 const MAX_INPUT: u64 = hako_fence::DEFAULT_MAX_READ;
 
+/// The sandbox flags that apply to file operations: which sandbox, and
+/// which workspace (a copy-on-write one's layers too). The flags that
+/// shape commands (limits, network, environment, binds outside the
+/// workspace, output caps) are not offered: no command runs. A profile's
+/// keys for them are read and checked all the same, and shape the sandbox
+/// opened, as with every front end.
+#[derive(Debug, Clone, Args)]
+pub struct FileSandboxArgs {
+    /// Read sandbox settings from a TOML profile (the flags below are keys
+    /// of the same name, `-` written `_`); flags given here win.
+    #[arg(long, value_name = "FILE")]
+    profile: Option<PathBuf>,
+    /// Backend to use [default: auto].
+    #[arg(long, value_enum)]
+    backend: Option<BackendFlag>,
+    /// Sandbox root [default: the current directory].
+    #[arg(long, value_name = "DIR")]
+    workspace: Option<PathBuf>,
+    /// Refuse unless the sandbox is at least this strong [default: none].
+    #[arg(long, value_name = "LEVEL", value_enum)]
+    min_isolation: Option<IsolationFlag>,
+    /// Image: a name for --backend docker [default: hako-busybox:latest], a
+    /// root directory for --backend gvisor [default: a read-only view of
+    /// the host's system directories].
+    #[arg(long, value_name = "IMAGE")]
+    image: Option<String>,
+    /// OCI runtime for --backend docker (e.g. runsc for gVisor, runc, crun).
+    #[arg(long, value_name = "NAME")]
+    runtime: Option<String>,
+    /// --backend docker without the guest, for images where the static
+    /// guest cannot run.
+    #[arg(long)]
+    no_guest: bool,
+    /// Copy-on-write workspace: with --name, work in that named sandbox's
+    /// layers (`hako diff NAME` shows what changed).
+    #[arg(long)]
+    cow: bool,
+    /// The named copy-on-write sandbox whose layers to work in.
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
+    /// Where named sandboxes are kept [default: $XDG_STATE_HOME/hako, else ~/.local/state/hako].
+    #[arg(long, value_name = "DIR")]
+    state: Option<PathBuf>,
+}
+
+impl FileSandboxArgs {
+    fn plan(&self) -> Result<hako_runtime::Plan, String> {
+        hako_runtime::SandboxFlags {
+            profile: self.profile.clone(),
+            backend: self.backend.map(|BackendFlag(b)| b),
+            workspace: self.workspace.clone(),
+            min_isolation: self.min_isolation.map(|IsolationFlag(level)| level),
+            image: self.image.clone(),
+            runtime: self.runtime.clone(),
+            no_guest: self.no_guest,
+            cow: self.cow,
+            name: self.name.clone(),
+            state: self.state.clone(),
+            ..hako_runtime::SandboxFlags::default()
+        }
+        .plan()
+    }
+}
+
 /// Flags of `hako fs`.
 #[derive(Debug, Args)]
 pub struct FsArgs {
     #[command(flatten)]
-    sandbox: SandboxArgs,
+    sandbox: FileSandboxArgs,
     /// Print results as JSON.
     #[arg(long, global = true)]
     json: bool,
@@ -38,7 +102,8 @@ enum FsOp {
         #[arg(long, value_name = "N")]
         max_bytes: Option<u64>,
     },
-    /// Replace a file with standard input, atomically.
+    /// Replace a file with standard input, atomically (missing parent
+    /// directories are created).
     Write {
         /// Path relative to the workspace.
         path: PathBuf,
@@ -242,9 +307,15 @@ fn operate(sandbox: &dyn Sandbox, op: &FsOp, json: bool) -> Result<(), String> {
         }
         FsOp::Write { path } => {
             let data = read_input()?;
-            sandbox.write_file(path, &data).map_err(err)?;
+            // As MCP's write_file and the HTTP API's PUT /files do.
+            let created_dirs =
+                hako_core::write_file_creating_parents(sandbox, path, &data).map_err(err)?;
             if json {
-                print_json(&serde_json::json!({ "path": path, "bytes": data.len() }));
+                print_json(&serde_json::json!({
+                    "path": path,
+                    "bytes": data.len(),
+                    "created_dirs": created_dirs,
+                }));
             }
         }
         FsOp::Edit {

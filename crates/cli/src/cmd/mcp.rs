@@ -24,7 +24,8 @@ pub struct McpArgs {
     #[command(flatten)]
     sandbox: SandboxArgs,
     /// Append one hash-chained JSON line per effect to FILE (commands, file
-    /// operations, refusals, network decisions).
+    /// operations, refusals, network decisions) [default: the profile's
+    /// `audit`, else none].
     #[arg(long, value_name = "FILE")]
     audit: Option<PathBuf>,
     /// Serve MCP's streamable HTTP transport on ADDR (e.g. 127.0.0.1:8701),
@@ -62,6 +63,8 @@ pub fn run(args: McpArgs) -> u8 {
     if args.allow_agent_commit && plan.cow.is_none() {
         return fail(&"--allow-agent-commit lets an agent commit a copy-on-write sandbox's changes: give --cow (or the profile's `cow = true`) too");
     }
+    // `--audit`, else the profile's `audit`.
+    let audit_path = args.audit.clone().or_else(|| plan.audit.clone());
     // The backend is chosen, and the policy gate passed, before anything
     // is served.
     let opener = match hako_runtime::Opener::from_plan(plan, Isolation::None) {
@@ -69,6 +72,15 @@ pub fn run(args: McpArgs) -> u8 {
         Err(e) => return fail(&e),
     };
     let kind = opener.kind();
+    // What the backend needs (its guest, its image) is checked now: a
+    // server that cannot open a sandbox refuses to start, with the fix,
+    // rather than failing its client's first call.
+    if let Err(u) = hako_runtime::preflight(kind, opener.spec()) {
+        return fail(&format!(
+            "the {} backend cannot start here: {u}",
+            kind.name()
+        ));
+    }
     // With --http: the token and the bound socket, before the audit log is
     // opened, so a port in use leaves no log behind.
     let http = match args.http.as_deref() {
@@ -86,7 +98,7 @@ pub fn run(args: McpArgs) -> u8 {
         Err(e) => return fail(&e),
     };
     config.allow_agent_commit = args.allow_agent_commit;
-    config.audit = match &args.audit {
+    config.audit = match &audit_path {
         Some(path) => match hako_audit::AuditLog::open(path, &writable) {
             Ok(log) => {
                 if let Some(cut) = log.repaired() {

@@ -128,6 +128,60 @@ impl ValueEnum for BackendFlag {
     }
 }
 
+/// `--min-isolation LEVEL`: clap's view of [`Isolation`], so that `--help`
+/// and a bad value list the levels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IsolationFlag(pub Isolation);
+
+impl ValueEnum for IsolationFlag {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[
+            IsolationFlag(Isolation::None),
+            IsolationFlag(Isolation::Process),
+            IsolationFlag(Isolation::Kernel),
+            IsolationFlag(Isolation::Vm),
+        ]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        let help = match self.0 {
+            Isolation::None => "Anything, the host backend included",
+            Isolation::Process => {
+                "Namespaces, Landlock, seccomp or a container (linux, landlock, docker)"
+            }
+            Isolation::Kernel => {
+                "A kernel of the sandbox's own in front of the host's (gvisor, docker --runtime runsc)"
+            }
+            Isolation::Vm => "A virtual machine of its own (no backend provides it yet)",
+        };
+        Some(PossibleValue::new(self.0.as_str()).help(help))
+    }
+}
+
+/// `--net MODE`: clap's view of [`NetMode`], so that `--help` and a bad
+/// value list the modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetFlag(pub NetMode);
+
+impl ValueEnum for NetFlag {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[
+            NetFlag(NetMode::None),
+            NetFlag(NetMode::Allow),
+            NetFlag(NetMode::Host),
+        ]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        let help = match self.0 {
+            NetMode::None => "Loopback only (the default of every isolating backend)",
+            NetMode::Allow => "Only what --allow names, through hako's egress proxy",
+            NetMode::Host => "The host's network, unfiltered; must be asked for",
+        };
+        Some(PossibleValue::new(self.0.name()).help(help))
+    }
+}
+
 /// Flags that pick and shape a sandbox, shared by every subcommand that
 /// opens one: clap's view of the runtime's [`SandboxFlags`], which parses
 /// them and the profile into one spec.
@@ -174,10 +228,9 @@ pub struct SandboxArgs {
     /// Most long-lived processes running at once in one sandbox [default: 32].
     #[arg(long, value_name = "N", value_parser = parse_handles)]
     pub max_processes: Option<usize>,
-    /// Refuse to run unless the sandbox is at least this strong (none,
-    /// process, kernel, vm) [default: none].
-    #[arg(long, value_name = "LEVEL")]
-    pub min_isolation: Option<Isolation>,
+    /// Refuse to run unless the sandbox is at least this strong [default: none].
+    #[arg(long, value_name = "LEVEL", value_enum)]
+    pub min_isolation: Option<IsolationFlag>,
     /// Extra read-only bind, same path inside (linux, docker, gvisor; repeatable).
     #[arg(long = "ro", value_name = "DIR")]
     pub ro: Vec<PathBuf>,
@@ -201,17 +254,16 @@ pub struct SandboxArgs {
     /// command, and a deadline restarts the container.
     #[arg(long)]
     pub no_guest: bool,
-    /// Network: none (loopback only; the default of every isolating
-    /// backend), allow (only what --allow names, through hako's egress
-    /// proxy), or host (unfiltered; must be asked for) [default: none, or
-    /// host for --backend host; allow when --allow is given].
-    #[arg(long = "net", value_name = "MODE")]
-    pub net: Option<NetMode>,
+    /// Network [default: none, or host for --backend host; allow when
+    /// --allow is given].
+    #[arg(long = "net", value_name = "MODE", value_enum)]
+    pub net: Option<NetFlag>,
     /// Let the sandbox reach HOST[:PORT] through the egress proxy
     /// (repeatable): a name (ports 80 and 443 unless one is given),
     /// `*.example.org` (its subdomains), an IP address, or `localhost:PORT`
     /// (that port on the host's loopback, also reachable inside as
-    /// 127.0.0.1:PORT).
+    /// 127.0.0.1:PORT); or a URL of a host, `https://HOST[:PORT]` (port 443
+    /// for https, 80 for http, unless one is given; never a path).
     #[arg(long = "allow", value_name = "HOST[:PORT]")]
     pub allow: Vec<String>,
     /// Have the egress proxy resolve NAME to ADDR instead of asking the
@@ -255,10 +307,10 @@ impl SandboxArgs {
             image: self.image.clone(),
             runtime: self.runtime.clone(),
             no_guest: self.no_guest,
-            net: self.net,
+            net: self.net.map(|NetFlag(mode)| mode),
             allow: self.allow.clone(),
             resolve: self.resolve.clone(),
-            min_isolation: self.min_isolation,
+            min_isolation: self.min_isolation.map(|IsolationFlag(level)| level),
             max_sessions: self.max_sessions,
             max_processes: self.max_processes,
             cow: self.cow,

@@ -25,7 +25,8 @@ pub struct RunArgs {
     /// Working directory, relative to the workspace.
     #[arg(long, value_name = "REL")]
     cwd: Option<PathBuf>,
-    /// Kill the command and everything it started after DUR (e.g. 30s, 2m, 500ms).
+    /// Kill the command and everything it started after DUR (e.g. 30s, 2m,
+    /// 500ms) [default: the profile's `timeout`, else none].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     timeout: Option<Duration>,
     /// Feed hako's standard input to the command (at most 64 MiB).
@@ -36,7 +37,7 @@ pub struct RunArgs {
     json: bool,
     /// Append what the run did (the command, how it ended, every network
     /// decision, a refusal) to this hash-chained audit log (`hako audit
-    /// verify FILE` checks it).
+    /// verify FILE` checks it) [default: the profile's `audit`, else none].
     #[arg(long, value_name = "FILE")]
     audit: Option<PathBuf>,
     /// The command and its arguments.
@@ -76,19 +77,50 @@ struct JsonResult<'a> {
     network_dropped: Option<u64>,
 }
 
+/// `--json`'s object for a run that did not complete: the error, and
+/// (like a result) the backend and its isolation, `null` only when no
+/// backend was chosen yet.
 #[derive(Serialize)]
 struct JsonError<'a> {
     error: String,
     exit_code: u8,
     backend: Option<&'a str>,
+    isolation: Option<Isolation>,
 }
 
-fn fail(json: bool, backend: Option<&str>, err: &dyn std::fmt::Display, code: u8) -> u8 {
+/// The backend a failed run was on, and its isolation.
+#[derive(Clone, Copy)]
+struct On<'a> {
+    backend: &'a str,
+    isolation: Isolation,
+}
+
+impl<'a> On<'a> {
+    /// Before the sandbox is open: the backend's isolation as the policy
+    /// gate judged it (what its refusal names).
+    fn kind(kind: hako_runtime::BackendKind) -> On<'static> {
+        On {
+            backend: kind.name(),
+            isolation: kind.isolation(),
+        }
+    }
+
+    /// Once it is open: what the sandbox reports.
+    fn caps(caps: &'a hako_core::Capabilities) -> On<'a> {
+        On {
+            backend: &caps.backend,
+            isolation: caps.isolation,
+        }
+    }
+}
+
+fn fail(json: bool, on: Option<On<'_>>, err: &dyn std::fmt::Display, code: u8) -> u8 {
     if json {
         let obj = JsonError {
             error: err.to_string(),
             exit_code: code,
-            backend,
+            backend: on.map(|on| on.backend),
+            isolation: on.map(|on| on.isolation),
         };
         println!("{}", serde_json::to_string(&obj).unwrap_or_default());
     } else {
@@ -106,8 +138,12 @@ pub fn run(args: RunArgs) -> u8 {
         Ok(plan) => plan.spec.writable(),
         Err(_) => args.sandbox.flags().writable_without_profile(),
     };
-    let audit = match args
+    // `--audit`, else the profile's `audit`.
+    let audit_path = args
         .audit
+        .clone()
+        .or_else(|| plan.as_ref().ok().and_then(|plan| plan.audit.clone()));
+    let audit = match audit_path
         .as_deref()
         .map(|path| AuditLog::open(path, &writable))
     {
@@ -125,20 +161,22 @@ pub fn run(args: RunArgs) -> u8 {
     let argv = args.command.clone();
     // What did not run is recorded: a `refusal` when a policy refused it
     // (`refused`), an `error` otherwise.
-    let refuse = |backend: Option<&str>, err: &dyn std::fmt::Display, code: u8, refused: bool| {
+    let refuse = |on: Option<On<'_>>, err: &dyn std::fmt::Display, code: u8, refused: bool| {
         if let Some(log) = &audit {
             let mut failure = Failure::new(FrontEnd::Run, &err.to_string());
-            failure.backend = backend.map(str::to_string);
+            failure.backend = on.map(|on| on.backend.to_string());
             failure.argv = Some(argv.clone());
             failure.exit_code = Some(code);
             let _ = log.write(&failure.record(refused));
         }
-        fail(json, backend, err, code)
+        fail(json, on, err, code)
     };
     let plan = match plan {
         Ok(plan) => plan,
         Err(e) => return refuse(None, &e, exit::SANDBOX_FAILED, false),
     };
+    // `--timeout`, else the profile's `timeout`.
+    let timeout = args.timeout.or(plan.timeout);
     let (kind, backend_choice) = match plan.backend().kind() {
         Some(kind) => (kind, None),
         None => match hako_runtime::choose_auto() {
@@ -148,16 +186,17 @@ pub fn run(args: RunArgs) -> u8 {
     };
     // The policy gate comes first: a run that needs a stronger boundary
     // than this backend has never starts.
+    let chosen = On::kind(kind);
     let opener = match hako_runtime::Opener::with_kind(kind, plan, Isolation::None) {
         Ok(opener) => opener,
-        Err(err) => return refuse(Some(kind.name()), &err, exit::SANDBOX_FAILED, true),
+        Err(err) => return refuse(Some(chosen), &err, exit::SANDBOX_FAILED, true),
     };
     let spec = opener.spec().clone();
     // A copy-on-write workspace: its layers held by the sandbox, until
     // the run ends.
     let layers = match opener.hold(None) {
         Ok(layers) => layers,
-        Err(e) => return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED, true),
+        Err(e) => return refuse(Some(chosen), &e, exit::SANDBOX_FAILED, true),
     };
     // One command, from this thread: no thread of its own need read the
     // guest; and hako exits once it is done (set below).
@@ -165,20 +204,22 @@ pub fn run(args: RunArgs) -> u8 {
     let driver = hako_runtime::DriverOptions::one_shot(&exit_follows);
     let sandbox = match opener.open_on(layers, &driver) {
         Ok(sb) => sb,
-        Err(e) => return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED, is_refusal(&e)),
+        Err(e) => return refuse(Some(chosen), &e, exit::SANDBOX_FAILED, is_refusal(&e)),
     };
+    let caps = sandbox.capabilities();
+    let on = On::caps(caps);
     let mut command = Command::new(args.command).max_output(spec.max_output);
     command.cwd = args.cwd;
-    command.timeout = args.timeout;
+    command.timeout = timeout;
     if args.stdin {
         let mut data = Vec::new();
         match std::io::stdin().take(MAX_STDIN + 1).read_to_end(&mut data) {
             Ok(n) if n as u64 > MAX_STDIN => {
                 let err = format!("standard input is larger than {MAX_STDIN} bytes; pass large inputs as files in the workspace");
-                return refuse(Some(kind.name()), &err, exit::SANDBOX_FAILED, false);
+                return refuse(Some(on), &err, exit::SANDBOX_FAILED, false);
             }
             Ok(_) => command.stdin = Some(data),
-            Err(e) => return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED, false),
+            Err(e) => return refuse(Some(on), &e, exit::SANDBOX_FAILED, false),
         }
     }
     let result = execute(sandbox.as_ref(), &command, json);
@@ -202,10 +243,9 @@ pub fn run(args: RunArgs) -> u8 {
             {
                 let _ = log.write(&Record::SandboxLost(lost));
             }
-            return refuse(Some(kind.name()), &e, exit::for_error(&e), is_refusal(&e));
+            return refuse(Some(on), &e, exit::for_error(&e), is_refusal(&e));
         }
     };
-    let caps = sandbox.capabilities();
     if let Some(log) = &audit {
         record_run(log, &command, &caps.backend, &output, network.as_ref());
     }

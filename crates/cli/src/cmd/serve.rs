@@ -1,6 +1,7 @@
 //! `hako serve`: the HTTP/JSON API (see the `hako-serve` crate and its
 //! `openapi.json`).
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -17,14 +18,24 @@ pub struct ServeArgs {
     /// policy; clients cannot change it).
     #[command(flatten)]
     sandbox: SandboxArgs,
-    /// Address to listen on, e.g. 127.0.0.1:8700.
+    /// Address to listen on, e.g. 127.0.0.1:8700 (port 0: one the system
+    /// chooses, named in the start-up line and by --ready-json).
     #[arg(long, value_name = "ADDR")]
     listen: String,
+    /// Once listening, print one JSON line on stdout and flush it:
+    /// {"url": "http://ADDR", "listen": ADDR, "pid": N, "backend": NAME}.
+    #[arg(long)]
+    ready_json: bool,
+    /// When stdin ends (the process that started the server died or
+    /// closed it), close every sandbox and exit 0.
+    #[arg(long)]
+    exit_on_stdin_eof: bool,
     /// A file holding the bearer token clients must send; without it a
     /// token is generated and printed once on stderr.
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
-    /// Record every effect in this hash-chained audit log.
+    /// Record every effect in this hash-chained audit log [default: the
+    /// profile's `audit`, else none].
     #[arg(long, value_name = "FILE")]
     audit: Option<PathBuf>,
     /// The most sandboxes open at once; one more is refused (429).
@@ -61,6 +72,8 @@ pub fn run(args: ServeArgs) -> u8 {
     if args.allow_agent_commit && plan.cow.is_none() {
         return fail(&"--allow-agent-commit lets clients commit a copy-on-write sandbox's changes: give --cow (or the profile's `cow = true`) too");
     }
+    // `--audit`, else the profile's `audit`.
+    let audit_path = args.audit.clone().or_else(|| plan.audit.clone());
     if args.swerex && plan.cow.is_some() {
         return fail(&"--swerex serves SWE-ReX's protocol, which has no way to review, commit or keep a copy-on-write sandbox's changes: leave out --cow (or the profile's `cow = true`)");
     }
@@ -70,6 +83,15 @@ pub fn run(args: ServeArgs) -> u8 {
         Ok(opener) => opener,
         Err(e) => return fail(&e),
     };
+    // What the backend needs (its guest, its image) is checked now: a
+    // server that cannot open a sandbox refuses to start, with the fix,
+    // rather than failing its clients' first calls.
+    if let Err(u) = hako_runtime::preflight(opener.kind(), opener.spec()) {
+        return fail(&format!(
+            "the {} backend cannot start here: {u}",
+            opener.kind().name()
+        ));
+    }
     if opener.kind().isolation() == Isolation::None && opener.min_isolation() == Isolation::None {
         eprintln!(
             "hako serve: warning: the {} backend isolates nothing: every client's commands run as you, on this host; pass --min-isolation process to refuse it",
@@ -98,8 +120,7 @@ pub fn run(args: ServeArgs) -> u8 {
         },
     };
     let writable = opener.spec().writable();
-    let audit = match args
-        .audit
+    let audit = match audit_path
         .as_deref()
         .map(|path| hako_audit::AuditLog::open(path, &writable))
     {
@@ -116,9 +137,12 @@ pub fn run(args: ServeArgs) -> u8 {
         Ok(l) => l,
         Err(e) => return fail(&format!("cannot listen on {}: {e}", args.listen)),
     };
+    let local = match listener.local_addr() {
+        Ok(addr) => addr,
+        Err(e) => return fail(&format!("cannot tell the address of {}: {e}", args.listen)),
+    };
     eprintln!(
-        "hako serve: listening on {} ({} backend{})",
-        args.listen,
+        "hako serve: listening on {local} ({} backend{})",
         opener.kind().name(),
         if args.swerex {
             ", SWE-ReX protocol"
@@ -126,6 +150,21 @@ pub fn run(args: ServeArgs) -> u8 {
             ""
         }
     );
+    if args.ready_json {
+        // One line, flushed: a client that started this server reads it
+        // to learn where to connect (the listener already queues
+        // connections).
+        let line = serde_json::json!({
+            "url": format!("http://{local}"),
+            "listen": local.to_string(),
+            "pid": std::process::id(),
+            "backend": opener.kind().name(),
+        });
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
+            return fail(&format!("cannot write the ready line on stdout: {e}"));
+        }
+    }
     if let Some(warning) = listener
         .local_addr()
         .ok()
@@ -139,6 +178,7 @@ pub fn run(args: ServeArgs) -> u8 {
     config.stop_on_signals = true;
     config.max_sandboxes = usize::try_from(args.max_sandboxes).unwrap_or(usize::MAX);
     config.allow_agent_commit = args.allow_agent_commit;
+    config.stop_on_stdin_eof = args.exit_on_stdin_eof;
     config.swerex = args.swerex;
     match hako_serve::serve(listener, config) {
         Ok(()) => 0,

@@ -203,7 +203,7 @@ fn a_profile_key_with_escapes_cannot_forge_lines_in_the_error_hako_run_prints() 
 }
 
 /// Whether `hako mcp` can start its guest here; prints why not.
-fn guest_ready() -> bool {
+pub(crate) fn guest_ready() -> bool {
     let guest = Path::new(env!("CARGO_BIN_EXE_hako")).with_file_name("hako-guest");
     if std::env::var_os("HAKO_GUEST").is_some() || guest.is_file() {
         return true;

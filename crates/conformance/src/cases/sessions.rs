@@ -138,6 +138,49 @@ case! {
 }
 
 case! {
+    /// A command past its deadline ends its line: nothing after it runs
+    /// (`sleep; touch after` never touches `after`, whether the rest
+    /// follows `;`, `&&`, a newline or a subshell, or the command is a
+    /// loop of builtins), and the session goes on with its state.
+    fn session_command_past_its_deadline_runs_nothing_after_it(h) {
+        let sb = h.sandbox();
+        let s = sessions(sb)?;
+        let id = s.open_session(&SessionOptions::default()).ctx("open a session")?;
+        run(s, id, "KEEP=kept")?;
+        let m = h.marker();
+        let lines = [
+            format!("sleep {m}; touch after-semicolon"),
+            format!("sleep {m} && touch after-and"),
+            format!("sleep {m}\ntouch after-newline"),
+            format!("(sleep {m}); touch after-subshell"),
+            "while :; do :; done; echo > after-builtin-loop".to_string(),
+        ];
+        for line in &lines {
+            let out = s
+                .session_exec(id, &Command::shell(line.as_str()).timeout(Duration::from_millis(500)), None)
+                .ctx(format!("{line:?} past its deadline"))?;
+            ensure!(out.timed_out, "{line:?}: the result does not say timed out: {out:?}");
+            // The shell runs one line at a time: had it gone on with the
+            // rest of that line, it would have done so before this one.
+            ensure_eq!(run(s, id, "echo $KEEP")?, "kept\n", "the session's state after {line:?}");
+            let names: Vec<String> = sb
+                .list_dir(std::path::Path::new("."))
+                .ctx("list the workspace")?
+                .entries
+                .iter()
+                .map(|e| e.name.to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("after"))
+                .collect();
+            ensure!(names.is_empty(), "{line:?} went on past its deadline and made {names:?}");
+        }
+        let left = sandbox_processes_with_arg(sb, &m).ctx("scan /proc inside")?;
+        ensure!(left.is_empty(), "a command survived its deadline: {left:?}");
+        s.close_session(id).ctx("close the session")?;
+        Ok(())
+    }
+}
+
+case! {
     /// Sessions run at once and keep apart: each its own directory and
     /// variables.
     fn sessions_run_concurrently_and_stay_apart(h) {

@@ -5,6 +5,7 @@
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -18,8 +19,32 @@ use crate::InProcessGuest;
 /// its guest has ended.
 pub(super) const PIPED_EXIT_GRACE: Duration = Duration::from_secs(30);
 
-/// Finds `hako-guest`: `$HAKO_GUEST`, else beside the running executable,
-/// else one directory up (where Cargo puts binaries relative to tests).
+/// The name the guest is started under (its `argv[0]`), whichever file
+/// it is: `hako-guest`, or an executable that carries the guest and runs
+/// it when started under this name (see [`set_carries_guest`]).
+pub const GUEST_NAME: &str = "hako-guest";
+
+/// Whether the running executable carries the guest (see [`set_carries_guest`]).
+static CARRIES_GUEST: AtomicBool = AtomicBool::new(false);
+
+/// Says that the running executable is the guest when started with
+/// `argv[0]` [`GUEST_NAME`] (the `hako` CLI is): [`locate_guest`] then
+/// falls back to it when no `hako-guest` is found, so that `hako`
+/// installed alone still has its guest.
+pub fn set_carries_guest() {
+    CARRIES_GUEST.store(true, Ordering::Release);
+}
+
+/// Whether [`set_carries_guest`] was called in this process.
+pub fn carries_guest() -> bool {
+    CARRIES_GUEST.load(Ordering::Acquire)
+}
+
+/// Finds the guest: `$HAKO_GUEST`, else `hako-guest` beside the running
+/// executable, else one directory up (where Cargo puts binaries relative
+/// to tests), else the running executable itself when it carries the
+/// guest ([`set_carries_guest`]). Whichever file it is, it is started with
+/// `argv[0]` [`GUEST_NAME`].
 pub fn locate_guest() -> Result<PathBuf> {
     if let Some(path) = std::env::var_os("HAKO_GUEST") {
         return Ok(PathBuf::from(path));
@@ -31,11 +56,14 @@ pub fn locate_guest() -> Result<PathBuf> {
     let mut dir = exe.parent();
     for _ in 0..2 {
         let Some(d) = dir else { break };
-        let candidate = d.join("hako-guest");
+        let candidate = d.join(GUEST_NAME);
         if candidate.is_file() {
             return Ok(candidate);
         }
         dir = d.parent();
+    }
+    if carries_guest() {
+        return Ok(exe);
     }
     Err(backend_err(
         "any",
@@ -47,7 +75,8 @@ pub fn locate_guest() -> Result<PathBuf> {
     ))
 }
 
-/// Starts `hako-guest` in `cwd` with an empty environment, stdio on
+/// Starts the guest file `guest` (with `argv[0]` [`GUEST_NAME`]) in `cwd`
+/// with an empty environment, stdio on
 /// `/dev/null`, the control socket at fd 3 and nothing else open, in a
 /// session (and so a process group) of its own (Ctrl-C at the terminal goes
 /// to hako's group; the guest learns of hako's end through its control
@@ -89,10 +118,13 @@ pub(super) fn spawn_guest(
             fail(format!("cannot map a stack: {e}"))
         })
     })?;
-    let argv = [guest.to_string_lossy().into_owned()];
+    // Always named `hako-guest`: a multi-call `hako` is the guest only
+    // under that name.
+    let argv = [GUEST_NAME.to_string()];
     let pid = spawn(
         SpawnSpec {
             argv: &argv,
+            program: Some(guest),
             env: &[],
             stdio: [null.as_fd(), null.as_fd(), null.as_fd()],
             cwd: Some(SpawnCwd::Fd(cwd.as_fd())),

@@ -34,7 +34,7 @@ mod start;
 mod wire;
 
 pub use exec::{validate, Capture, Exec, ExecCwd};
-pub use guest_process::locate_guest;
+pub use guest_process::{carries_guest, locate_guest, set_carries_guest, GUEST_NAME};
 pub use start::LocalPlan;
 
 use guest_process::GuestProcess;

@@ -416,12 +416,12 @@ impl Server<'_> {
             let session = &mut self.sessions[i];
             if let Some(run) = &mut session.current {
                 if run.killed_at.is_none() && run.deadline.is_some_and(|d| now >= d) {
-                    // Kill what the command started; the shell reports the
-                    // killed command's status and the session goes on.
+                    // Kill what the command started and end its line; the
+                    // shell reports the status and the session goes on.
                     run.timed_out = true;
                     run.killed_at = Some(now);
                     if let Some(shell) = session.shell_pid {
-                        kill_descendants(shell);
+                        interrupt_shell(shell);
                     }
                 } else if run
                     .killed_at
@@ -478,6 +478,20 @@ fn shell_end(reply: Option<RunReply>) -> (Option<ExitStatus>, String) {
 
 /// SIGKILLs every descendant of `pid` (not `pid` itself), deepest last
 /// found first.
+/// Ends the command a session's shell runs, at its deadline: the shell
+/// is stopped (it can start nothing more), sent `SIGINT` (its trap
+/// returns from the script, `shell::script_line`, so nothing after the
+/// command runs), every process it started is killed, and it is
+/// continued: it reports the status and reads the next command. The order
+/// matters: killed first, the shell would run the script's next command
+/// before the signal arrived.
+fn interrupt_shell(shell: Pid) {
+    let _ = rproc::kill_process(shell, Signal::STOP);
+    let _ = rproc::kill_process(shell, Signal::INT);
+    kill_descendants(shell);
+    let _ = rproc::kill_process(shell, Signal::CONT);
+}
+
 fn kill_descendants(pid: Pid) {
     let mut found: Vec<Pid> = Vec::new();
     let mut frontier = vec![pid];

@@ -28,16 +28,41 @@ pub(super) fn hello_line(nonce: &str) -> String {
     format!("printf '%s %d\\n' {nonce} \"$$\" >&3\n")
 }
 
+/// The function a session's command runs in (see [`script_line`]).
+const COMMAND_FN: &str = "__hako_command";
+/// Set while [`COMMAND_FN`] runs the script: what the `SIGINT` trap checks.
+const RUNNING_VAR: &str = "__hako_running";
+/// The script's status, kept until it is reported.
+const STATUS_VAR: &str = "__hako_status";
+
 /// The line that runs `script` in the shell itself (so `cd`, `export`,
 /// functions and jobs persist), reading nothing of the shell's own input
 /// and without the status descriptor; then the shell reports the status
 /// with the command's `nonce` on descriptor 3.
+///
+/// The script runs inside a function, with a `SIGINT` trap that returns
+/// from it: at the command's deadline the guest stops the shell, sends
+/// it `SIGINT`, kills what it started and continues it, and the shell
+/// returns from the script at once, running nothing after the command the
+/// deadline cut short (`sleep 5; touch after` never touches `after`), yet
+/// keeps its state. The trap returns only while the script runs (the
+/// variable [`RUNNING_VAR`], cleared before the function returns): a late
+/// signal, between commands, changes nothing. Between commands the shell
+/// ignores `SIGINT`. (A deadline that falls inside a function the script
+/// itself defined returns from that function only; the rest of the line
+/// runs. POSIX shells offer no way out of every function at once.) The
+/// script sees the session's positional parameters, but a `set --` in it
+/// sets the function's own, which the next command does not see.
 pub(super) fn script_line(script: &str, nonce: &str) -> String {
     let quoted = script.replace('\'', "'\\''");
     // `command eval`: a syntax error in the script fails the command, not
     // the shell (POSIX lets a non-interactive shell exit on a syntax error
     // in the special builtin `eval`; busybox ash does).
-    format!("command eval '{quoted}' </dev/null 3>&-; printf '%s %d\\n' {nonce} \"$?\" >&3\n")
+    format!(
+        "{COMMAND_FN}() {{ {RUNNING_VAR}=1; command eval '{quoted}'; {STATUS_VAR}=$?; {RUNNING_VAR}=; return \"${STATUS_VAR}\"; }}; \
+         trap 'if [ -n \"${RUNNING_VAR}\" ]; then {RUNNING_VAR}=; return 130; fi' INT; \
+         {COMMAND_FN} \"$@\" </dev/null 3>&-; {STATUS_VAR}=$?; trap '' INT; printf '%s %d\\n' {nonce} \"${STATUS_VAR}\" >&3\n"
+    )
 }
 
 /// A status line (without its newline): a nonce and a number, one space
@@ -98,10 +123,9 @@ mod tests {
     #[test]
     fn a_script_is_quoted_whole_for_eval() {
         let line = script_line("echo 'it''s' \"$HOME\"; cd /tmp", "N");
-        assert_eq!(
-            line,
-            "command eval 'echo '\\''it'\\'''\\''s'\\'' \"$HOME\"; cd /tmp' </dev/null 3>&-; \
-             printf '%s %d\\n' N \"$?\" >&3\n"
+        assert!(
+            line.contains("command eval 'echo '\\''it'\\'''\\''s'\\'' \"$HOME\"; cd /tmp';"),
+            "{line}"
         );
         assert_eq!(line.matches('\n').count(), 1, "one line");
     }
@@ -109,7 +133,81 @@ mod tests {
     #[test]
     fn a_script_and_the_shells_first_line_report_on_descriptor_3() {
         assert_eq!(hello_line("H"), "printf '%s %d\\n' H \"$$\" >&3\n");
-        assert!(script_line("true", "N").ends_with("N \"$?\" >&3\n"));
+        assert!(script_line("true", "N").ends_with("N \"$__hako_status\" >&3\n"));
+    }
+
+    /// The shells a session may run, those on this host.
+    fn shells() -> Vec<Vec<&'static str>> {
+        [
+            vec!["/bin/sh"],
+            vec!["/bin/bash", "--noprofile", "--norc"],
+            vec!["/bin/dash"],
+            vec!["/bin/busybox", "sh"],
+        ]
+        .into_iter()
+        .filter(|argv| std::path::Path::new(argv[0]).exists())
+        .collect()
+    }
+
+    /// What the guest does at a session command's deadline, done to a
+    /// real shell: nothing after the command runs, and the shell goes on
+    /// with its state.
+    #[test]
+    fn a_command_cut_by_its_deadline_ends_its_line_in_every_shell() {
+        use hako_sys::rustix::process::{kill_process, Pid, Signal};
+        use std::io::{BufRead, BufReader, Write};
+        use std::process::{Command, Stdio};
+        fn line(from: &mut impl BufRead) -> String {
+            let mut l = String::new();
+            from.read_line(&mut l).unwrap();
+            l
+        }
+        let shells = shells();
+        assert!(!shells.is_empty(), "no shell here");
+        for argv in shells {
+            let dir = tempfile::tempdir().unwrap();
+            let mut child = Command::new(argv[0])
+                .args(&argv[1..])
+                .current_dir(dir.path())
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let shell = Pid::from_child(&child);
+            let mut to = child.stdin.take().unwrap();
+            let mut from = BufReader::new(child.stdout.take().unwrap());
+            // Descriptor 3 is stdout here: the status comes with the output.
+            writeln!(to, "exec 3>&1; KEEP=kept").unwrap();
+            for script in [
+                "echo started; sleep 30; touch after1",
+                "echo started; sleep 30 && touch after2",
+                "echo started\nsleep 30\ntouch after3",
+                "echo started; (sleep 30); touch after4",
+                "echo started; while :; do :; done; echo > after5",
+            ] {
+                to.write_all(script_line(script, "N").as_bytes()).unwrap();
+                to.flush().unwrap();
+                assert_eq!(line(&mut from), "started\n", "{argv:?}: {script}");
+                // As the guest does at the deadline (session.rs).
+                kill_process(shell, Signal::STOP).unwrap();
+                kill_process(shell, Signal::INT).unwrap();
+                for pid in hako_sys::proc::children_of(shell).unwrap() {
+                    let _ = kill_process(pid, Signal::KILL);
+                }
+                kill_process(shell, Signal::CONT).unwrap();
+                assert_eq!(line(&mut from), "N 130\n", "{argv:?}: {script}");
+            }
+            // A late signal, between commands, changes nothing.
+            kill_process(shell, Signal::INT).unwrap();
+            to.write_all(script_line("echo $KEEP; ls", "M").as_bytes())
+                .unwrap();
+            to.flush().unwrap();
+            assert_eq!(line(&mut from), "kept\n", "{argv:?}");
+            assert_eq!(line(&mut from), "M 0\n", "{argv:?}: a file was created");
+            drop(to);
+            assert!(child.wait().unwrap().success(), "{argv:?}");
+        }
     }
 
     #[test]

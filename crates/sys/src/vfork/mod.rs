@@ -102,6 +102,10 @@ pub struct SpawnSpec<'a> {
     /// The program (searched for in the `PATH` of `env` when it has no
     /// slash, as `execvp` does) and its arguments.
     pub argv: &'a [String],
+    /// The file to execute when it is not `argv[0]`, which is then only
+    /// the name the program sees (a multi-call executable started under
+    /// another of its names). Not searched for in `PATH`.
+    pub program: Option<&'a std::path::Path>,
     /// The whole environment of the program.
     pub env: &'a [(String, String)],
     /// Its stdin, stdout and stderr.
@@ -227,6 +231,7 @@ mod tests {
         let spawned = spawn(
             SpawnSpec {
                 argv: &r.argv,
+                program: None,
                 env: &r.env,
                 stdio: [null.as_fd(), out_w.as_fd(), out_w.as_fd()],
                 cwd: r.cwd.as_deref().map(SpawnCwd::Path),
@@ -425,6 +430,7 @@ mod tests {
         let err = spawn(
             SpawnSpec {
                 argv: &argv,
+                program: None,
                 env: &[],
                 stdio: [stdin, stdin, stdin],
                 cwd: None,

@@ -129,10 +129,13 @@ pub(super) fn child_args<'a>(spec: &SpawnSpec<'a>) -> Result<ChildArgs<'a>, Spaw
         .iter()
         .find(|(k, _)| *k == "PATH")
         .map(|(_, v)| v.as_bytes());
-    let candidates = candidates(program.as_bytes(), path).map_err(|error| SpawnError {
-        step: SpawnStep::Exec,
-        error,
-    })?;
+    let candidates = match spec.program {
+        Some(file) => vec![cstring(file.as_os_str().as_bytes()).map_err(prepare)?],
+        None => candidates(program.as_bytes(), path).map_err(|error| SpawnError {
+            step: SpawnStep::Exec,
+            error,
+        })?,
+    };
     let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
     let mut envp: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
@@ -233,6 +236,7 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         let spec = SpawnSpec {
             argv: &argv,
+            program: None,
             env: &env,
             stdio: [stdin, null.as_fd(), null.as_fd()],
             cwd: Some(SpawnCwd::Path(std::path::Path::new("/tmp"))),
@@ -255,6 +259,29 @@ mod tests {
         assert_eq!((child.errno, child.failed_step), (0, SpawnStep::Exec));
     }
 
+    #[test]
+    fn a_program_given_apart_is_executed_under_the_name_argv_gives() {
+        let argv = vec!["hako-guest".to_string(), "--stdio".to_string()];
+        let env = vec![("PATH".to_string(), "/p".to_string())];
+        let stdin = rustix::stdio::stdin();
+        let spec = SpawnSpec {
+            argv: &argv,
+            program: Some(std::path::Path::new("/opt/bin/hako")),
+            env: &env,
+            stdio: [stdin, rustix::stdio::stdout(), rustix::stdio::stderr()],
+            cwd: None,
+            fd3: None,
+            new_session: false,
+            parent_death_kill: false,
+            foreground_group: false,
+            rlimits: &[],
+        };
+        let child = child_args(&spec).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(strings(&child.argv), ["hako-guest", "--stdio"]);
+        let paths: Vec<&[u8]> = child.candidates.iter().map(|c| c.as_bytes()).collect();
+        assert_eq!(paths, [&b"/opt/bin/hako"[..]], "not searched for in PATH");
+    }
+
     /// The step `child_args` refuses these at, or `None` if it accepts.
     fn refused_at(
         argv: &[&str],
@@ -268,6 +295,7 @@ mod tests {
             .collect();
         let spec = SpawnSpec {
             argv: &argv,
+            program: None,
             env: &env,
             stdio,
             cwd: None,
