@@ -4,9 +4,9 @@
 //! audit log the server left is checked.
 //!
 //! Needs the test virtualenv's Python (`HAKO_TEST_PYTHON`) with `swe-rex`
-//! and `aiohttp`, the `hako-guest` binary beside `hako`, and user
-//! namespaces; without them the tests skip with the reason, unless
-//! `HAKO_MUST_WORK=1`, which makes that a failure.
+//! and `aiohttp`, and user namespaces (`hako` carries its guest); without
+//! them the tests skip with the reason, unless `HAKO_MUST_WORK=1`, which
+//! makes that a failure.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 #[path = "support/mcp.rs"]
@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-/// Whether the client, the guest and the linux backend are all here;
+/// Whether the client and the linux backend are both here;
 /// prints why not.
 fn ready(test: &str) -> bool {
     match support::python()
@@ -29,17 +29,13 @@ fn ready(test: &str) -> bool {
         Ok(out) if !out.status.success() => {
             return support::skip(&format!(
                 "{test}: the Python swe-rex and aiohttp packages are missing (the test command installs them into its virtualenv, HAKO_TEST_PYTHON): {}",
-                String::from_utf8_lossy(&out.stderr).trim()
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or_default()
             ))
         }
         Ok(_) => {}
-    }
-    let guest = Path::new(env!("CARGO_BIN_EXE_hako")).with_file_name("hako-guest");
-    if std::env::var_os("HAKO_GUEST").is_none() && !guest.is_file() {
-        return support::skip(&format!(
-            "{test}: {} is missing; run `cargo build --workspace` first",
-            guest.display()
-        ));
     }
     if let Err(reason) = hako_sys::ns::user_namespaces_allowed() {
         return support::skip(&format!(
@@ -152,13 +148,19 @@ impl Server {
         hako_audit::records(&self.audit).unwrap()
     }
 
-    /// One raw request (for what the client never sends): status and body.
+    /// One raw GET (for what the client never sends): status and body.
     fn call(&self, path: &str, headers: &str) -> (u16, String) {
+        self.request("GET", path, headers, "")
+    }
+
+    /// One raw request: status and body.
+    fn request(&self, method: &str, path: &str, headers: &str, body: &str) -> (u16, String) {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
         write!(
             s,
-            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n{headers}Connection: close\r\n\r\n",
-            self.port
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.port,
+            body.len()
         )
         .unwrap();
         let mut raw = String::new();
@@ -261,5 +263,36 @@ fn swerex_requests_with_a_wrong_or_missing_token_are_refused_and_touch_nothing()
     let key = format!("X-API-Key: {token}\r\n");
     let (status, body) = server.call("/v1/sandboxes", &key);
     assert_eq!(status, 404, "{body}");
+    server.stop();
+}
+
+#[test]
+fn swerex_a_retried_request_is_answered_again_not_run_twice() {
+    if !ready("swerex_a_retried_request_is_answered_again_not_run_twice") {
+        return;
+    }
+    let server = Server::start();
+    let key = format!("X-API-Key: {}\r\n", server.token);
+    let append = r#"{"command": "echo x >> count; wc -l < count", "shell": true}"#;
+    let with_id = |id: &str| format!("{key}X-Request-ID: {id}\r\n");
+    let first = server.request("POST", "/execute", &with_id("retry-1"), append);
+    assert_eq!(first.0, 200, "{}", first.1);
+    // The same request again (its answer lost on the way, say): the
+    // answer it had, and the command not run a second time.
+    let again = server.request("POST", "/execute", &with_id("retry-1"), append);
+    assert_eq!(again, first);
+    let count = std::fs::read_to_string(server.ws.join("count")).unwrap();
+    assert_eq!(count, "x\n");
+    // Another request runs.
+    let next = server.request("POST", "/execute", &with_id("retry-2"), append);
+    assert_eq!(next.0, 200, "{}", next.1);
+    assert!(next.1.contains(r#""stdout":"2\n""#), "{}", next.1);
+    // Bad JSON is the client's error (422, as FastAPI answers), and the
+    // server goes on.
+    let bad = server.request("POST", "/execute", &key, "{not json");
+    assert_eq!(bad.0, 422, "{}", bad.1);
+    assert!(bad.1.contains("detail"), "{}", bad.1);
+    let ok = server.request("POST", "/execute", &key, r#"{"command": ["true"]}"#);
+    assert_eq!(ok.0, 200, "{}", ok.1);
     server.stop();
 }

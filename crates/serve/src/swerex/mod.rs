@@ -260,9 +260,12 @@ pub(crate) async fn handle(state: Arc<State>, request: Request<Incoming>) -> Res
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string();
+    // Answers that change something are kept for a retry; a read or an
+    // alive check is answered anew (and a file read is not held twice).
     let request_id = head
         .headers
         .get(REQUEST_ID)
+        .filter(|_| !matches!(route, Route::IsAlive | Route::ReadFile))
         .and_then(|v| v.to_str().ok())
         .filter(|id| !id.is_empty() && id.len() <= MAX_REQUEST_ID)
         .map(str::to_string);

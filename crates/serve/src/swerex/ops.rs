@@ -206,11 +206,14 @@ pub(super) fn make_dirs(state: &State, id: u64, sb: &dyn Sandbox, dir: &Path) ->
             ),
         ));
     };
-    file_op(state, id, sb, dir, || mk.make_dir_all(dir))
+    file_op(state, id, sb, dir, || mk.make_dir_all(dir))?;
+    audit_file(state, id, dir, FileOp::MakeDir);
+    Ok(())
 }
 
-/// Writes `data` to `path` (its missing parents made first, as SWE-ReX
-/// does), recorded.
+/// Writes `data` to `path`, its missing parents made first (as SWE-ReX's
+/// own server does; through the core's `write_file_creating_parents`, as
+/// every front end writes), recorded.
 pub(super) fn write(
     state: &State,
     id: u64,
@@ -218,10 +221,12 @@ pub(super) fn write(
     path: &Path,
     data: &[u8],
 ) -> Result<(), Fail> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        make_dirs(state, id, sb, parent)?;
+    let made = file_op(state, id, sb, path, || {
+        hako_core::write_file_creating_parents(sb, path, data)
+    })?;
+    if let Some(parent) = path.parent().filter(|_| made) {
+        audit_file(state, id, parent, FileOp::MakeDir);
     }
-    file_op(state, id, sb, path, || sb.write_file(path, data))?;
     audit_file(state, id, path, FileOp::write(data));
     Ok(())
 }
