@@ -12,6 +12,7 @@ import time
 from typing import (
     Any,
     AsyncIterator,
+    Awaitable,
     BinaryIO,
     Dict,
     List,
@@ -61,7 +62,7 @@ class _Resp:
     """An answer: its head read, its body read by :meth:`read` or
     :meth:`lines`."""
 
-    def __init__(self, conn: _Conn, status: int, headers: Dict[str, str], head_request: bool = False) -> None:
+    def __init__(self, conn: _Conn, status: int, headers: Dict[str, str]) -> None:
         self.conn = conn
         self.status = status
         self.headers = headers
@@ -211,16 +212,17 @@ class _APool:
         """Sends a request: the answer, and its body when it was read
         already (an error answer). 503 ``busy`` is retried after a pause."""
         pause = _BUSY_PAUSE
-        for _ in range(_BUSY_TRIES):
+        attempt = 0
+        while True:
             resp = await self._send(method, path, body, content_type)
             if resp.status < 400:
                 return resp, None
             data = await self.read(resp)
-            if resp.status != 503 or not _is_busy(data):
+            attempt += 1
+            if resp.status != 503 or not _is_busy(data) or attempt > _BUSY_TRIES:
                 return resp, data
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)
-        return await self._send(method, path, body, content_type), None
 
     async def read(self, resp: _Resp) -> bytes:
         """The answer's whole body; its connection back to the pool."""
@@ -277,9 +279,11 @@ class _AServer:
         self.url = ""
         self.log: Optional[BinaryIO] = None
 
-    async def start(self, flags: Sequence[str]) -> None:
+    async def start(self, flags: Sequence[str], profile: Optional[str] = None) -> None:
         binary = c.find_binary()
         self.dir, token_path, self.token = c.token_file()
+        if profile is not None:
+            flags = ["--profile", c.write_private(self.dir, "profile.toml", profile), *flags]
         try:
             try:
                 w, self.log = c.open_log(self.dir)
@@ -499,8 +503,10 @@ class RunStream:
     async def _run(self) -> AsyncIterator[Chunk]:
         sb = self._sb
         sb._check()
+        pool = sb._pool
+        assert pool is not None
         try:
-            resp, pre = await sb._pool.open("POST", sb._base + "exec", json.dumps(self._body).encode())
+            resp, pre = await pool.open("POST", sb._base + "exec", json.dumps(self._body).encode())
         except (SandboxLost, ServerError) as e:
             raise sb._lost(e) from e
         if pre is not None:
@@ -529,11 +535,11 @@ class RunStream:
             raise sb._lost(SandboxLost(f"the command's stream was cut: {e}", "connection")) from e
         finally:
             if ended and resp.done:
-                sb._pool.give(resp)
+                pool.give(resp)
             elif ended:
                 try:
                     await resp.read()
-                    sb._pool.give(resp)
+                    pool.give(resp)
                 except (ConnectionError, asyncio.IncompleteReadError, ValueError):
                     resp.conn.close()
             else:
@@ -576,6 +582,7 @@ class AsyncSandbox:
         self._name = name
         self._remote = c.remote_target(url, token, policy)
         self._flags = None if self._remote else c.serve_flags(**policy)  # type: ignore[arg-type]
+        self._profile = None if self._remote else c.env_profile(env)
         self._server: Optional[_AServer] = None
         self._pool: Optional[_APool] = None
         self.id = 0
@@ -588,7 +595,7 @@ class AsyncSandbox:
             return self
         if self._remote is None:
             self._server = _AServer()
-            await self._server.start(self._flags or [])
+            await self._server.start(self._flags or [], self._profile)
             self.url, tok = self._server.url, self._server.token
         else:
             self.url, tok = self._remote
@@ -635,9 +642,13 @@ class AsyncSandbox:
         _, _, data = await self._call(method, tail, raw, timeout=timeout)
         return json.loads(data) if data else None
 
-    async def capabilities(self) -> Dict[str, Any]:
-        """What the sandbox enforces, as the server reports it (a coroutine
-        here, a property on :class:`hako.Sandbox`)."""
+    @property
+    def capabilities(self) -> Awaitable[Dict[str, Any]]:
+        """What the sandbox enforces, as the server reports it:
+        ``await sb.capabilities``."""
+        return self._capabilities()
+
+    async def _capabilities(self) -> Dict[str, Any]:
         self._check()
         assert self._pool is not None
         return dict((await self._pool.json("GET", f"/v1/sandboxes/{self.id}"))["capabilities"])

@@ -91,7 +91,8 @@ def serve_flags(
     extra_flags: Sequence[str] = (),
 ) -> List[str]:
     """The ``hako serve`` flags for a sandbox's arguments (each goes through
-    the CLI's own parser, which says what it refuses)."""
+    the CLI's own parser, which says what it refuses); ``env`` goes in a
+    profile instead (:func:`env_profile`)."""
     flags: List[str] = []
     if backend is not None:
         flags += ["--backend", str(backend)]
@@ -105,10 +106,8 @@ def serve_flags(
         flags += ["--memory", _size(memory)]
     if pids is not None:
         flags += ["--pids", str(int(pids))]
-    for k, v in (env or {}).items():
-        if "=" in k or not k:
-            raise BadRequest(f"an environment variable's name cannot be empty or hold '=': {k!r}")
-        flags += ["--env", f"{k}={v}"]
+    # `env` is not a flag here: see env_profile (values may be secrets,
+    # and a command line is readable by every local user).
     if cow:
         flags.append("--cow")
     if min_isolation is not None:
@@ -186,6 +185,49 @@ def token_file() -> Tuple[str, str, str]:
     with os.fdopen(fd, "w") as f:
         f.write(token)
     return d, path, token
+
+
+def _toml_string(v: str) -> str:
+    out = []
+    for ch in v:
+        o = ord(ch)
+        if ch == '"':
+            out.append('\\"')
+        elif ch == "\\":
+            out.append("\\\\")
+        elif o < 0x20 or o == 0x7F:
+            out.append(f"\\u{o:04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def env_profile(env: Optional[Mapping[str, str]]) -> Optional[str]:
+    """A ``--profile`` TOML holding only ``env`` (the sandbox's variables),
+    or ``None`` without any. The values travel in a 0600 file of the
+    private directory, removed once the server has read it, never on the
+    server's command line (which every local user can read)."""
+    if not env:
+        return None
+    lines = ["[env]"]
+    for k, v in env.items():
+        k, v = str(k), str(v)
+        if not k or "=" in k or "\0" in k or "\0" in v:
+            raise BadRequest(
+                f"an environment variable's name must be non-empty without '=' or NUL, "
+                f"its value without NUL: {k!r}"
+            )
+        lines.append(f"{_toml_string(k)} = {_toml_string(v)}")
+    return "\n".join(lines) + "\n"
+
+
+def write_private(d: str, name: str, text: str) -> str:
+    """Writes ``text`` to a new 0600 file ``name`` in ``d``; its path."""
+    path = os.path.join(d, name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
 
 
 def serve_argv(binary: str, token_path: str, flags: Sequence[str]) -> List[str]:

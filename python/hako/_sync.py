@@ -6,6 +6,7 @@ import http.client
 import json
 import os
 import selectors
+import socket
 import shutil
 import subprocess
 import threading
@@ -84,17 +85,17 @@ class _Pool:
         when it was read already (an error answer); else the body is unread.
         503 ``busy`` answers are retried after a pause."""
         pause = _BUSY_PAUSE
-        for _ in range(_BUSY_TRIES):
+        attempt = 0
+        while True:
             conn, resp = self._send(method, path, body, content_type, timeout)
             if resp.status < 400:
                 return conn, resp, None
             data = self._read(conn, resp, method, path, timeout)
-            if resp.status != 503 or not _is_busy(data):
+            attempt += 1
+            if resp.status != 503 or not _is_busy(data) or attempt > _BUSY_TRIES:
                 return conn, resp, data
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
-        conn, resp = self._send(method, path, body, content_type, timeout)
-        return conn, resp, None
 
     def _read(
         self,
@@ -107,7 +108,7 @@ class _Pool:
         """The answer's whole body; the connection back to the pool."""
         try:
             data = resp.read()
-        except TimeoutError as e:
+        except (socket.timeout, TimeoutError) as e:
             conn.close()
             raise CommandTimeout(
                 f"no answer to {method} {path.split('?')[0]} within {timeout} s"
@@ -144,7 +145,7 @@ class _Pool:
                     # read this request: send it again on a new one.
                     continue
                 raise SandboxLost(f"the server closed the connection: {e}", "connection") from e
-            except TimeoutError as e:
+            except (socket.timeout, TimeoutError) as e:
                 conn.close()
                 raise CommandTimeout(
                     f"no answer to {method} {path.split('?')[0]} within {timeout} s"
@@ -200,13 +201,15 @@ class _Server:
     this process dies (or closes it), the server closes its sandbox and
     exits."""
 
-    def __init__(self, flags: Sequence[str]) -> None:
+    def __init__(self, flags: Sequence[str], profile: Optional[str] = None) -> None:
         binary = c.find_binary()
         # The token file and the server's stderr live in a private
         # directory only until the server is ready (it has read the token);
         # then the directory goes and the SDK keeps a handle on the log.
         self.dir, token_path, self.token = c.token_file()
         self.log: Optional[BinaryIO] = None
+        if profile is not None:
+            flags = ["--profile", c.write_private(self.dir, "profile.toml", profile), *flags]
         argv = c.serve_argv(binary, token_path, flags)
         try:
             w, self.log = c.open_log(self.dir)
@@ -532,7 +535,7 @@ class Sandbox:
         self._server: Optional[_Server] = None
         remote = c.remote_target(url, token, policy)
         if remote is None:
-            self._server = _Server(c.serve_flags(**policy))  # type: ignore[arg-type]
+            self._server = _Server(c.serve_flags(**policy), c.env_profile(env))  # type: ignore[arg-type]
             self.url, tok = self._server.url, self._server.token
         else:
             self.url, tok = remote

@@ -41,7 +41,7 @@ def test_async_run_files_sessions_and_capabilities(workspace: Path) -> None:
                 await s.run("cd e && Y=7")
                 r = await s.run("echo $Y; pwd")
                 assert r.stdout.splitlines()[0] == "7" and r.stdout.strip().endswith("/e")
-            assert (await sb.capabilities())["backend"] == "linux"
+            assert (await sb.capabilities)["backend"] == "linux"
             p = await sb.spawn(["sh", "-c", "read x; echo got-$x"])
             await p.write("it\n")
             st = await p.wait(timeout=30)

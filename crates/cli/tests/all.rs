@@ -523,6 +523,67 @@ fn doctor_reports_every_backend() {
     }
 }
 
+/// `hako doctor --json`'s reason and hint for `backend`, with `env` set.
+fn doctor_says(backend: &str, env: &[(&str, &std::ffi::OsStr)]) -> (String, String) {
+    let mut cmd = hako();
+    cmd.args(["doctor", "--json"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let b = v["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["backend"] == backend)
+        .unwrap()
+        .clone();
+    assert_eq!(b["works"], false, "{b}");
+    (
+        b["reason"].as_str().unwrap().to_string(),
+        b["hint"].as_str().unwrap().to_string(),
+    )
+}
+
+#[test]
+fn doctor_hints_follow_the_cause_found() {
+    let d = dirs();
+    let not_elf = d.outside.join("secret");
+    // runsc missing: install it.
+    let (reason, hint) = doctor_says(
+        "gvisor",
+        &[("HAKO_RUNSC", std::ffi::OsStr::new("/nonexistent/runsc"))],
+    );
+    assert!(reason.ends_with("is not installed"), "{reason}");
+    assert!(hint.starts_with("install gVisor's runsc"), "{hint}");
+    // runsc there (a stand-in that answers --version), the static guest
+    // not: build the guest, not "install runsc".
+    let (reason, hint) = doctor_says(
+        "gvisor",
+        &[
+            ("HAKO_RUNSC", std::ffi::OsStr::new("/bin/true")),
+            ("HAKO_GUEST_STATIC", not_elf.as_os_str()),
+        ],
+    );
+    assert!(reason.contains("not a readable 64-bit ELF"), "{reason}");
+    assert!(
+        hint.starts_with("build it with `./scripts/build`"),
+        "{hint}"
+    );
+    assert!(!hint.contains("install"), "{hint}");
+    // No container engine at all: install one.
+    let (reason, hint) = doctor_says(
+        "docker",
+        &[("HAKO_DOCKER", std::ffi::OsStr::new("/nonexistent/docker"))],
+    );
+    assert!(
+        reason.contains("does not answer: not installed"),
+        "{reason}"
+    );
+    assert!(hint.starts_with("install Docker"), "{hint}");
+}
+
 #[test]
 fn bench_json_reports_ratios() {
     let out = hako()
@@ -824,21 +885,27 @@ fn mcp_tool_call(
         writeln!(stdin, "{v}").unwrap();
         stdin.flush().unwrap();
     };
-    send(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {},
-        "clientInfo": {"name": "hako-test", "version": "0"}}}));
-    let init: serde_json::Value =
-        serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        "clientInfo": {"name": "hako-test", "version": "0"}}}),
+    );
+    let init: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
     assert_eq!(init["result"]["serverInfo"]["name"], "hako", "{init}");
     send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-    send(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-        "params": {"name": tool, "arguments": args}}));
-    let reply: serde_json::Value =
-        serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
-    drop(send);
+    send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": tool, "arguments": args}}),
+    );
+    let reply: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
     drop(stdin);
     let mut stderr = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
     let status = child.wait().unwrap();
     assert!(status.success(), "{status}: {stderr}");
     assert_eq!(reply["id"], 2, "{reply}");

@@ -624,3 +624,189 @@ fn containers_ctrl_c_ctrl_backslash_and_ctrl_z_reach_the_foreground_job_of_hako_
         ]);
     }
 }
+
+/// A minimal Debian-like root directory made from the host's own files
+/// (no registry, no debootstrap): the host's `/bin/sh` (dash on Debian)
+/// with the libraries and loader it links, `/etc/debian_version`, and the
+/// mount points. Nothing of busybox.
+fn debian_like_root(root: &std::path::Path) {
+    let sh = std::fs::canonicalize("/bin/sh").unwrap();
+    let ldd = Command::new("ldd").arg(&sh).output().unwrap();
+    assert!(
+        ldd.status.success(),
+        "ldd {}: {}",
+        sh.display(),
+        text(&ldd.stderr)
+    );
+    // Lines are "name => /path (addr)" or "/path (addr)".
+    let libs: Vec<std::path::PathBuf> = text(&ldd.stdout)
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let path = l.rsplit_once("=> ").map_or(l, |(_, p)| p);
+            path.split_whitespace()
+                .next()
+                .filter(|p| p.starts_with('/'))
+                .map(Into::into)
+        })
+        .collect();
+    assert!(
+        libs.iter().any(|l| l.to_string_lossy().contains("libc.so")),
+        "{libs:?}"
+    );
+    for dir in ["bin", "etc", "tmp", "proc", "dev", "sys", "root"] {
+        std::fs::create_dir_all(root.join(dir)).unwrap();
+    }
+    std::fs::copy(&sh, root.join("bin/sh")).unwrap();
+    for lib in &libs {
+        let inside = root.join(lib.strip_prefix("/").unwrap());
+        std::fs::create_dir_all(inside.parent().unwrap()).unwrap();
+        std::fs::copy(lib, &inside).unwrap();
+    }
+    let version =
+        std::fs::read_to_string("/etc/debian_version").unwrap_or_else(|_| "12.0\n".into());
+    std::fs::write(root.join("etc/debian_version"), version).unwrap();
+    std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(root.join("tmp"), std::fs::Permissions::from_mode(0o1777)).unwrap();
+}
+
+/// Commands and file operations in a sandbox of `image_args`: a shell
+/// command that reads the image's `/etc/debian_version` with the shell's
+/// own builtins, and `hako fs` writing, reading and listing.
+fn exec_and_files_in(image_args: &[&str], ws: &std::path::Path) {
+    use std::io::Write;
+    let out = hako()
+        .arg("run")
+        .args(image_args)
+        .arg("--workspace")
+        .arg(ws)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "read v < /etc/debian_version && echo \"debian $v\" && echo made > made-inside && test ! -e /bin/busybox",
+        ])
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{image_args:?}: {stdout} {}",
+        text(&out.stderr)
+    );
+    assert!(stdout.starts_with("debian "), "{image_args:?}: {stdout}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("made-inside")).unwrap(),
+        "made\n"
+    );
+    let fs = |args: &[&str], stdin: &[u8]| {
+        let mut child = hako()
+            .arg("fs")
+            .args(image_args)
+            .arg("--workspace")
+            .arg(ws)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{image_args:?} fs {args:?}: {}",
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    };
+    fs(&["write", "notes.txt"], b"from the host\n");
+    assert_eq!(fs(&["read", "notes.txt"], b""), "from the host\n");
+    let listed = fs(&["ls", "."], b"");
+    assert!(
+        listed.contains("notes.txt") && listed.contains("made-inside"),
+        "{listed}"
+    );
+}
+
+#[test]
+fn containers_an_image_from_a_debian_root_directory_runs_commands_and_files() {
+    if !works("docker") || !works("gvisor") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("rootfs");
+    debian_like_root(&root);
+    // Imported into Docker as the README says for an image of one's own.
+    let tag = format!("hako-test-debian-{}:latest", std::process::id());
+    let import = Command::new("sh")
+        .args([
+            "-c",
+            "tar --numeric-owner -C \"$0\" -c . | docker import - \"$1\"",
+        ])
+        .arg(&root)
+        .arg(&tag)
+        .output()
+        .unwrap();
+    assert!(
+        import.status.success(),
+        "docker import: {}",
+        text(&import.stderr)
+    );
+    let root_arg = root.to_str().unwrap().to_string();
+    for args in [
+        vec!["--backend", "docker", "--image", tag.as_str()],
+        vec![
+            "--backend",
+            "docker",
+            "--runtime",
+            "runsc",
+            "--image",
+            tag.as_str(),
+        ],
+        vec!["--backend", "gvisor", "--image", root_arg.as_str()],
+    ] {
+        let ws = tempfile::tempdir().unwrap();
+        exec_and_files_in(&args, &ws.path().canonicalize().unwrap());
+    }
+    let _ = Command::new("docker")
+        .args(["image", "rm", "-f", &tag])
+        .output();
+}
+
+#[test]
+fn containers_servers_refuse_to_start_on_a_runtime_dockerd_does_not_know() {
+    if !works("docker") {
+        return;
+    }
+    let ws = tempfile::tempdir().unwrap();
+    for (cmd, extra) in [
+        ("mcp", &[][..]),
+        ("serve", &["--listen", "127.0.0.1:0"][..]),
+    ] {
+        let out = hako()
+            .args([
+                cmd,
+                "--backend",
+                "docker",
+                "--runtime",
+                "hako-no-such-runtime",
+            ])
+            .arg("--workspace")
+            .arg(ws.path())
+            .args(extra)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{cmd}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{cmd}: {stderr}");
+        assert!(
+            stderr.contains("the docker backend cannot start here: dockerd has no runtime named hako-no-such-runtime; hint: install hako-no-such-runtime"),
+            "{cmd}: {stderr}"
+        );
+    }
+}

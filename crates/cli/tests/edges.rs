@@ -86,7 +86,14 @@ fn allow_takes_a_url_as_its_host_and_the_port_of_its_scheme() {
     // A scheme with no known port is refused by name.
     let out = run_in(
         tmp.path(),
-        &["--backend", "linux", "--allow", "ftp://example.org", "--", "true"],
+        &[
+            "--backend",
+            "linux",
+            "--allow",
+            "ftp://example.org",
+            "--",
+            "true",
+        ],
     );
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(125), "{err}");
@@ -121,10 +128,23 @@ fn profile_min_isolation_timeout_and_audit_apply_and_bad_values_list_the_valid_o
     // A flag wins over the key: --timeout lets the command finish.
     let out = run_in(
         &ws,
-        &["--profile", p, "--timeout", "60s", "--json", "--", "echo", "done"],
+        &[
+            "--profile",
+            p,
+            "--timeout",
+            "60s",
+            "--json",
+            "--",
+            "echo",
+            "done",
+        ],
     );
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!((json["timed_out"].clone(), json["exit_code"].clone()), (false.into(), 0.into()), "{json}");
+    assert_eq!(
+        (json["timed_out"].clone(), json["exit_code"].clone()),
+        (false.into(), 0.into()),
+        "{json}"
+    );
     // The profile's min_isolation refuses a weaker backend.
     let out = run_in(&ws, &["--profile", p, "--backend", "host", "--", "true"]);
     let err = text(&out.stderr);
@@ -172,7 +192,12 @@ fn short_help_line(help: &str, flag: &str) -> Option<String> {
     let mut lines = help.lines();
     let first = lines.find(|l| l.trim_start().starts_with(&with_value))?;
     let rest = lines.take_while(|l| !l.trim_start().starts_with('-') && !l.trim().is_empty());
-    Some(std::iter::once(first).chain(rest).collect::<Vec<_>>().join(" "))
+    Some(
+        std::iter::once(first)
+            .chain(rest)
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
 }
 
 #[test]
@@ -203,7 +228,7 @@ fn help_lists_the_values_of_every_enum_flag() {
             }
             // A bad value is refused, listing the valid ones.
             let args = [command, flag, "bogus"];
-            let out = hako().args(&args).output().unwrap();
+            let out = hako().args(args).output().unwrap();
             let err = text(&out.stderr);
             assert_eq!(out.status.code(), Some(2), "hako {args:?}: {err}");
             assert!(
@@ -216,11 +241,17 @@ fn help_lists_the_values_of_every_enum_flag() {
     for command in ["run", "shell", "mcp", "serve"] {
         let short = help(&[command, "-h"]);
         for (flag, _) in enums {
-            assert!(short_help_line(&short, flag).is_some(), "hako {command} -h lacks {flag}");
+            assert!(
+                short_help_line(&short, flag).is_some(),
+                "hako {command} -h lacks {flag}"
+            );
         }
     }
     let doctor = help(&["doctor", "--help"]);
-    assert!(doctor.contains("--json") && !doctor.contains(" <"), "{doctor}");
+    assert!(
+        doctor.contains("--json") && !doctor.contains(" <"),
+        "{doctor}"
+    );
 }
 
 #[test]
@@ -246,8 +277,8 @@ fn fs_help_offers_only_the_flags_that_apply_to_files() {
         "--best-effort",
     ] {
         assert!(
-            !fs.lines().any(|l| l.trim_start().starts_with(&format!("{absent} "))
-                || l.trim() == absent),
+            !fs.lines()
+                .any(|l| l.trim_start().starts_with(&format!("{absent} ")) || l.trim() == absent),
             "hako fs --help offers {absent}:\n{fs}"
         );
     }
@@ -260,7 +291,10 @@ fn fs_help_offers_only_the_flags_that_apply_to_files() {
         "--name <NAME>",
         "--json",
     ] {
-        assert!(fs.contains(present), "hako fs --help lacks {present}:\n{fs}");
+        assert!(
+            fs.contains(present),
+            "hako fs --help lacks {present}:\n{fs}"
+        );
     }
     // Such a flag is a usage error, not silently ignored.
     let tmp = tempfile::tempdir().unwrap();
@@ -274,7 +308,14 @@ fn fs_help_offers_only_the_flags_that_apply_to_files() {
     assert!(text(&out.stderr).contains("unexpected argument '--memory'"));
     // What it keeps still works: a file written and listed.
     let mut child = hako()
-        .args(["fs", "--backend", "linux", "--min-isolation", "process", "--workspace"])
+        .args([
+            "fs",
+            "--backend",
+            "linux",
+            "--min-isolation",
+            "process",
+            "--workspace",
+        ])
         .arg(tmp.path())
         .args(["write", "a.txt"])
         .stdin(Stdio::piped())
@@ -282,7 +323,10 @@ fn fs_help_offers_only_the_flags_that_apply_to_files() {
         .unwrap();
     child.stdin.take().unwrap().write_all(b"hi\n").unwrap();
     assert!(child.wait().unwrap().success());
-    assert_eq!(std::fs::read_to_string(tmp.path().join("a.txt")).unwrap(), "hi\n");
+    assert_eq!(
+        std::fs::read_to_string(tmp.path().join("a.txt")).unwrap(),
+        "hi\n"
+    );
     // And a profile's keys for commands are still read and checked.
     let profile = tmp.path().join("p.toml");
     std::fs::write(&profile, "memory = \"lots\"\n").unwrap();
@@ -296,4 +340,102 @@ fn fs_help_offers_only_the_flags_that_apply_to_files() {
         .unwrap();
     assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("profile key `memory`"));
+}
+
+#[test]
+fn run_json_errors_carry_the_backend_and_its_isolation_like_results() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let json_of = |args: &[&str]| -> (serde_json::Value, Option<i32>) {
+        let out = run_in(&ws, args);
+        let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!("{args:?}: {e}: {}{}", text(&out.stdout), text(&out.stderr))
+        });
+        (v, out.status.code())
+    };
+    // A result, for comparison.
+    let (ok, code) = json_of(&["--backend", "linux", "--json", "--", "true"]);
+    assert_eq!(code, Some(0), "{ok}");
+    assert_eq!(
+        (ok["backend"].as_str(), ok["isolation"].as_str()),
+        (Some("linux"), Some("process"))
+    );
+
+    for (args, code, backend, isolation, says) in [
+        // A command that is not there.
+        (
+            &["--backend", "linux", "--json", "--", "no-such-command-here"][..],
+            127,
+            "linux",
+            "process",
+            "command not found",
+        ),
+        // A cwd outside the workspace.
+        (
+            &[
+                "--backend",
+                "linux",
+                "--cwd",
+                "../x",
+                "--json",
+                "--",
+                "true",
+            ][..],
+            125,
+            "linux",
+            "process",
+            "climbs out",
+        ),
+        // A policy that refuses the backend.
+        (
+            &[
+                "--backend",
+                "host",
+                "--min-isolation",
+                "process",
+                "--json",
+                "--",
+                "true",
+            ][..],
+            125,
+            "host",
+            "none",
+            "requires isolation `process`",
+        ),
+        // A network mode the backend cannot enforce.
+        (
+            &["--backend", "host", "--net", "none", "--json", "--", "true"][..],
+            125,
+            "host",
+            "none",
+            "cannot provide network mode `none`",
+        ),
+    ] {
+        let (v, got) = json_of(args);
+        assert_eq!(got, Some(code), "{args:?}: {v}");
+        assert_eq!(v["exit_code"], code, "{args:?}: {v}");
+        assert_eq!(v["backend"], backend, "{args:?}: {v}");
+        assert_eq!(v["isolation"], isolation, "{args:?}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(says), "{args:?}: {v}");
+    }
+
+    // Before a backend is chosen (a profile that does not parse), both are
+    // there, and null.
+    let profile = tmp.path().join("p.toml");
+    std::fs::write(&profile, "backend = \"dockr\"\n").unwrap();
+    let (v, code) = json_of(&[
+        "--profile",
+        profile.to_str().unwrap(),
+        "--json",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code, Some(125), "{v}");
+    let obj = v.as_object().unwrap();
+    assert!(
+        obj["backend"].is_null() && obj["isolation"].is_null(),
+        "{v}"
+    );
+    assert!(v["error"].as_str().unwrap().contains("dockr"), "{v}");
 }

@@ -6,9 +6,9 @@
 //!
 //! Needs Node (`HAKO_TEST_NODE`, else `node` on `PATH`), the SDK installed
 //! in a directory's `node_modules` (`HAKO_TEST_NPM`, which the test
-//! command sets; else the workspace's `target/test-npm`), and `hako-guest`
-//! beside `hako`. Without them the test skips with the reason, unless
-//! `HAKO_MUST_WORK=1`, which makes that a failure.
+//! command sets; else the workspace's `target/test-npm`). Without them the
+//! test skips with the reason, unless `HAKO_MUST_WORK=1`, which makes that
+//! a failure.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::path::{Path, PathBuf};
@@ -49,13 +49,6 @@ fn missing() -> Option<String> {
             sdk.display()
         ));
     }
-    let guest = Path::new(env!("CARGO_BIN_EXE_hako")).with_file_name("hako-guest");
-    if std::env::var_os("HAKO_GUEST").is_none() && !guest.is_file() {
-        return Some(format!(
-            "{} is missing; run `cargo build --workspace` first",
-            guest.display()
-        ));
-    }
     None
 }
 
@@ -65,7 +58,10 @@ fn drive(test: &str, backend: &str) {
     }
     if backend == "linux" {
         if let Err(reason) = hako_sys::ns::user_namespaces_allowed() {
-            return skip(test, &format!("the linux backend cannot run here: {reason}"));
+            return skip(
+                test,
+                &format!("the linux backend cannot run here: {reason}"),
+            );
         }
     }
     let tmp = tempfile::tempdir().unwrap();

@@ -68,7 +68,8 @@ for (const [k, v] of Object.entries(process.env)) {
 }
 const transport = new StdioClientTransport({
   command: hako,
-  args: ["mcp", "--backend", backend, "--workspace", ws],
+  // As the README's setup lines start it: never on the host backend.
+  args: ["mcp", "--backend", backend, "--min-isolation", "process", "--workspace", ws],
   env,
   stderr: "inherit",
 });

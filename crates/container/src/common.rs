@@ -427,6 +427,13 @@ fn memory_hint(limit: u64) -> String {
 }
 
 fn spawn_error(backend: &str, argv: &[String], e: &std::io::Error) -> Error {
+    if let Some(found) = hako_sys::exhaust::diagnose(e) {
+        return Error::OutOfResources {
+            op: "start the container",
+            resource: found.resource,
+            message: found.message,
+        };
+    }
     let program = argv.first().map(String::as_str).unwrap_or("");
     let message = if e.kind() == std::io::ErrorKind::NotFound {
         format!("{program} is not installed")

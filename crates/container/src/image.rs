@@ -189,11 +189,16 @@ pub fn import(engine: &Engine, runner: &dyn Runner, dir: &Path, name: &str) -> R
 pub fn present(engine: &Engine, runner: &dyn Runner, tag: &str) -> Result<bool> {
     let out = runner
         .output(&engine.command(["image", "inspect", "--format", "{{.Id}}", tag]))
-        .map_err(|e| {
-            failed(
+        .map_err(|e| match hako_sys::exhaust::diagnose(&e) {
+            Some(found) => Error::OutOfResources {
+                op: "look for the image",
+                resource: found.resource,
+                message: found.message,
+            },
+            None => failed(
                 "look for the image",
                 format!("cannot run {}: {e}", engine.name()),
-            )
+            ),
         })?;
     Ok(out.success)
 }
@@ -201,10 +206,16 @@ pub fn present(engine: &Engine, runner: &dyn Runner, tag: &str) -> Result<bool> 
 /// What stops hako from building its default image by itself, with the
 /// one command that fixes it, or `None` when it can.
 pub fn cannot_build_default() -> Option<String> {
-    match is_static_elf(Path::new(DEFAULT_BUSYBOX)) {
+    cannot_build_from(Path::new(DEFAULT_BUSYBOX))
+}
+
+/// [`cannot_build_default`] with `busybox` the one to build from.
+fn cannot_build_from(busybox: &Path) -> Option<String> {
+    match is_static_elf(busybox) {
         Some(true) => None,
         _ => Some(format!(
-            "hako builds its default image from a static busybox, and {DEFAULT_BUSYBOX} is not one: run `sudo apt-get install busybox-static` (Debian, Ubuntu), or build an image of your own and pass --image"
+            "hako builds its default image from a static busybox, and {} is not one: run `sudo apt-get install busybox-static` (Debian, Ubuntu), or build an image of your own and pass --image",
+            busybox.display()
         )),
     }
 }
@@ -217,6 +228,16 @@ pub fn cannot_build_default() -> Option<String> {
 /// built now. Where it cannot be built, the error says the one command to
 /// run.
 pub fn ensure_default(engine: &Engine, runner: &dyn Runner, tag: &str) -> Result<bool> {
+    ensure_built_from(engine, runner, tag, Path::new(DEFAULT_BUSYBOX))
+}
+
+/// [`ensure_default`], building from `busybox`.
+pub fn ensure_built_from(
+    engine: &Engine,
+    runner: &dyn Runner,
+    tag: &str,
+    busybox: &Path,
+) -> Result<bool> {
     // One build at a time in this process (a server opens sandboxes on
     // many threads), and each tag is asked once it is known present.
     static KNOWN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
@@ -231,7 +252,7 @@ pub fn ensure_default(engine: &Engine, runner: &dyn Runner, tag: &str) -> Result
         known.push(key);
         return Ok(false);
     }
-    if let Some(why) = cannot_build_default() {
+    if let Some(why) = cannot_build_from(busybox) {
         return Err(failed(
             "build the default image",
             format!("the {} image {tag} is not present; {why}", engine.name()),
@@ -244,11 +265,12 @@ pub fn ensure_default(engine: &Engine, runner: &dyn Runner, tag: &str) -> Result
         crate::common::unique_name("default")
     ));
     eprintln!(
-        "hako: the {} image {tag} is not present: building it from {DEFAULT_BUSYBOX} (once; `hako image build` does the same)",
-        engine.name()
+        "hako: the {} image {tag} is not present: building it from {} (once; `hako image build` does the same)",
+        engine.name(),
+        busybox.display()
     );
     let spec = ImageSpec {
-        busybox: PathBuf::from(DEFAULT_BUSYBOX),
+        busybox: busybox.to_path_buf(),
         dir: dir.clone(),
     };
     let built = build_rootfs(&spec).and_then(|applets| {

@@ -15,9 +15,9 @@ pub mod runner;
 pub use common::{
     base_env, cpus_decimal, gvisor_host_memory, is_static_elf, limit_reports,
     limit_reports_pids_inside, locate_static_guest, memory_by_the_guest, memory_watch,
-    seccomp_profile, unique_name, ContainerLauncher, Owner, RunNetwork, StderrTail,
-    DEFAULT_TMP_SIZE, GUEST_INSIDE, GVISOR_MEMORY_HEADROOM, LABEL_PID, LABEL_START,
-    static_guest_hint, static_guest_ready, NotReady, STATIC_GUEST_BUILD, STATIC_GUEST_NAME,
+    seccomp_profile, static_guest_hint, static_guest_ready, unique_name, ContainerLauncher,
+    NotReady, Owner, RunNetwork, StderrTail, DEFAULT_TMP_SIZE, GUEST_INSIDE,
+    GVISOR_MEMORY_HEADROOM, LABEL_PID, LABEL_START, STATIC_GUEST_BUILD, STATIC_GUEST_NAME,
     STATIC_GUEST_VAR,
 };
 pub use engine::{Engine, EngineKind};

@@ -499,17 +499,16 @@ pub fn readiness(image: &str, runtime: Option<&str>) -> std::result::Result<(), 
         reason: e.to_string(),
         hint: engine_hint(),
     })?;
-    if let Err(why) = engine.works(&CliRunner) {
-        return Err(NotReady {
-            reason: format!("{} does not answer: {why}", engine.name()),
-            hint: daemon_hint(&engine, &why),
-        });
-    }
-    let present = hako_container::image::present(&engine, &CliRunner, image).map_err(|e| NotReady {
-        reason: e.to_string(),
-        hint: engine_hint(),
-    })?;
+    // The image first: one call that also fails when the daemon is down,
+    // which is then asked why (`info`) only when it does.
+    let present = hako_container::image::present(&engine, &CliRunner, image).unwrap_or(false);
     if !present {
+        if let Err(why) = engine.works(&CliRunner) {
+            return Err(NotReady {
+                reason: format!("{} does not answer: {why}", engine.name()),
+                hint: daemon_hint(&engine, &why),
+            });
+        }
         if image != DEFAULT_IMAGE {
             return Err(NotReady {
                 reason: format!("the {} image {image} is not present", engine.name()),
@@ -546,7 +545,8 @@ pub fn readiness(image: &str, runtime: Option<&str>) -> std::result::Result<(), 
 
 /// What to do when no container engine works.
 fn engine_hint() -> String {
-    "install Docker (Debian: `sudo apt-get install docker.io`) and start dockerd, or install podman".into()
+    "install Docker (Debian: `sudo apt-get install docker.io`) and start dockerd, or install podman"
+        .into()
 }
 
 /// What to do when the engine is installed but `info` fails, by what it
@@ -628,7 +628,10 @@ mod tests {
         };
         let hint = daemon_hint(&docker, "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?");
         assert!(hint.starts_with("start the daemon"), "{hint}");
-        let hint = daemon_hint(&docker, "Got permission denied while trying to connect to the Docker daemon socket");
+        let hint = daemon_hint(
+            &docker,
+            "Got permission denied while trying to connect to the Docker daemon socket",
+        );
         assert!(hint.contains("docker group"), "{hint}");
         let hint = daemon_hint(&docker, "not installed");
         assert!(hint.starts_with("install Docker"), "{hint}");

@@ -326,3 +326,90 @@ fn runscs_gofer_killed_under_docker_mid_command_session_and_process_is_reported_
         kill_9(&runsc_processes("runsc-gofer", name)?)
     });
 }
+
+#[test]
+fn a_runtime_dockerd_does_not_know_is_named_with_whether_it_is_installed() {
+    if !docker_ready() {
+        return;
+    }
+    let engine = hako_container::engine::shared(&hako_container::runner::CliRunner).unwrap();
+    if engine.kind != EngineKind::Docker {
+        eprintln!("SKIPPED: runtimes are registered with dockerd only");
+        return;
+    }
+    // Installed (on PATH) but not registered: register it, not install it.
+    let known = docker::readiness(DEFAULT_IMAGE, Some("sh")).unwrap_err();
+    assert_eq!(known.reason, "dockerd has no runtime named sh");
+    assert!(
+        known.hint.starts_with(
+            "sh is installed but dockerd does not know it: register it in /etc/docker/daemon.json"
+        ),
+        "{known}"
+    );
+    // Not installed: install it, then register it.
+    let missing = docker::readiness(DEFAULT_IMAGE, Some("hako-no-such-runtime")).unwrap_err();
+    assert!(
+        missing.hint.starts_with("install hako-no-such-runtime"),
+        "{missing}"
+    );
+    // And the runtimes it knows pass.
+    docker::readiness(DEFAULT_IMAGE, Some("runc")).unwrap();
+}
+
+#[test]
+fn a_missing_default_image_is_built_on_first_use_or_named_with_the_command_to_run() {
+    if !docker_ready() {
+        return;
+    }
+    use hako_container::image::{ensure_built_from, present, DEFAULT_BUSYBOX};
+    use hako_container::runner::CliRunner;
+    let engine = hako_container::engine::shared(&CliRunner).unwrap();
+    let tag = format!("hako-test-first-use-{}:latest", std::process::id());
+    // No static busybox: one line, with the command that fixes it, and
+    // nothing imported.
+    let err = ensure_built_from(
+        &engine,
+        &CliRunner,
+        &tag,
+        std::path::Path::new("/nonexistent/busybox"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!("image {tag} is not present")),
+        "{err}"
+    );
+    assert!(
+        err.contains("run `sudo apt-get install busybox-static`"),
+        "{err}"
+    );
+    assert!(!present(&engine, &CliRunner, &tag).unwrap());
+    // With it: built once, then known.
+    assert!(ensure_built_from(
+        &engine,
+        &CliRunner,
+        &tag,
+        std::path::Path::new(DEFAULT_BUSYBOX)
+    )
+    .unwrap());
+    assert!(present(&engine, &CliRunner, &tag).unwrap());
+    assert!(!ensure_built_from(
+        &engine,
+        &CliRunner,
+        &tag,
+        std::path::Path::new(DEFAULT_BUSYBOX)
+    )
+    .unwrap());
+    // The image built runs a sandbox.
+    let (_dir, ws) = workspace();
+    let mut config = DockerConfig::new(&ws);
+    config.spec.image = Some(tag.clone());
+    let sb = DockerSandbox::new(config).unwrap();
+    let out = sb.exec(&Command::new(["sh", "-c", "echo built"])).unwrap();
+    assert_eq!(out.stdout, b"built\n");
+    sb.close().unwrap();
+    let _ = Process::new("docker")
+        .args(["image", "rm", "-f", &tag])
+        .output();
+}

@@ -437,7 +437,10 @@ mod tests {
     fn runsc_missing_and_runsc_failing_get_different_hints() {
         let missing = runsc_readiness(Path::new("/nonexistent/runsc")).unwrap_err();
         assert!(missing.reason.ends_with("is not installed"), "{missing}");
-        assert!(missing.hint.starts_with("install gVisor's runsc"), "{missing}");
+        assert!(
+            missing.hint.starts_with("install gVisor's runsc"),
+            "{missing}"
+        );
         // A program that is there but fails `--version`.
         let failing = runsc_readiness(Path::new("/bin/false")).unwrap_err();
         assert!(failing.reason.contains("--version failed"), "{failing}");

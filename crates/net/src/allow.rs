@@ -369,7 +369,9 @@ fn parse_url_entry(scheme: &str, rest: &str) -> Result<AllowEntry, String> {
         return Err("no host in the URL".to_string());
     }
     let has_port = match authority.strip_prefix('[') {
-        Some(v6) => v6.split_once(']').is_some_and(|(_, after)| !after.is_empty()),
+        Some(v6) => v6
+            .split_once(']')
+            .is_some_and(|(_, after)| !after.is_empty()),
         None => match authority.bytes().filter(|&b| b == b':').count() {
             0 => false,
             1 => true,

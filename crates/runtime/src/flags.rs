@@ -462,17 +462,28 @@ mod tests {
                 "profile key `backend`",
                 "auto, host, linux, landlock, docker, gvisor",
             ),
-            ("net = \"open\"\n", "profile key `net`", "none, allow or host"),
+            (
+                "net = \"open\"\n",
+                "profile key `net`",
+                "none, allow or host",
+            ),
             (
                 "min_isolation = \"strong\"\n",
                 "profile key `min_isolation`",
                 "none, process, kernel, vm",
             ),
             ("timeout = \"soon\"\n", "profile key `timeout`", "30s"),
-            ("timeout = \"0s\"\n", "profile key `timeout`", "from 1ms to 24h"),
+            (
+                "timeout = \"0s\"\n",
+                "profile key `timeout`",
+                "from 1ms to 24h",
+            ),
         ] {
             let err = with_profile(text, flags()).unwrap_err();
-            assert!(err.starts_with(named) && err.contains(valid), "{text}: {err}");
+            assert!(
+                err.starts_with(named) && err.contains(valid),
+                "{text}: {err}"
+            );
         }
     }
 

@@ -9,11 +9,18 @@ use crate::state::State;
 
 /// Whether the request carries the server's bearer token (exactly one
 /// `Authorization: Bearer TOKEN`, the scheme in any case; the token
-/// compared by its SHA-256 digest, in constant time), or why not.
+/// compared by its SHA-256 digest, in constant time), or why not. A
+/// server in SWE-ReX mode also takes the token as SWE-ReX's client sends
+/// it (see [`crate::swerex::api_key`]).
 pub(crate) fn authorized(
     state: &State,
     headers: &HeaderMap,
 ) -> Result<(), hako_runtime::http::TokenRefusal> {
+    if state.config.swerex {
+        if let Some(checked) = crate::swerex::api_key(state, headers) {
+            return checked;
+        }
+    }
     hako_runtime::http::check_token(
         headers.get_all(AUTHORIZATION).iter().map(|v| v.as_bytes()),
         &state.token,

@@ -142,7 +142,13 @@ async fn serve_connection(
     let state_write_timeout = state.config.write_timeout;
     let handler = hyper::service::service_fn(move |request| {
         let state = Arc::clone(&state);
-        async move { Ok::<_, Infallible>(handle(state, request).await) }
+        async move {
+            // A server in SWE-ReX mode answers that protocol only.
+            if state.config.swerex {
+                return Ok::<_, Infallible>(crate::swerex::handle(state, request).await);
+            }
+            Ok::<_, Infallible>(handle(state, request).await)
+        }
     });
     let served = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
@@ -204,6 +210,11 @@ async fn refuse_unparseable_length(state: &State, stream: &tokio::net::TcpStream
         if h.name.eq_ignore_ascii_case("authorization") {
             if let Ok(v) = HeaderValue::from_bytes(h.value) {
                 map.append(AUTHORIZATION, v);
+            }
+        }
+        if h.name.eq_ignore_ascii_case(crate::swerex::API_KEY) {
+            if let Ok(v) = HeaderValue::from_bytes(h.value) {
+                map.append(crate::swerex::API_KEY, v);
             }
         }
     }

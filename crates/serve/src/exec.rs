@@ -11,7 +11,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hako_audit::{Exec, FrontEnd, Record};
-use hako_core::{Command, Error, Output, Program, Sandbox, SessionId, Stream};
+use hako_core::{
+    Command, Error, LimitKind, Output, Program, Sandbox, SessionId, Stream, DEFAULT_MAX_OUTPUT,
+};
 use http_body_util::BodyExt;
 use hyper::body::{Bytes, Frame};
 use hyper::Response;
@@ -23,7 +25,7 @@ use crate::reply::{
 };
 use crate::routes::blocking;
 use crate::state::{audit, audit_failure, Slot, State};
-use crate::{DEFAULT_EXEC_TIMEOUT, MAX_EXEC_TIMEOUT, MAX_OUTPUT, STREAM_BUFFER};
+use crate::{DEFAULT_EXEC_TIMEOUT, MAX_EXEC_TIMEOUT, STREAM_BUFFER};
 
 /// `POST /v1/sandboxes/{id}/exec`.
 #[derive(Debug, Deserialize)]
@@ -45,7 +47,10 @@ struct ExecBody {
 }
 
 /// What to run: exactly one of `argv` (not empty) and `command`.
-pub(crate) fn program(argv: Option<Vec<String>>, command: Option<String>) -> Result<Program, Reply> {
+pub(crate) fn program(
+    argv: Option<Vec<String>>,
+    command: Option<String>,
+) -> Result<Program, Reply> {
     match (argv, command) {
         (Some(argv), None) if !argv.is_empty() => Ok(Program::Argv(argv)),
         (None, Some(cmd)) => Ok(Program::Shell(cmd)),
@@ -60,7 +65,9 @@ pub(crate) fn program(argv: Option<Vec<String>>, command: Option<String>) -> Res
 /// A request's `env`, checked: a name is not empty and holds no `=` or
 /// NUL, a value no NUL (the command would otherwise get a variable other
 /// than the one asked for, or none).
-pub(crate) fn env_vars(env: Option<BTreeMap<String, String>>) -> Result<Vec<(String, String)>, Reply> {
+pub(crate) fn env_vars(
+    env: Option<BTreeMap<String, String>>,
+) -> Result<Vec<(String, String)>, Reply> {
     let env = env.unwrap_or_default();
     for (name, value) in &env {
         if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
@@ -75,7 +82,10 @@ pub(crate) fn env_vars(env: Option<BTreeMap<String, String>>) -> Result<Vec<(Str
 }
 
 /// A request's stdin: `stdin` (text) or `stdin_base64` (bytes), not both.
-fn stdin_bytes(stdin: Option<String>, stdin_base64: Option<String>) -> Result<Option<Vec<u8>>, Reply> {
+fn stdin_bytes(
+    stdin: Option<String>,
+    stdin_base64: Option<String>,
+) -> Result<Option<Vec<u8>>, Reply> {
     match (stdin, stdin_base64) {
         (Some(_), Some(_)) => Err(error(
             400,
@@ -88,30 +98,46 @@ fn stdin_bytes(stdin: Option<String>, stdin_base64: Option<String>) -> Result<Op
     }
 }
 
-/// A request's `max_output`: at most [`MAX_OUTPUT`] bytes (more is
-/// refused, never cut down silently); `None` leaves the sandbox's default.
-fn max_output(max: Option<u64>) -> Result<Option<usize>, Reply> {
+/// The most output bytes per stream a request may ask `sb` to keep: the
+/// cap the server's policy gave it (`--max-output`, reported in its
+/// limits), or the core's default where it reports none.
+fn output_cap(sb: &dyn Sandbox) -> u64 {
+    sb.capabilities()
+        .limits
+        .iter()
+        .find(|l| l.kind == LimitKind::OutputBytes)
+        .and_then(|l| l.value)
+        .unwrap_or(DEFAULT_MAX_OUTPUT as u64)
+}
+
+/// A request's `max_output`: at most `cap` bytes (a client cannot raise
+/// the server's policy; more is refused, never cut down silently); `None`
+/// leaves the sandbox's own.
+fn max_output(max: Option<u64>, cap: u64) -> Result<Option<usize>, Reply> {
     match max {
         None => Ok(None),
         Some(n) => match usize::try_from(n) {
-            Ok(n) if n <= MAX_OUTPUT => Ok(Some(n)),
+            Ok(size) if n <= cap => Ok(Some(size)),
             _ => Err(error(
                 400,
                 "bad_request",
-                format!("max_output is {n}; the most allowed is {MAX_OUTPUT} bytes per stream"),
+                format!(
+                    "max_output is {n}; the most this server allows is {cap} bytes per stream (its --max-output)"
+                ),
             )),
         },
     }
 }
 
-/// A command from an exec request's body.
-fn prepare(req: ExecBody) -> Result<Command, Reply> {
+/// A command from an exec request's body, for a sandbox whose output cap
+/// is `cap`.
+fn prepare(req: ExecBody, cap: u64) -> Result<Command, Reply> {
     let mut command = Command {
         program: program(req.argv, req.command)?,
         ..Command::new(["true"])
     };
     command.timeout = Some(exec_timeout(req.timeout_ms)?);
-    command.max_output = max_output(req.max_output)?;
+    command.max_output = max_output(req.max_output, cap)?;
     let stdin = stdin_bytes(req.stdin, req.stdin_base64)?;
     let env = env_vars(req.env)?;
     if req.session.is_none() {
@@ -175,7 +201,7 @@ pub(crate) async fn exec(
     let session = req.session;
     let stream = req.stream;
     let encoding = req.encoding;
-    let command = match prepare(req) {
+    let command = match prepare(req, output_cap(sb.as_ref())) {
         Ok(command) => command,
         Err(r) => return response(r),
     };
@@ -319,7 +345,10 @@ fn stream_command(
         Err(e) => {
             // The same kind an error answer would carry.
             let kind = from_error(e).body["kind"].clone();
-            send(json!({"seq": seq, "error": e.to_string(), "kind": kind}), false)
+            send(
+                json!({"seq": seq, "error": e.to_string(), "kind": kind}),
+                false,
+            )
         }
     };
 }
@@ -355,6 +384,20 @@ impl hyper::body::Body for ChannelBody {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn max_output_is_at_most_the_servers_cap() {
+        assert_eq!(max_output(None, 10).ok(), Some(None));
+        assert_eq!(max_output(Some(10), 10).ok(), Some(Some(10)));
+        assert_eq!(max_output(Some(0), 10).ok(), Some(Some(0)));
+        assert_eq!(max_output(Some(11), 10).err().map(|r| r.status), Some(400));
+        assert_eq!(
+            max_output(Some(u64::MAX), u64::MAX - 1)
+                .err()
+                .map(|r| r.status),
+            Some(400)
+        );
+    }
 
     #[test]
     fn every_command_gets_a_deadline_and_none_past_the_maximum() {

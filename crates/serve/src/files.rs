@@ -93,11 +93,12 @@ pub(crate) async fn read(state: Arc<State>, sid: String, file: Option<String>) -
 }
 
 /// `PUT /v1/sandboxes/{id}/files?path=`, once its whole body is read:
-/// missing parent directories are made first, through the fence (as
-/// `hako mcp`'s `write_file` makes them), each recorded.
+/// missing parent directories are made first, through the fence (the
+/// core's one `write_file_creating_parents`, as every front end writes),
+/// and recorded.
 pub(crate) fn write(state: &State, sid: &str, file: Option<String>, body: &[u8]) -> Reply {
     let r = with_file(state, sid, file, |id, sb, p| {
-        let made = write_making_parents(sb, p, body)?;
+        let made = hako_core::write_file_creating_parents(sb, p, body)?;
         if let Some(parent) = &made {
             audit_file(state, id, parent, FileOp::MakeDir);
         }
@@ -106,33 +107,6 @@ pub(crate) fn write(state: &State, sid: &str, file: Option<String>, body: &[u8])
     });
     r.map(|made| reply(200, json!({"written": body.len(), "created_dirs": made})))
         .unwrap_or_else(|r| r)
-}
-
-/// Writes `data` to `path`; when its directory is missing and the sandbox
-/// can make directories, makes it (`mkdir -p` inside the root, which never
-/// follows a symlink out of it) and writes again. Returns the directory
-/// made, if one was. Only a write refused as not found is retried: any
-/// other refusal (a symlink leading out, a file in the way) is returned as
-/// it came.
-fn write_making_parents(
-    sb: &dyn Sandbox,
-    path: &Path,
-    data: &[u8],
-) -> hako_core::Result<Option<PathBuf>> {
-    let missing = match sb.write_file(path, data) {
-        Ok(()) => return Ok(None),
-        Err(e @ hako_core::Error::Fence(hako_core::FenceError::NotFound { .. })) => e,
-        Err(e) => return Err(e),
-    };
-    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
-    match (parent, sb.make_dir_all()) {
-        (Some(parent), Some(mkdir)) => {
-            mkdir.make_dir_all(parent)?;
-            sb.write_file(path, data)?;
-            Ok(Some(parent.to_path_buf()))
-        }
-        _ => Err(missing),
-    }
 }
 
 /// `POST /v1/sandboxes/{id}/dir?path=`: `mkdir -p` through the fence.

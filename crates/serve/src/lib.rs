@@ -18,7 +18,8 @@
 //! Files, one thing each: `conn` (accepting connections), `auth` (the
 //! token), `routes` (routing, bounded bodies), `state` (the sandboxes'
 //! table and the slot pools), `sandboxes`, `exec`, `files`, `processes`
-//! (the handlers) and `reply` (the JSON shapes answered).
+//! (the handlers) and `reply` (the JSON shapes answered); `swerex` answers
+//! SWE-ReX's remote runtime protocol instead ([`ServeConfig::swerex`]).
 
 mod auth;
 mod conn;
@@ -31,6 +32,7 @@ mod review;
 mod routes;
 mod sandboxes;
 mod state;
+mod swerex;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -100,10 +102,8 @@ const MAX_WAITS: usize = 32;
 /// running, and the client asks again.
 pub const MAX_PROCESS_WAIT: Duration = Duration::from_secs(60);
 
-/// The most bytes of each stream a command's result may hold (an exec's
-/// `max_output` past it is refused), and the most bytes of each stream
-/// one read of a process's output returns.
-pub const MAX_OUTPUT: usize = 4 << 20;
+/// The most bytes of each stream one read of a process's output returns.
+pub const MAX_READ_OUTPUT: usize = 4 << 20;
 
 /// The most file reads and writes at once: each holds up to [`MAX_BODY`]
 /// bytes in memory.
@@ -192,6 +192,11 @@ pub struct ServeConfig {
     /// pipe to it open while it lives. Off by default: a library must not
     /// read a process's stdin unasked.
     pub stop_on_stdin_eof: bool,
+    /// `--swerex`: answer SWE-ReX's remote runtime protocol (for its
+    /// `RemoteRuntime` client, as SWE-agent uses it) instead of this API:
+    /// one sandbox, named sessions, absolute paths under its working
+    /// directory (see the `swerex` module).
+    pub swerex: bool,
 }
 
 /// Makes the copy-on-write layers of a new sandbox: the named sandbox the
@@ -231,6 +236,7 @@ impl ServeConfig {
             cow: None,
             allow_agent_commit: false,
             stop_on_stdin_eof: false,
+            swerex: false,
         }
     }
 
@@ -300,7 +306,13 @@ pub fn serve(listener: std::net::TcpListener, config: ServeConfig) -> std::io::R
         starts: gate::StartGate::new(gate::width(), gate::WINDOW),
         transfers: Arc::new(Slots::new(MAX_TRANSFERS)),
         waits: Arc::new(Slots::new(MAX_WAITS)),
+        swerex: swerex::Rex::default(),
     });
+    // In SWE-ReX mode the sandbox is there before the first request: the
+    // client's alive check waits a fraction of a second, not for a start.
+    if state.config.swerex {
+        swerex::start(&state)?;
+    }
     let result = runtime.block_on(accept_loop(listener, Arc::clone(&state)));
     // Closing the sandboxes first kills what still runs in them, so the
     // blocking tasks waiting on them end.

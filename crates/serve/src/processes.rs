@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use crate::exec::{env_vars, program};
 use crate::reply::{error, from_base64, from_error, no_sandbox, reply, Encoding, Reply};
 use crate::state::{audit, audit_failure, lookup, State};
-use crate::{MAX_EXEC_TIMEOUT, MAX_OUTPUT, MAX_PROCESS_WAIT};
+use crate::{MAX_EXEC_TIMEOUT, MAX_PROCESS_WAIT, MAX_READ_OUTPUT};
 
 /// The bytes of each stream one read returns when the request names no
 /// `max`.
@@ -207,7 +207,10 @@ pub(crate) fn get(state: &State, sid: &str, process: &str) -> Reply {
         Err(r) => return r,
     };
     with_processes(state, sid, |_, _, p| {
-        Ok(reply(200, state_json(&p.wait(process, Some(Duration::ZERO))?)))
+        Ok(reply(
+            200,
+            state_json(&p.wait(process, Some(Duration::ZERO))?),
+        ))
     })
 }
 
@@ -215,13 +218,9 @@ pub(crate) fn get(state: &State, sid: &str, process: &str) -> Reply {
 fn number(query: &[(String, String)], key: &str, default: u64) -> Result<u64, Reply> {
     match query.iter().find(|(k, _)| k == key) {
         None => Ok(default),
-        Some((_, v)) => v.parse().map_err(|_| {
-            error(
-                400,
-                "bad_request",
-                format!("{key} is {v:?}, not a number"),
-            )
-        }),
+        Some((_, v)) => v
+            .parse()
+            .map_err(|_| error(400, "bad_request", format!("{key} is {v:?}, not a number"))),
     }
 }
 
@@ -230,43 +229,62 @@ fn bounded_wait(ms: u64) -> Duration {
     Duration::from_millis(ms).min(MAX_PROCESS_WAIT)
 }
 
-/// `GET /v1/sandboxes/{id}/processes/{p}/output?offset=&stderr_offset=&wait_ms=&max=&encoding=`:
-/// up to `max` bytes of each stream from its offset. With `wait_ms`, waits
-/// (at most [`MAX_PROCESS_WAIT`]) for stdout bytes past `offset` or the
-/// end, unless stderr already has some.
-pub(crate) fn output(
-    state: &State,
-    sid: &str,
-    process: &str,
-    query: &[(String, String)],
-) -> Reply {
-    let process = match process_id(process) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
-    let parsed = (|| {
-        let offset = number(query, "offset", 0)?;
-        let stderr_offset = number(query, "stderr_offset", 0)?;
-        let wait = bounded_wait(number(query, "wait_ms", 0)?);
+/// What a read of a process's output asks for.
+struct OutputQuery {
+    /// Where to read stdout from.
+    offset: u64,
+    /// Where to read stderr from.
+    stderr_offset: u64,
+    /// How long to wait for more (at most [`MAX_PROCESS_WAIT`]).
+    wait: Duration,
+    /// The most bytes of each stream returned.
+    max: usize,
+    encoding: Encoding,
+}
+
+impl OutputQuery {
+    fn parse(query: &[(String, String)]) -> Result<Self, Reply> {
         let max = number(query, "max", DEFAULT_READ as u64)?;
         let max = match usize::try_from(max) {
-            Ok(max) if max <= MAX_OUTPUT => max,
+            Ok(max) if max <= MAX_READ_OUTPUT => max,
             _ => {
                 return Err(error(
                     400,
                     "bad_request",
-                    format!("max is {max}; the most one read returns is {MAX_OUTPUT} bytes"),
+                    format!("max is {max}; the most one read returns is {MAX_READ_OUTPUT} bytes"),
                 ))
             }
         };
-        let encoding = match query.iter().find(|(k, _)| k == "encoding") {
-            Some((_, v)) => Encoding::parse(v)?,
-            None => Encoding::Utf8,
-        };
-        Ok((offset, stderr_offset, wait, max, encoding))
-    })();
-    let (offset, stderr_offset, wait, max, encoding) = match parsed {
+        Ok(OutputQuery {
+            offset: number(query, "offset", 0)?,
+            stderr_offset: number(query, "stderr_offset", 0)?,
+            wait: bounded_wait(number(query, "wait_ms", 0)?),
+            max,
+            encoding: match query.iter().find(|(k, _)| k == "encoding") {
+                Some((_, v)) => Encoding::parse(v)?,
+                None => Encoding::Utf8,
+            },
+        })
+    }
+}
+
+/// `GET /v1/sandboxes/{id}/processes/{p}/output?offset=&stderr_offset=&wait_ms=&max=&encoding=`:
+/// up to `max` bytes of each stream from its offset. With `wait_ms`, waits
+/// (at most [`MAX_PROCESS_WAIT`]) for stdout bytes past `offset` or the
+/// end, unless stderr already has some.
+pub(crate) fn output(state: &State, sid: &str, process: &str, query: &[(String, String)]) -> Reply {
+    let process = match process_id(process) {
         Ok(p) => p,
+        Err(r) => return r,
+    };
+    let OutputQuery {
+        offset,
+        stderr_offset,
+        wait,
+        max,
+        encoding,
+    } = match OutputQuery::parse(query) {
+        Ok(q) => q,
         Err(r) => return r,
     };
     with_processes(state, sid, |id, _, p| {
@@ -334,7 +352,11 @@ pub(crate) fn stdin(state: &State, sid: &str, process: &str, body: &[u8]) -> Rep
     };
     let data = match (req.data, req.data_base64) {
         (Some(_), Some(_)) => {
-            return error(400, "bad_request", "give at most one of data and data_base64")
+            return error(
+                400,
+                "bad_request",
+                "give at most one of data and data_base64",
+            )
         }
         (Some(text), None) => text.into_bytes(),
         (None, Some(b64)) => match from_base64("data_base64", &b64) {
@@ -342,13 +364,7 @@ pub(crate) fn stdin(state: &State, sid: &str, process: &str, body: &[u8]) -> Rep
             Err(r) => return r,
         },
         (None, None) if req.close => Vec::new(),
-        (None, None) => {
-            return error(
-                400,
-                "bad_request",
-                "give data, data_base64 or close: true",
-            )
-        }
+        (None, None) => return error(400, "bad_request", "give data, data_base64 or close: true"),
     };
     with_processes(state, sid, |id, _, p| {
         if !data.is_empty() {

@@ -217,6 +217,7 @@ fn with_closed<T>(
     let Some(old) = state::lookup(state, n) else {
         return Err(no_sandbox(&n.to_string()));
     };
+    crate::processes::record_killed_at_close(state, n, old.as_ref());
     let _ = old.close();
     drop(old);
     audit(state, state::closed(n));

@@ -48,7 +48,7 @@ fn cost(method: &Method, parts: &[&str]) -> Cost {
 
 /// The request's declared body length: `Ok(None)` without one, `Err` for
 /// one that is not a number.
-fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, ()> {
+pub(crate) fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, ()> {
     match headers.get(CONTENT_LENGTH) {
         None => Ok(None),
         Some(v) => v
@@ -333,11 +333,9 @@ fn query_pairs(query: &str) -> Result<Vec<(String, String)>, Reply> {
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| match (percent_decode(k), percent_decode(v)) {
             (Ok(k), Ok(v)) => Ok((k, v)),
-            (Err(why), _) | (_, Err(why)) => Err(error(
-                400,
-                "bad_request",
-                format!("the query's {k} {why}"),
-            )),
+            (Err(why), _) | (_, Err(why)) => {
+                Err(error(400, "bad_request", format!("the query's {k} {why}")))
+            }
         })
         .collect()
 }
@@ -380,7 +378,7 @@ fn percent_decode(s: &str) -> Result<String, &'static str> {
 /// body that stalls for the configured body timeout gets `408`. The error
 /// is a whole answer, which closes the connection when the body was not
 /// all read.
-async fn read_body(
+pub(crate) async fn read_body(
     state: &State,
     mut incoming: Incoming,
     declared: Option<u64>,

@@ -31,6 +31,8 @@ pub(crate) struct State {
     /// Requests waiting on a long-lived process.
     pub(crate) waits: Arc<Slots>,
     pub(crate) connections: Arc<Slots>,
+    /// In SWE-ReX mode: its sandbox and named sessions.
+    pub(crate) swerex: crate::swerex::Rex,
 }
 
 /// The open sandboxes, and how many are being opened (they count against

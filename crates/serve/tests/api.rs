@@ -26,8 +26,9 @@ struct Server {
 
 /// A linux sandbox over `root`.
 fn linux(root: &Path) -> hako_core::Result<Box<dyn hako_core::Sandbox>> {
-    Ok(Box::new(hako_linux::LinuxSandbox::new(hako_linux::LinuxConfig::new(root))?)
-        as Box<dyn hako_core::Sandbox>)
+    Ok(Box::new(hako_linux::LinuxSandbox::new(
+        hako_linux::LinuxConfig::new(root),
+    )?) as Box<dyn hako_core::Sandbox>)
 }
 
 fn start() -> Server {
@@ -292,14 +293,20 @@ fn a_client_runs_commands_streams_output_and_uses_files_and_sessions_through_the
     let id = created["id"].as_u64().unwrap();
     assert_eq!(created["capabilities"]["backend"], "host");
     let base = format!("/v1/sandboxes/{id}");
-    let (status, _, _) = request(
+    let (status, _, body) = request(
         s.port,
         "PUT",
         &format!("{base}/files?path=dir%2Fnotes.txt"),
         Some(TOKEN),
         b"x",
     );
-    assert_eq!(status, 404, "a missing parent directory");
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        (status, v["created_dirs"].as_bool()),
+        (200, Some(true)),
+        "a missing parent directory is made: {v}"
+    );
+    assert_eq!(std::fs::read(s.ws.join("dir/notes.txt")).unwrap(), b"x");
     let (status, _, _) = request(
         s.port,
         "PUT",
@@ -1347,4 +1354,667 @@ fn the_api_says_a_command_over_the_memory_limit_was_killed_for_memory() {
         (200, Some("again\n"), Some(false)),
         "{out}"
     );
+}
+
+/// A real sandbox offering only what every backend must: none of the
+/// optional capabilities (processes, stat, mkdir, ...).
+struct Plain(Box<dyn hako_core::Sandbox>);
+
+impl hako_core::Sandbox for Plain {
+    fn capabilities(&self) -> &hako_core::Capabilities {
+        self.0.capabilities()
+    }
+    fn exec(&self, command: &hako_core::Command) -> hako_core::Result<hako_core::Output> {
+        self.0.exec(command)
+    }
+    fn read_file(&self, path: &Path) -> hako_core::Result<Vec<u8>> {
+        self.0.read_file(path)
+    }
+    fn write_file(&self, path: &Path, data: &[u8]) -> hako_core::Result<()> {
+        self.0.write_file(path, data)
+    }
+    fn remove(&self, path: &Path) -> hako_core::Result<()> {
+        self.0.remove(path)
+    }
+    fn list_dir(&self, path: &Path) -> hako_core::Result<hako_core::DirListing> {
+        self.0.list_dir(path)
+    }
+    fn close(&self) -> hako_core::Result<()> {
+        self.0.close()
+    }
+}
+
+/// A `GET` of `path`: status and JSON body.
+fn get(port: u16, path: &str) -> (u16, Value) {
+    let (status, _, body) = request(port, "GET", path, Some(TOKEN), b"");
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+/// Opens a sandbox on `s`; its base path.
+fn open(s: &Server) -> String {
+    let (status, created) = json(s.port, "POST", "/v1/sandboxes", Value::Null);
+    assert_eq!(status, 201, "{created}");
+    format!("/v1/sandboxes/{}", created["id"])
+}
+
+fn b64(s: &str) -> Vec<u8> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.decode(s).unwrap()
+}
+
+fn to_b64(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+#[test]
+fn exec_takes_env_and_binary_stdin_and_answers_raw_bytes_in_base64_within_max_output() {
+    let s = start_with(linux);
+    let base = open(&s);
+    let exec = format!("{base}/exec");
+    let raw: &[u8] = &[0, 0xff, 0xfe, b'\n', 0xc3];
+    let (status, out) = json(
+        s.port,
+        "POST",
+        &exec,
+        serde_json::json!({"argv": ["cat"], "stdin_base64": to_b64(raw), "encoding": "base64"}),
+    );
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(b64(out["stdout"].as_str().unwrap()), raw);
+    let (_, out) = json(
+        s.port,
+        "POST",
+        &exec,
+        serde_json::json!({"command": "printf %s \"$GREETING\"; printf 123456789 >&2", "env": {"GREETING": "hello there"}, "max_output": 4}),
+    );
+    assert_eq!(
+        (out["stdout"].as_str(), out["stderr"].as_str()),
+        (Some("hell"), Some("1234")),
+        "{out}"
+    );
+    assert_eq!(
+        (
+            out["stdout_truncated"].as_bool(),
+            out["stderr_bytes"].as_u64()
+        ),
+        (Some(true), Some(9)),
+        "{out}"
+    );
+    // Refused, naming what: past the cap, two stdins, env in a session, a
+    // bad name, bad base64, an unknown encoding.
+    let (_, opened) = json(s.port, "POST", &format!("{base}/sessions"), Value::Null);
+    let session = opened["session"].as_u64().unwrap();
+    for (body, says) in [
+        (
+            // Past the server's --max-output (1 MiB, the default).
+            serde_json::json!({"argv": ["true"], "max_output": (1 << 20) + 1}),
+            "--max-output",
+        ),
+        (
+            serde_json::json!({"argv": ["cat"], "stdin": "a", "stdin_base64": "YQ=="}),
+            "stdin",
+        ),
+        (
+            serde_json::json!({"command": "true", "session": session, "env": {"A": "1"}}),
+            "session",
+        ),
+        (
+            serde_json::json!({"argv": ["true"], "env": {"A=B": "1"}}),
+            "env",
+        ),
+        (
+            serde_json::json!({"argv": ["cat"], "stdin_base64": "not base64!"}),
+            "base64",
+        ),
+        (
+            serde_json::json!({"argv": ["true"], "encoding": "latin1"}),
+            "latin1",
+        ),
+    ] {
+        let (status, v) = json(s.port, "POST", &exec, body.clone());
+        assert_eq!(
+            (status, v["kind"].as_str()),
+            (400, Some("bad_request")),
+            "{body}: {v}"
+        );
+        assert!(v["error"].as_str().unwrap().contains(says), "{body}: {v}");
+    }
+    // Streamed in base64; a command that cannot run ends the stream with
+    // an error line carrying its kind.
+    let (status, _, body) = request(
+        s.port,
+        "POST",
+        &exec,
+        Some(TOKEN),
+        br#"{"command":"printf '\\377\\000'","stream":true,"encoding":"base64"}"#,
+    );
+    assert_eq!(status, 200);
+    let lines: Vec<Value> = String::from_utf8(body)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let data: Vec<u8> = lines
+        .iter()
+        .filter(|l| l["stream"] == "stdout")
+        .flat_map(|l| b64(l["data"].as_str().unwrap()))
+        .collect();
+    assert_eq!(data, [0xff, 0], "{lines:?}");
+    assert_eq!(lines.last().unwrap()["exit"]["exit_code"], 0, "{lines:?}");
+    let (status, _, body) = request(
+        s.port,
+        "POST",
+        &exec,
+        Some(TOKEN),
+        br#"{"argv":["no-such-command-here"],"stream":true}"#,
+    );
+    assert_eq!(status, 200);
+    let text = String::from_utf8(body).unwrap();
+    let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(last["kind"], "command_not_found", "{text}");
+    assert!(
+        last["error"]
+            .as_str()
+            .unwrap()
+            .contains("no-such-command-here"),
+        "{last}"
+    );
+    // A deadline passed is a result, not an error.
+    let (status, out) = json(
+        s.port,
+        "POST",
+        &exec,
+        serde_json::json!({"argv": ["sleep", "5"], "timeout_ms": 100}),
+    );
+    assert_eq!(
+        (status, out["timed_out"].as_bool()),
+        (200, Some(true)),
+        "{out}"
+    );
+}
+
+#[test]
+fn stat_and_mkdir_answer_through_the_fence() {
+    let s = start_with(linux);
+    let base = open(&s);
+    std::fs::write(s.ws.join("f.txt"), b"12345").unwrap();
+    std::os::unix::fs::symlink("f.txt", s.ws.join("ln")).unwrap();
+    let (status, v) = json(
+        s.port,
+        "POST",
+        &format!("{base}/dir?path=a%2Fb%2Fc"),
+        Value::Null,
+    );
+    assert_eq!((status, v["ok"].as_bool()), (200, Some(true)), "{v}");
+    assert!(s.ws.join("a/b/c").is_dir());
+    let (status, v) = get(s.port, &format!("{base}/stat?path=a%2Fb"));
+    assert_eq!((status, v["kind"].as_str()), (200, Some("dir")), "{v}");
+    let (_, v) = get(s.port, &format!("{base}/stat?path=f.txt"));
+    assert_eq!(
+        (v["kind"].as_str(), v["size"].as_u64(), v["path"].as_str()),
+        (Some("file"), Some(5), Some("f.txt")),
+        "{v}"
+    );
+    assert!(v["modified_ms"].as_i64().unwrap() > 0, "{v}");
+    assert!(v["mode"].as_u64().is_some(), "{v}");
+    let (_, v) = get(s.port, &format!("{base}/stat?path=ln"));
+    assert_eq!(
+        (v["kind"].as_str(), v["symlink_target"].as_str()),
+        (Some("symlink"), Some("f.txt")),
+        "{v}"
+    );
+    let (status, v) = get(s.port, &format!("{base}/stat?path=missing"));
+    assert_eq!(
+        (status, v["kind"].as_str()),
+        (404, Some("not_found")),
+        "{v}"
+    );
+    for path in ["..%2Fescape", "%2Fetc%2Fpasswd"] {
+        let (status, v) = get(s.port, &format!("{base}/stat?path={path}"));
+        assert_eq!(
+            (status, v["kind"].as_str()),
+            (403, Some("refused")),
+            "{path}: {v}"
+        );
+        let (status, v) = json(
+            s.port,
+            "POST",
+            &format!("{base}/dir?path={path}"),
+            Value::Null,
+        );
+        assert_eq!(
+            (status, v["kind"].as_str()),
+            (403, Some("refused")),
+            "{path}: {v}"
+        );
+    }
+    // A PUT makes the directories a file needs.
+    let (status, _, body) = request(
+        s.port,
+        "PUT",
+        &format!("{base}/files?path=new%2Fdeep%2Fx.txt"),
+        Some(TOKEN),
+        b"made",
+    );
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        (status, v["created_dirs"].as_bool()),
+        (200, Some(true)),
+        "{v}"
+    );
+    assert_eq!(std::fs::read(s.ws.join("new/deep/x.txt")).unwrap(), b"made");
+    let records = hako_audit::records(Path::new(&s.log)).unwrap();
+    let made: Vec<&str> = records
+        .iter()
+        .filter(|r| r["kind"] == "file" && r["op"] == "make_dir")
+        .filter_map(|r| r["path"].as_str())
+        .collect();
+    assert_eq!(made, ["a/b/c", "new/deep"], "{records:?}");
+    // A sandbox without the capabilities: 501, typed.
+    let plain = start_with(|root| Ok(Box::new(Plain(linux(root)?)) as Box<dyn hako_core::Sandbox>));
+    let base = open(&plain);
+    let (status, v) = get(plain.port, &format!("{base}/stat?path=."));
+    assert_eq!(
+        (status, v["kind"].as_str()),
+        (501, Some("unsupported")),
+        "{v}"
+    );
+    let (status, v) = json(
+        plain.port,
+        "POST",
+        &format!("{base}/dir?path=d"),
+        Value::Null,
+    );
+    assert_eq!(
+        (status, v["kind"].as_str()),
+        (501, Some("unsupported")),
+        "{v}"
+    );
+    // And its PUT into a missing directory is what the sandbox answered.
+    let (status, _, _) = request(
+        plain.port,
+        "PUT",
+        &format!("{base}/files?path=d%2Fx"),
+        Some(TOKEN),
+        b"x",
+    );
+    assert_eq!(status, 404);
+    assert!(!plain.ws.join("d").exists());
+}
+
+#[test]
+fn a_put_or_mkdir_through_a_symlinked_parent_pointing_outside_is_refused_and_makes_nothing() {
+    let s = start_with(linux);
+    let outside = s._dir.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, s.ws.join("link")).unwrap();
+    std::os::unix::fs::symlink(outside.join("not-yet"), s.ws.join("dangling")).unwrap();
+    let base = open(&s);
+    for path in [
+        "link%2Fsub%2Fx.txt",
+        "link%2Fx.txt",
+        "dangling%2Fx.txt",
+        "link%2F..%2F..%2Fx.txt",
+    ] {
+        let (status, _, body) = request(
+            s.port,
+            "PUT",
+            &format!("{base}/files?path={path}"),
+            Some(TOKEN),
+            b"planted",
+        );
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            (status, v["kind"].as_str()),
+            (403, Some("refused")),
+            "{path}: {v}"
+        );
+    }
+    for path in ["link%2Fsub", "dangling%2Fsub", "dangling"] {
+        let (status, v) = json(
+            s.port,
+            "POST",
+            &format!("{base}/dir?path={path}"),
+            Value::Null,
+        );
+        assert!(
+            matches!(v["kind"].as_str(), Some("refused")),
+            "{path}: {status} {v}"
+        );
+    }
+    // Nothing was made outside.
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+    assert!(!outside.join("not-yet").exists());
+    // Each refusal is recorded, and the sandbox still works.
+    let records = hako_audit::records(Path::new(&s.log)).unwrap();
+    assert!(
+        records.iter().filter(|r| r["kind"] == "refusal").count() >= 7,
+        "{records:?}"
+    );
+    let (status, _, _) = request(
+        s.port,
+        "PUT",
+        &format!("{base}/files?path=real%2Fx.txt"),
+        Some(TOKEN),
+        b"fine",
+    );
+    assert_eq!(status, 200);
+    assert_eq!(std::fs::read(s.ws.join("real/x.txt")).unwrap(), b"fine");
+}
+
+#[test]
+fn processes_take_stdin_give_output_from_offsets_end_and_die_with_their_sandbox() {
+    let s = start_with(linux);
+    let base = open(&s);
+    let procs = format!("{base}/processes");
+    let (status, v) = json(s.port, "POST", &procs, serde_json::json!({"argv": ["cat"]}));
+    assert_eq!(status, 201, "{v}");
+    let cat = v["process"].as_u64().unwrap();
+    let (status, v) = json(
+        s.port,
+        "POST",
+        &format!("{procs}/{cat}/stdin"),
+        serde_json::json!({"data": "hello "}),
+    );
+    assert_eq!((status, v["ok"].as_bool()), (200, Some(true)), "{v}");
+    let (status, _) = json(
+        s.port,
+        "POST",
+        &format!("{procs}/{cat}/stdin"),
+        serde_json::json!({"data_base64": to_b64(&[0xff, b'!']), "close": true}),
+    );
+    assert_eq!(status, 200);
+    let (status, st) = json(
+        s.port,
+        "POST",
+        &format!("{procs}/{cat}/wait?timeout_ms=20000"),
+        Value::Null,
+    );
+    assert_eq!(
+        (status, st["running"].as_bool(), st["exit_code"].as_i64()),
+        (200, Some(false), Some(0)),
+        "{st}"
+    );
+    let (status, out) = get(s.port, &format!("{procs}/{cat}/output?encoding=base64"));
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(b64(out["stdout"].as_str().unwrap()), b"hello \xff!");
+    assert_eq!(
+        (out["offset"].as_u64(), out["ended"].as_bool()),
+        (Some(8), Some(true)),
+        "{out}"
+    );
+    let (_, out) = get(s.port, &format!("{procs}/{cat}/output?offset=6"));
+    assert_eq!(out["stdout"].as_str(), Some("\u{fffd}!"), "{out}");
+    // Output as it comes, read on from the offset given.
+    let marker = format!("{}", 730_000_000 + std::process::id());
+    let (status, v) = json(
+        s.port,
+        "POST",
+        &procs,
+        serde_json::json!({"command": format!("echo one; echo two >&2; read x; echo got $x; sleep {marker}")}),
+    );
+    assert_eq!(status, 201, "{v}");
+    let p = v["process"].as_u64().unwrap();
+    let mut seen = String::new();
+    let mut offset = 0;
+    while !seen.contains("one") {
+        let (_, out) = get(
+            s.port,
+            &format!("{procs}/{p}/output?offset={offset}&wait_ms=5000"),
+        );
+        seen.push_str(out["stdout"].as_str().unwrap());
+        offset = out["offset"].as_u64().unwrap();
+        assert_eq!(out["running"].as_bool(), Some(true), "{out}");
+    }
+    json(
+        s.port,
+        "POST",
+        &format!("{procs}/{p}/stdin"),
+        serde_json::json!({"data": "it\n"}),
+    );
+    while !seen.contains("got it") {
+        let (_, out) = get(
+            s.port,
+            &format!("{procs}/{p}/output?offset={offset}&wait_ms=5000"),
+        );
+        seen.push_str(out["stdout"].as_str().unwrap());
+        offset = out["offset"].as_u64().unwrap();
+    }
+    assert_eq!(seen, "one\ngot it\n");
+    let (_, out) = get(s.port, &format!("{procs}/{p}/output?offset={offset}"));
+    assert_eq!(out["stderr"].as_str(), Some("two\n"), "{out}");
+    // A wait that ends first says so.
+    let (_, st) = json(
+        s.port,
+        "POST",
+        &format!("{procs}/{p}/wait?timeout_ms=50"),
+        Value::Null,
+    );
+    assert_eq!(st["running"].as_bool(), Some(true), "{st}");
+    let (status, listed) = get(s.port, &procs);
+    assert_eq!(status, 200);
+    let ids: Vec<u64> = listed["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["process"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, [cat, p], "{listed}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while pids_with_arg(&marker).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "sleep never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (status, v) = json(s.port, "POST", &format!("{procs}/{p}/kill"), Value::Null);
+    assert_eq!(
+        (
+            status,
+            v["state"]["running"].as_bool(),
+            v["state"]["signal"].as_i64()
+        ),
+        (200, Some(false), Some(9)),
+        "{v}"
+    );
+    assert!(pids_with_arg(&marker).is_empty());
+    // On a terminal: the process sees one of the size asked for.
+    let (status, v) = json(
+        s.port,
+        "POST",
+        &procs,
+        serde_json::json!({"command": "stty size; test -t 0 && echo tty", "tty": {"rows": 33, "cols": 101}}),
+    );
+    assert_eq!(status, 201, "{v}");
+    let t = v["process"].as_u64().unwrap();
+    json(
+        s.port,
+        "POST",
+        &format!("{procs}/{t}/wait?timeout_ms=20000"),
+        Value::Null,
+    );
+    let (_, out) = get(s.port, &format!("{procs}/{t}/output"));
+    assert!(out["stdout"].as_str().unwrap().contains("33 101"), "{out}");
+    assert!(out["stdout"].as_str().unwrap().contains("tty"), "{out}");
+    // Its own environment; a stdin that ends at once when asked.
+    let (status, v) = json(
+        s.port,
+        "POST",
+        &procs,
+        serde_json::json!({"command": "printf %s \"$V\"; cat", "env": {"V": "from-env"}, "keep_stdin_open": false}),
+    );
+    assert_eq!(status, 201, "{v}");
+    let e = v["process"].as_u64().unwrap();
+    let (_, st) = json(
+        s.port,
+        "POST",
+        &format!("{procs}/{e}/wait?timeout_ms=20000"),
+        Value::Null,
+    );
+    assert_eq!(st["exit_code"].as_i64(), Some(0), "{st}");
+    let (_, out) = get(s.port, &format!("{procs}/{e}/output"));
+    assert_eq!(out["stdout"].as_str(), Some("from-env"), "{out}");
+    // Another sandbox's process numbers name nothing here.
+    let other = open(&s);
+    let (status, v) = get(s.port, &format!("{other}/processes/{e}"));
+    assert_eq!(
+        (status, v["kind"].as_str()),
+        (404, Some("no_such_process")),
+        "{v}"
+    );
+    // Unknown or malformed processes, refused paths.
+    let (status, v) = get(s.port, &format!("{procs}/9999"));
+    assert_eq!(
+        (status, v["kind"].as_str()),
+        (404, Some("no_such_process")),
+        "{v}"
+    );
+    let (status, v) = json(s.port, "POST", &format!("{procs}/9999/kill"), Value::Null);
+    assert_eq!(
+        (status, v["kind"].as_str()),
+        (404, Some("no_such_process")),
+        "{v}"
+    );
+    let (status, v) = get(s.port, &format!("{procs}/x/output"));
+    assert_eq!(
+        (status, v["kind"].as_str()),
+        (400, Some("bad_request")),
+        "{v}"
+    );
+    let (status, v) = json(
+        s.port,
+        "POST",
+        &procs,
+        serde_json::json!({"argv": ["true"], "cwd": "../.."}),
+    );
+    assert_eq!((status, v["kind"].as_str()), (403, Some("refused")), "{v}");
+    // A process still running when its sandbox closes dies with it, and
+    // the record says so.
+    let last = format!("{}", 740_000_000 + std::process::id());
+    let (status, v) = json(
+        s.port,
+        "POST",
+        &procs,
+        serde_json::json!({"argv": ["sleep", last]}),
+    );
+    assert_eq!(status, 201, "{v}");
+    let running = v["process"].as_u64().unwrap();
+    // Started at once; running a moment later.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while pids_with_arg(&last).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the process never ran"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (status, _) = json(s.port, "DELETE", &base, Value::Null);
+    assert_eq!(status, 200);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !pids_with_arg(&last).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the process outlived its sandbox"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let records = hako_audit::records(Path::new(&s.log)).unwrap();
+    let sandbox = base.rsplit('/').next().unwrap().parse::<u64>().unwrap();
+    let ops = |op: &str| {
+        records
+            .iter()
+            .filter(|r| r["kind"] == "process" && r["op"] == op)
+            .inspect(|r| assert_eq!(r["sandbox"].as_u64(), Some(sandbox), "{r:?}"))
+            .map(|r| r["process"].as_u64().unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ops("killed_at_close"), [running]);
+    assert_eq!(ops("kill"), [p]);
+    assert!(ops("send_input").contains(&cat));
+    assert!(ops("read_output").contains(&cat));
+    let started = records
+        .iter()
+        .filter(|r| r["kind"] == "exec" && r["running"] == true)
+        .count();
+    assert_eq!(started, 5, "{records:?}");
+    // A sandbox without processes: 501, typed.
+    let plain = start_with(|root| Ok(Box::new(Plain(linux(root)?)) as Box<dyn hako_core::Sandbox>));
+    let base = open(&plain);
+    let (status, v) = json(
+        plain.port,
+        "POST",
+        &format!("{base}/processes"),
+        serde_json::json!({"argv": ["true"]}),
+    );
+    assert_eq!(
+        (status, v["kind"].as_str()),
+        (501, Some("unsupported")),
+        "{v}"
+    );
+    let (status, v) = get(plain.port, &format!("{base}/processes/1"));
+    assert_eq!(
+        (status, v["kind"].as_str()),
+        (501, Some("unsupported")),
+        "{v}"
+    );
+}
+
+#[test]
+fn waits_on_processes_past_their_pool_get_503_and_never_lock_other_requests_out() {
+    let s = start_with(linux);
+    let base = open(&s);
+    let procs = format!("{base}/processes");
+    let (status, v) = json(
+        s.port,
+        "POST",
+        &procs,
+        serde_json::json!({"argv": ["sleep", "600"]}),
+    );
+    assert_eq!(status, 201, "{v}");
+    let p = v["process"].as_u64().unwrap();
+    let wait = format!("{procs}/{p}/wait?timeout_ms=30000");
+    // 32 waits held (the pool's size), each until the process ends (one
+    // refused while the probe below holds a slot for a moment tries again).
+    let port = s.port;
+    let holders: Vec<_> = (0..32)
+        .map(|_| {
+            let wait = wait.clone();
+            std::thread::spawn(move || loop {
+                let (status, v) = json(port, "POST", &wait, Value::Null);
+                if status != 503 {
+                    return (status, v);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            })
+        })
+        .collect();
+    // One more is refused at once, once they are all in.
+    let deadline = std::time::Instant::now() + Duration::from_secs(25);
+    let refused = loop {
+        let (status, v) = get(s.port, &format!("{procs}/{p}/output?wait_ms=0"));
+        if status == 503 {
+            break v;
+        }
+        assert_eq!(status, 200, "{v}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the waits never filled their pool"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(refused["kind"], "busy", "{refused}");
+    // Other requests are served meanwhile, the kill among them.
+    let (status, v) = get(s.port, &format!("{procs}/{p}"));
+    assert_eq!((status, v["running"].as_bool()), (200, Some(true)), "{v}");
+    let (status, v) = json(s.port, "POST", &format!("{procs}/{p}/kill"), Value::Null);
+    assert_eq!(status, 200, "{v}");
+    // Its end ends every wait, with the same state.
+    for h in holders {
+        let (status, st) = h.join().unwrap();
+        assert_eq!(
+            (status, st["running"].as_bool(), st["signal"].as_i64()),
+            (200, Some(false), Some(9)),
+            "{st}"
+        );
+    }
+    let (status, _) = json(s.port, "POST", &wait, Value::Null);
+    assert_eq!(status, 200);
 }

@@ -2,8 +2,9 @@
 //! `--http ADDR`, whose tools (files, search, commands, sessions,
 //! processes) act inside one sandbox.
 //!
-//! The flags are checked, the backend picked and (with `--http`) the
-//! address bound before serving; the sandbox itself is opened on the first
+//! The flags are checked, the backend picked, what it needs checked
+//! (`hako_runtime::preflight`: its guest, its image) and (with `--http`)
+//! the address bound before serving; the sandbox itself is opened on the first
 //! tool call (a failure to open it is then that call's error, with the
 //! reason) and closed when the client disconnects (stdio) or the server is
 //! stopped (HTTP). On stdio, stdout carries the protocol: everything else
@@ -76,7 +77,10 @@ pub fn run(args: McpArgs) -> u8 {
     // server that cannot open a sandbox refuses to start, with the fix,
     // rather than failing its client's first call.
     if let Err(u) = hako_runtime::preflight(kind, opener.spec()) {
-        return fail(&format!("the {} backend cannot start here: {u}", kind.name()));
+        return fail(&format!(
+            "the {} backend cannot start here: {u}",
+            kind.name()
+        ));
     }
     // With --http: the token and the bound socket, before the audit log is
     // opened, so a port in use leaves no log behind.

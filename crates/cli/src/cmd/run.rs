@@ -77,19 +77,50 @@ struct JsonResult<'a> {
     network_dropped: Option<u64>,
 }
 
+/// `--json`'s object for a run that did not complete: the error, and
+/// (like a result) the backend and its isolation, `null` only when no
+/// backend was chosen yet.
 #[derive(Serialize)]
 struct JsonError<'a> {
     error: String,
     exit_code: u8,
     backend: Option<&'a str>,
+    isolation: Option<Isolation>,
 }
 
-fn fail(json: bool, backend: Option<&str>, err: &dyn std::fmt::Display, code: u8) -> u8 {
+/// The backend a failed run was on, and its isolation.
+#[derive(Clone, Copy)]
+struct On<'a> {
+    backend: &'a str,
+    isolation: Isolation,
+}
+
+impl<'a> On<'a> {
+    /// Before the sandbox is open: the backend's isolation as the policy
+    /// gate judged it (what its refusal names).
+    fn kind(kind: hako_runtime::BackendKind) -> On<'static> {
+        On {
+            backend: kind.name(),
+            isolation: kind.isolation(),
+        }
+    }
+
+    /// Once it is open: what the sandbox reports.
+    fn caps(caps: &'a hako_core::Capabilities) -> On<'a> {
+        On {
+            backend: &caps.backend,
+            isolation: caps.isolation,
+        }
+    }
+}
+
+fn fail(json: bool, on: Option<On<'_>>, err: &dyn std::fmt::Display, code: u8) -> u8 {
     if json {
         let obj = JsonError {
             error: err.to_string(),
             exit_code: code,
-            backend,
+            backend: on.map(|on| on.backend),
+            isolation: on.map(|on| on.isolation),
         };
         println!("{}", serde_json::to_string(&obj).unwrap_or_default());
     } else {
@@ -130,15 +161,15 @@ pub fn run(args: RunArgs) -> u8 {
     let argv = args.command.clone();
     // What did not run is recorded: a `refusal` when a policy refused it
     // (`refused`), an `error` otherwise.
-    let refuse = |backend: Option<&str>, err: &dyn std::fmt::Display, code: u8, refused: bool| {
+    let refuse = |on: Option<On<'_>>, err: &dyn std::fmt::Display, code: u8, refused: bool| {
         if let Some(log) = &audit {
             let mut failure = Failure::new(FrontEnd::Run, &err.to_string());
-            failure.backend = backend.map(str::to_string);
+            failure.backend = on.map(|on| on.backend.to_string());
             failure.argv = Some(argv.clone());
             failure.exit_code = Some(code);
             let _ = log.write(&failure.record(refused));
         }
-        fail(json, backend, err, code)
+        fail(json, on, err, code)
     };
     let plan = match plan {
         Ok(plan) => plan,
@@ -155,16 +186,17 @@ pub fn run(args: RunArgs) -> u8 {
     };
     // The policy gate comes first: a run that needs a stronger boundary
     // than this backend has never starts.
+    let chosen = On::kind(kind);
     let opener = match hako_runtime::Opener::with_kind(kind, plan, Isolation::None) {
         Ok(opener) => opener,
-        Err(err) => return refuse(Some(kind.name()), &err, exit::SANDBOX_FAILED, true),
+        Err(err) => return refuse(Some(chosen), &err, exit::SANDBOX_FAILED, true),
     };
     let spec = opener.spec().clone();
     // A copy-on-write workspace: its layers held by the sandbox, until
     // the run ends.
     let layers = match opener.hold(None) {
         Ok(layers) => layers,
-        Err(e) => return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED, true),
+        Err(e) => return refuse(Some(chosen), &e, exit::SANDBOX_FAILED, true),
     };
     // One command, from this thread: no thread of its own need read the
     // guest; and hako exits once it is done (set below).
@@ -172,8 +204,10 @@ pub fn run(args: RunArgs) -> u8 {
     let driver = hako_runtime::DriverOptions::one_shot(&exit_follows);
     let sandbox = match opener.open_on(layers, &driver) {
         Ok(sb) => sb,
-        Err(e) => return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED, is_refusal(&e)),
+        Err(e) => return refuse(Some(chosen), &e, exit::SANDBOX_FAILED, is_refusal(&e)),
     };
+    let caps = sandbox.capabilities();
+    let on = On::caps(caps);
     let mut command = Command::new(args.command).max_output(spec.max_output);
     command.cwd = args.cwd;
     command.timeout = timeout;
@@ -182,10 +216,10 @@ pub fn run(args: RunArgs) -> u8 {
         match std::io::stdin().take(MAX_STDIN + 1).read_to_end(&mut data) {
             Ok(n) if n as u64 > MAX_STDIN => {
                 let err = format!("standard input is larger than {MAX_STDIN} bytes; pass large inputs as files in the workspace");
-                return refuse(Some(kind.name()), &err, exit::SANDBOX_FAILED, false);
+                return refuse(Some(on), &err, exit::SANDBOX_FAILED, false);
             }
             Ok(_) => command.stdin = Some(data),
-            Err(e) => return refuse(Some(kind.name()), &e, exit::SANDBOX_FAILED, false),
+            Err(e) => return refuse(Some(on), &e, exit::SANDBOX_FAILED, false),
         }
     }
     let result = execute(sandbox.as_ref(), &command, json);
@@ -209,10 +243,9 @@ pub fn run(args: RunArgs) -> u8 {
             {
                 let _ = log.write(&Record::SandboxLost(lost));
             }
-            return refuse(Some(kind.name()), &e, exit::for_error(&e), is_refusal(&e));
+            return refuse(Some(on), &e, exit::for_error(&e), is_refusal(&e));
         }
     };
-    let caps = sandbox.capabilities();
     if let Some(log) = &audit {
         record_run(log, &command, &caps.backend, &output, network.as_ref());
     }

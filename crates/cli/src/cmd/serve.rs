@@ -47,6 +47,11 @@ pub struct ServeArgs {
     /// committing stays with the person, `hako commit NAME`].
     #[arg(long)]
     allow_agent_commit: bool,
+    /// Answer SWE-ReX's remote runtime protocol (SWE-agent's remote
+    /// deployment) instead of the /v1 API: one sandbox, named sessions,
+    /// the token as X-API-Key.
+    #[arg(long)]
+    swerex: bool,
 }
 
 /// Runs `hako serve`.
@@ -69,6 +74,9 @@ pub fn run(args: ServeArgs) -> u8 {
     }
     // `--audit`, else the profile's `audit`.
     let audit_path = args.audit.clone().or_else(|| plan.audit.clone());
+    if args.swerex && plan.cow.is_some() {
+        return fail(&"--swerex serves SWE-ReX's protocol, which has no way to review, commit or keep a copy-on-write sandbox's changes: leave out --cow (or the profile's `cow = true`)");
+    }
     // Every sandbox a client asks for is opened from this one choice, and
     // a backend weaker than --min-isolation refuses to start.
     let opener = match hako_runtime::Opener::from_plan(plan, Isolation::None) {
@@ -134,8 +142,13 @@ pub fn run(args: ServeArgs) -> u8 {
         Err(e) => return fail(&format!("cannot tell the address of {}: {e}", args.listen)),
     };
     eprintln!(
-        "hako serve: listening on {local} ({} backend)",
-        opener.kind().name()
+        "hako serve: listening on {local} ({} backend{})",
+        opener.kind().name(),
+        if args.swerex {
+            ", SWE-ReX protocol"
+        } else {
+            ""
+        }
     );
     if args.ready_json {
         // One line, flushed: a client that started this server reads it
@@ -166,6 +179,7 @@ pub fn run(args: ServeArgs) -> u8 {
     config.max_sandboxes = usize::try_from(args.max_sandboxes).unwrap_or(usize::MAX);
     config.allow_agent_commit = args.allow_agent_commit;
     config.stop_on_stdin_eof = args.exit_on_stdin_eof;
+    config.swerex = args.swerex;
     match hako_serve::serve(listener, config) {
         Ok(()) => 0,
         Err(e) => fail(&e),

@@ -250,3 +250,189 @@ fn serve_out_of_processes_refuses_a_sandbox_naming_the_limit_and_goes_on() {
     let (status, body) = call("POST", "/v1/sandboxes", "");
     assert_eq!(status, 201, "{body}");
 }
+
+/// Host processes with an argument equal to `arg`.
+fn pids_with_arg(arg: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if cmdline.split(|&b| b == 0).any(|a| a == arg.as_bytes()) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// The host processes whose parent is `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(child) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+            continue;
+        };
+        if rest.split_whitespace().nth(1) == Some(pid.to_string().as_str()) {
+            out.push(child);
+        }
+    }
+    out
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie has ended; only its entry is left for its parent.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rfind(')').and_then(|i| s.get(i + 2..i + 3)) != Some("Z"))
+}
+
+#[test]
+fn serve_on_port_zero_names_its_address_once_and_exits_closing_everything_when_its_stdin_writer_dies(
+) {
+    let d = dirs();
+    let token_file = d.outside.join("token");
+    std::fs::write(&token_file, "lifeline-token\n").unwrap();
+    let log = d.outside.join("audit.log");
+    // The writer of the server's stdin: its parent, as a client library
+    // would be. Killing it ends the server's stdin.
+    let mut writer = std::process::Command::new("sleep")
+        .arg("600")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let server = std::process::Command::new(env!("CARGO_BIN_EXE_hako"))
+        .args(["serve", "--backend", "linux", "--listen", "127.0.0.1:0"])
+        .args([
+            "--ready-json",
+            "--exit-on-stdin-eof",
+            "--max-processes",
+            "2",
+        ])
+        .arg("--workspace")
+        .arg(&d.ws)
+        .arg("--token-file")
+        .arg(&token_file)
+        .arg("--audit")
+        .arg(&log)
+        .stdin(Stdio::from(writer.stdout.take().unwrap()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut server = Killed(server);
+    let pid = server.0.id();
+    // Exactly one line, then nothing more on stdout.
+    let mut stdout = std::io::BufReader::new(server.0.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    let ready: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(ready["pid"].as_u64(), Some(u64::from(pid)), "{ready}");
+    let listen = ready["listen"].as_str().unwrap();
+    let port: u16 = listen.strip_prefix("127.0.0.1:").unwrap().parse().unwrap();
+    assert_ne!(port, 0);
+    assert_eq!(ready["url"], format!("http://127.0.0.1:{port}"), "{ready}");
+    let call = |method: &str, path: &str, body: &str| {
+        let (status, body) = call(port, method, path, Some("lifeline-token"), body);
+        (
+            status,
+            serde_json::from_str::<serde_json::Value>(&body).unwrap_or_default(),
+        )
+    };
+    let (status, created) = call("POST", "/v1/sandboxes", "");
+    assert_eq!(status, 201, "{created}");
+    let base = format!("/v1/sandboxes/{}", created["id"]);
+    // Processes are bounded by --max-processes: the third is refused,
+    // typed, and nothing more starts.
+    let marker = format!("{}", 750_000_000 + std::process::id());
+    for _ in 0..2 {
+        let (status, v) = call(
+            "POST",
+            &format!("{base}/processes"),
+            &format!(r#"{{"argv":["sleep","{marker}"]}}"#),
+        );
+        assert_eq!(status, 201, "{v}");
+    }
+    let (status, v) = call(
+        "POST",
+        &format!("{base}/processes"),
+        &format!(r#"{{"argv":["sleep","{marker}"]}}"#),
+    );
+    assert_eq!((status, v["kind"].as_str()), (429, Some("too_many")), "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("--max-processes"),
+        "{v}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pids_with_arg(&marker).len() < 2 {
+        assert!(Instant::now() < deadline, "the processes never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let guests = children(pid);
+    assert!(
+        !guests.is_empty(),
+        "the sandbox has no process of the server's"
+    );
+
+    // The writer dies: the server closes everything and exits 0.
+    writer.kill().unwrap();
+    writer.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = server.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "hako serve outlived its stdin");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    assert_eq!(rest, "", "more than the ready line on stdout");
+    // Nothing left behind: no process of the sandbox, no guest.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !pids_with_arg(&marker).is_empty() || guests.iter().any(|&g| alive(g)) {
+        assert!(Instant::now() < deadline, "a sandbox outlived its server");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+    // The log says each process was killed at the close, then the close.
+    let records = std::fs::read_to_string(&log).unwrap();
+    let kinds: Vec<(String, String)> = records
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|r| {
+            (
+                r["kind"].as_str().unwrap_or("").to_string(),
+                r["op"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let killed = kinds
+        .iter()
+        .filter(|k| *k == &("process".to_string(), "killed_at_close".to_string()))
+        .count();
+    assert_eq!(killed, 2, "{records}");
+    assert!(
+        kinds.contains(&("sandbox".to_string(), "close".to_string())),
+        "{records}"
+    );
+    let out = crate::hako()
+        .arg("audit")
+        .arg("verify")
+        .arg(&log)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
