@@ -328,3 +328,21 @@ fn swerex_a_body_past_the_bound_is_refused_unread_and_the_server_goes_on() {
     assert!(std::fs::read_dir(&server.ws).unwrap().next().is_none());
     server.stop();
 }
+
+#[test]
+fn hako_serve_swerex_refuses_a_copy_on_write_workspace_naming_the_flag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hako"))
+        .args(["serve", "--swerex", "--cow", "--listen", "127.0.0.1:0"])
+        .arg("--workspace")
+        .arg(tmp.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(
+        stderr.contains("--swerex") && stderr.contains("--cow") && !stderr.contains("listening"),
+        "{stderr}"
+    );
+}
