@@ -1,4 +1,4 @@
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::capabilities::Capabilities;
 use crate::command::{Command, ExitStatus, Output};
@@ -165,8 +165,8 @@ pub fn replace_if_unchanged(
 /// (`mkdir -p` inside the root, which never follows a symlink out of it and
 /// never creates a dangling symlink's target). Every front end writes a
 /// file through this, so a write that creates `notes/x.txt` works, or is
-/// refused, the same way from each. Returns whether directories were
-/// created.
+/// refused, the same way from each. Returns the parent directory made
+/// (with its own missing parents), if one was, for the audit log.
 ///
 /// Only a write refused with
 /// [`FenceError::NotFound`](crate::FenceError::NotFound) is retried after
@@ -177,9 +177,9 @@ pub fn write_file_creating_parents(
     sandbox: &dyn Sandbox,
     path: &Path,
     data: &[u8],
-) -> Result<bool> {
+) -> Result<Option<PathBuf>> {
     let not_found = match sandbox.write_file(path, data) {
-        Ok(()) => return Ok(false),
+        Ok(()) => return Ok(None),
         Err(err @ Error::Fence(crate::FenceError::NotFound { .. })) => err,
         Err(err) => return Err(err),
     };
@@ -188,7 +188,7 @@ pub fn write_file_creating_parents(
         (Some(parent), Some(mkdir)) => {
             mkdir.make_dir_all(parent)?;
             sandbox.write_file(path, data)?;
-            Ok(true)
+            Ok(Some(parent.to_path_buf()))
         }
         _ => Err(not_found),
     }

@@ -133,7 +133,12 @@ pub fn write_file(
     path: &Path,
     content: &str,
 ) -> Result<Reply, ToolError> {
-    let created_dirs = hako_core::write_file_creating_parents(sandbox, path, content.as_bytes())?;
+    let made = hako_core::write_file_creating_parents(sandbox, path, content.as_bytes())?;
+    // As the HTTP API records them: the directory made, then the write.
+    if let Some(parent) = &made {
+        record_file(state, parent, FileOp::MakeDir);
+    }
+    let created_dirs = made.is_some();
     record_file(state, path, FileOp::write(content.as_bytes()));
     Ok(format!(
         "wrote {} bytes ({} lines) to {}{}",

@@ -99,11 +99,11 @@ pub(crate) async fn read(state: Arc<State>, sid: String, file: Option<String>) -
 pub(crate) fn write(state: &State, sid: &str, file: Option<String>, body: &[u8]) -> Reply {
     let r = with_file(state, sid, file, |id, sb, p| {
         let made = hako_core::write_file_creating_parents(sb, p, body)?;
-        if let Some(parent) = p.parent().filter(|_| made) {
+        if let Some(parent) = &made {
             audit_file(state, id, parent, FileOp::MakeDir);
         }
         audit_file(state, id, p, FileOp::write(body));
-        Ok(made)
+        Ok(made.is_some())
     });
     r.map(|made| reply(200, json!({"written": body.len(), "created_dirs": made})))
         .unwrap_or_else(|r| r)

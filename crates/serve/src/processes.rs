@@ -229,19 +229,21 @@ fn bounded_wait(ms: u64) -> Duration {
     Duration::from_millis(ms).min(MAX_PROCESS_WAIT)
 }
 
-/// `GET /v1/sandboxes/{id}/processes/{p}/output?offset=&stderr_offset=&wait_ms=&max=&encoding=`:
-/// up to `max` bytes of each stream from its offset. With `wait_ms`, waits
-/// (at most [`MAX_PROCESS_WAIT`]) for stdout bytes past `offset` or the
-/// end, unless stderr already has some.
-pub(crate) fn output(state: &State, sid: &str, process: &str, query: &[(String, String)]) -> Reply {
-    let process = match process_id(process) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
-    let parsed = (|| {
-        let offset = number(query, "offset", 0)?;
-        let stderr_offset = number(query, "stderr_offset", 0)?;
-        let wait = bounded_wait(number(query, "wait_ms", 0)?);
+/// What a read of a process's output asks for.
+struct OutputQuery {
+    /// Where to read stdout from.
+    offset: u64,
+    /// Where to read stderr from.
+    stderr_offset: u64,
+    /// How long to wait for more (at most [`MAX_PROCESS_WAIT`]).
+    wait: Duration,
+    /// The most bytes of each stream returned.
+    max: usize,
+    encoding: Encoding,
+}
+
+impl OutputQuery {
+    fn parse(query: &[(String, String)]) -> Result<Self, Reply> {
         let max = number(query, "max", DEFAULT_READ as u64)?;
         let max = match usize::try_from(max) {
             Ok(max) if max <= MAX_READ_OUTPUT => max,
@@ -253,14 +255,36 @@ pub(crate) fn output(state: &State, sid: &str, process: &str, query: &[(String, 
                 ))
             }
         };
-        let encoding = match query.iter().find(|(k, _)| k == "encoding") {
-            Some((_, v)) => Encoding::parse(v)?,
-            None => Encoding::Utf8,
-        };
-        Ok((offset, stderr_offset, wait, max, encoding))
-    })();
-    let (offset, stderr_offset, wait, max, encoding) = match parsed {
+        Ok(OutputQuery {
+            offset: number(query, "offset", 0)?,
+            stderr_offset: number(query, "stderr_offset", 0)?,
+            wait: bounded_wait(number(query, "wait_ms", 0)?),
+            max,
+            encoding: match query.iter().find(|(k, _)| k == "encoding") {
+                Some((_, v)) => Encoding::parse(v)?,
+                None => Encoding::Utf8,
+            },
+        })
+    }
+}
+
+/// `GET /v1/sandboxes/{id}/processes/{p}/output?offset=&stderr_offset=&wait_ms=&max=&encoding=`:
+/// up to `max` bytes of each stream from its offset. With `wait_ms`, waits
+/// (at most [`MAX_PROCESS_WAIT`]) for stdout bytes past `offset` or the
+/// end, unless stderr already has some.
+pub(crate) fn output(state: &State, sid: &str, process: &str, query: &[(String, String)]) -> Reply {
+    let process = match process_id(process) {
         Ok(p) => p,
+        Err(r) => return r,
+    };
+    let OutputQuery {
+        offset,
+        stderr_offset,
+        wait,
+        max,
+        encoding,
+    } = match OutputQuery::parse(query) {
+        Ok(q) => q,
         Err(r) => return r,
     };
     with_processes(state, sid, |id, _, p| {

@@ -1956,3 +1956,65 @@ fn processes_take_stdin_give_output_from_offsets_end_and_die_with_their_sandbox(
         "{v}"
     );
 }
+
+#[test]
+fn waits_on_processes_past_their_pool_get_503_and_never_lock_other_requests_out() {
+    let s = start_with(linux);
+    let base = open(&s);
+    let procs = format!("{base}/processes");
+    let (status, v) = json(
+        s.port,
+        "POST",
+        &procs,
+        serde_json::json!({"argv": ["sleep", "600"]}),
+    );
+    assert_eq!(status, 201, "{v}");
+    let p = v["process"].as_u64().unwrap();
+    let wait = format!("{procs}/{p}/wait?timeout_ms=30000");
+    // 32 waits held (the pool's size), each until the process ends (one
+    // refused while the probe below holds a slot for a moment tries again).
+    let port = s.port;
+    let holders: Vec<_> = (0..32)
+        .map(|_| {
+            let wait = wait.clone();
+            std::thread::spawn(move || loop {
+                let (status, v) = json(port, "POST", &wait, Value::Null);
+                if status != 503 {
+                    return (status, v);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            })
+        })
+        .collect();
+    // One more is refused at once, once they are all in.
+    let deadline = std::time::Instant::now() + Duration::from_secs(25);
+    let refused = loop {
+        let (status, v) = get(s.port, &format!("{procs}/{p}/output?wait_ms=0"));
+        if status == 503 {
+            break v;
+        }
+        assert_eq!(status, 200, "{v}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the waits never filled their pool"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(refused["kind"], "busy", "{refused}");
+    // Other requests are served meanwhile, the kill among them.
+    let (status, v) = get(s.port, &format!("{procs}/{p}"));
+    assert_eq!((status, v["running"].as_bool()), (200, Some(true)), "{v}");
+    let (status, v) = json(s.port, "POST", &format!("{procs}/{p}/kill"), Value::Null);
+    assert_eq!(status, 200, "{v}");
+    // Its end ends every wait, with the same state.
+    for h in holders {
+        let (status, st) = h.join().unwrap();
+        assert_eq!(
+            (status, st["running"].as_bool(), st["signal"].as_i64()),
+            (200, Some(false), Some(9)),
+            "{st}"
+        );
+    }
+    let (status, _) = json(s.port, "POST", &wait, Value::Null);
+    assert_eq!(status, 200);
+}

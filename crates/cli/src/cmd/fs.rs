@@ -308,8 +308,9 @@ fn operate(sandbox: &dyn Sandbox, op: &FsOp, json: bool) -> Result<(), String> {
         FsOp::Write { path } => {
             let data = read_input()?;
             // As MCP's write_file and the HTTP API's PUT /files do.
-            let created_dirs =
-                hako_core::write_file_creating_parents(sandbox, path, &data).map_err(err)?;
+            let created_dirs = hako_core::write_file_creating_parents(sandbox, path, &data)
+                .map_err(err)?
+                .is_some();
             if json {
                 print_json(&serde_json::json!({
                     "path": path,

@@ -2,8 +2,9 @@
 //! `--http ADDR`, whose tools (files, search, commands, sessions,
 //! processes) act inside one sandbox.
 //!
-//! The flags are checked, the backend picked and (with `--http`) the
-//! address bound before serving; the sandbox itself is opened on the first
+//! The flags are checked, the backend picked, what it needs checked
+//! (`hako_runtime::preflight`: its guest, its image) and (with `--http`)
+//! the address bound before serving; the sandbox itself is opened on the first
 //! tool call (a failure to open it is then that call's error, with the
 //! reason) and closed when the client disconnects (stdio) or the server is
 //! stopped (HTTP). On stdio, stdout carries the protocol: everything else

@@ -52,7 +52,9 @@ const STATUS_VAR: &str = "__hako_status";
 /// itself defined returns from that function only; the rest of the line
 /// runs. POSIX shells offer no way out of every function at once.) The
 /// script sees the session's positional parameters, but a `set --` in it
-/// sets the function's own, which the next command does not see.
+/// sets the function's own, and bash's `declare`, `typeset` and `local`
+/// (without `-g`) make variables of the function: the next command sees
+/// neither (plain assignments, `export`, `cd`, functions and jobs persist).
 pub(super) fn script_line(script: &str, nonce: &str) -> String {
     let quoted = script.replace('\'', "'\\''");
     // `command eval`: a syntax error in the script fails the command, not

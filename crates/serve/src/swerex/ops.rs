@@ -224,7 +224,7 @@ pub(super) fn write(
     let made = file_op(state, id, sb, path, || {
         hako_core::write_file_creating_parents(sb, path, data)
     })?;
-    if let Some(parent) = path.parent().filter(|_| made) {
+    if let Some(parent) = &made {
         audit_file(state, id, parent, FileOp::MakeDir);
     }
     audit_file(state, id, path, FileOp::write(data));
