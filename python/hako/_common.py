@@ -317,6 +317,7 @@ def exec_body(
     session: Optional[int] = None,
     stream: bool = False,
     binary: bool = False,
+    max_output: Optional[int] = None,
 ) -> Dict[str, Any]:
     """The body of ``POST .../exec``."""
     body: Dict[str, Any] = {}
@@ -350,6 +351,10 @@ def exec_body(
         body["stream"] = True
     if binary:
         body["encoding"] = "base64"
+    if max_output is not None:
+        if isinstance(max_output, bool) or int(max_output) < 0:
+            raise ValueError(f"max_output is a number of bytes, not {max_output!r}")
+        body["max_output"] = int(max_output)
     return body
 
 
