@@ -154,7 +154,11 @@ def remote_target(
         if token is not None:
             raise ValueError("token= is for remote mode: give url= too (or set HAKO_URL)")
         return None
-    given = sorted(k for k, v in policy.items() if v is not None and v != () and v is not False)
+    given = sorted(
+        k
+        for k, v in policy.items()
+        if v is not None and v is not False and not (isinstance(v, (tuple, list, dict)) and not v)
+    )
     if given:
         raise ValueError(
             f"remote mode ({url}): the server's flags set the sandbox's policy, so "
