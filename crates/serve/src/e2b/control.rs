@@ -67,7 +67,13 @@ pub(super) async fn handle(state: Arc<State>, request: Request<Incoming>) -> Res
     let uri = head.uri.clone();
     let answer = blocking(move || {
         let _slot = slot;
-        route(&state, &method, uri.path(), uri.query().unwrap_or(""), &body)
+        route(
+            &state,
+            &method,
+            uri.path(),
+            uri.query().unwrap_or(""),
+            &body,
+        )
     })
     .await;
     response(answer)
@@ -90,15 +96,15 @@ fn route(state: &State, method: &Method, path: &str, query: &str, body: &[u8]) -
                 unknown(id)
             }
         }
-        (&Method::POST, ["sandboxes", id, "timeout"]) => with(state, id, |b| {
-            match timeout_of(body, true) {
+        (&Method::POST, ["sandboxes", id, "timeout"]) => {
+            with(state, id, |b| match timeout_of(body, true) {
                 Ok(t) => {
                     b.set_timeout(t);
                     reply(204, Value::Null)
                 }
                 Err(r) => r,
-            }
-        }),
+            })
+        }
         (&Method::POST, ["sandboxes", id, "connect"]) => with(state, id, |b| {
             match timeout_of(body, false) {
                 Ok(t) => {
@@ -112,7 +118,9 @@ fn route(state: &State, method: &Method, path: &str, query: &str, body: &[u8]) -
                 Err(r) => r,
             }
         }),
-        (_, ["sandboxes", _, "pause" | "resume"]) => not_supported("pausing and resuming a sandbox"),
+        (_, ["sandboxes", _, "pause" | "resume"]) => {
+            not_supported("pausing and resuming a sandbox")
+        }
         (_, ["sandboxes", _, "snapshots"] | ["snapshots", ..]) => not_supported("snapshots"),
         (_, ["sandboxes", _, "fork"]) => not_supported("forking a sandbox"),
         (_, ["sandboxes", _, "metrics"] | ["sandboxes", "metrics"]) => not_supported("metrics"),

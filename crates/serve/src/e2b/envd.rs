@@ -89,7 +89,11 @@ fn plain(status: u16, content_type: &'static str, body: Vec<u8>) -> Response<Bod
 fn unary(result: Result<Value, Fail>) -> Response<Body> {
     match result {
         Ok(v) => plain(200, "application/json", v.to_string().into_bytes()),
-        Err(f) => plain(f.status(), "application/json", f.json().to_string().into_bytes()),
+        Err(f) => plain(
+            f.status(),
+            "application/json",
+            f.json().to_string().into_bytes(),
+        ),
     }
 }
 
@@ -99,7 +103,9 @@ fn files_error(f: &Fail) -> Response<Body> {
     plain(
         status,
         "application/json",
-        json!({"code": status, "message": f.1}).to_string().into_bytes(),
+        json!({"code": status, "message": f.1})
+            .to_string()
+            .into_bytes(),
     )
 }
 
@@ -115,7 +121,12 @@ fn envelope(flags: u8, message: &Value) -> Bytes {
 
 /// The single message of an enveloped (streaming) request.
 fn unenvelope(body: &[u8]) -> Result<Value, Fail> {
-    let bad = || Fail("invalid_argument", "the request is not one Connect envelope".into());
+    let bad = || {
+        Fail(
+            "invalid_argument",
+            "the request is not one Connect envelope".into(),
+        )
+    };
     if body.len() < 5 || body[0] & 0x01 != 0 {
         return Err(bad());
     }
@@ -145,7 +156,10 @@ pub(super) async fn handle(state: Arc<State>, request: Request<Incoming>) -> Res
         }
     };
     let Ok(declared) = declared else {
-        return unary(Err(Fail("invalid_argument", "the Content-Length is not a number".into())));
+        return unary(Err(Fail(
+            "invalid_argument",
+            "the Content-Length is not a number".into(),
+        )));
     };
     if declared.is_some_and(|n| n > MAX_BODY) {
         return unary(Err(Fail(
@@ -245,7 +259,12 @@ pub(super) async fn handle(state: Arc<State>, request: Request<Incoming>) -> Res
         unary(rpc(&b, sb.as_ref(), &path, &req))
     })
     .await
-    .unwrap_or_else(|_| unary(Err(Fail("internal", "the call failed inside the server".into()))))
+    .unwrap_or_else(|_| {
+        unary(Err(Fail(
+            "internal",
+            "the call failed inside the server".into(),
+        )))
+    })
 }
 
 /// A streamed body: the envelopes a blocking task sends, ending when it
@@ -273,7 +292,9 @@ fn rpc(b: &Boxed, sb: &dyn Sandbox, path: &str, req: &Value) -> Result<Value, Fa
         "/process.Process/SendInput" => {
             let id = selected(b, req)?.id;
             let data = bytes_field(&req["input"], "stdin")?;
-            processes(sb)?.write_stdin(id, &data).map_err(|e| from_hako(&e))?;
+            processes(sb)?
+                .write_stdin(id, &data)
+                .map_err(|e| from_hako(&e))?;
             Ok(json!({}))
         }
         "/process.Process/CloseStdin" => {
@@ -286,16 +307,17 @@ fn rpc(b: &Boxed, sb: &dyn Sandbox, path: &str, req: &Value) -> Result<Value, Fa
             match req["signal"].as_str() {
                 Some("SIGNAL_SIGKILL" | "SIGNAL_SIGTERM") | None => {}
                 Some(other) => {
-                    return Err(Fail("invalid_argument", format!("signal {other} is not one envd sends")))
+                    return Err(Fail(
+                        "invalid_argument",
+                        format!("signal {other} is not one envd sends"),
+                    ))
                 }
             }
             processes(sb)?.kill(id).map_err(|e| from_hako(&e))?;
             Ok(json!({}))
         }
         "/process.Process/Update" => Err(Fail::unsupported("a terminal (pty)")),
-        "/process.Process/StreamInput" => {
-            Err(Fail::unsupported("streamed stdin (use send_stdin)"))
-        }
+        "/process.Process/StreamInput" => Err(Fail::unsupported("streamed stdin (use send_stdin)")),
         "/filesystem.Filesystem/Stat" => {
             let p = path_of(b, req, "path")?;
             Ok(json!({"entry": entry(b, sb, &p)?}))
@@ -314,7 +336,10 @@ fn rpc(b: &Boxed, sb: &dyn Sandbox, path: &str, req: &Value) -> Result<Value, Fa
         "/filesystem.Filesystem/Remove" => {
             let p = path_of(b, req, "path")?;
             if p == b.workspace {
-                return Err(Fail("permission_denied", "the workspace itself is not removed".into()));
+                return Err(Fail(
+                    "permission_denied",
+                    "the workspace itself is not removed".into(),
+                ));
             }
             remove_all(sb, &p)?;
             Ok(json!({}))
@@ -352,7 +377,9 @@ fn rpc(b: &Boxed, sb: &dyn Sandbox, path: &str, req: &Value) -> Result<Value, Fa
         | "/filesystem.Filesystem/RemoveWatcher" => Err(Fail::unsupported("watching a directory")),
         other => Err(Fail(
             "unimplemented",
-            format!("no method {other}: this server answers envd's process and filesystem services"),
+            format!(
+                "no method {other}: this server answers envd's process and filesystem services"
+            ),
         )),
     }
 }
@@ -394,9 +421,15 @@ fn selected(b: &Boxed, req: &Value) -> Result<Proc, Fail> {
     let found = if let Some(pid) = sel["pid"].as_u64() {
         u32::try_from(pid).ok().and_then(|p| procs.get(&p).cloned())
     } else if let Some(tag) = sel["tag"].as_str() {
-        procs.values().find(|p| p.tag.as_deref() == Some(tag)).cloned()
+        procs
+            .values()
+            .find(|p| p.tag.as_deref() == Some(tag))
+            .cloned()
     } else {
-        return Err(Fail("invalid_argument", "name a process by pid or tag".into()));
+        return Err(Fail(
+            "invalid_argument",
+            "name a process by pid or tag".into(),
+        ));
     };
     found.ok_or_else(|| Fail("not_found", format!("process {sel} not found")))
 }
@@ -514,9 +547,17 @@ fn stream_connect(
         })
         .unwrap_or(0);
     let procs = processes(sb)?;
-    let now = procs.wait(p.id, Some(Duration::ZERO)).map_err(|e| from_hako(&e))?;
+    let now = procs
+        .wait(p.id, Some(Duration::ZERO))
+        .map_err(|e| from_hako(&e))?;
     send(tx, &json!({"event": {"start": {"pid": pid}}}))?;
-    pump(procs, p.id, (now.stdout_total, now.stderr_total), keepalive, tx)
+    pump(
+        procs,
+        p.id,
+        (now.stdout_total, now.stderr_total),
+        keepalive,
+        tx,
+    )
 }
 
 fn send(tx: &tokio::sync::mpsc::Sender<Bytes>, message: &Value) -> Result<(), Fail> {
@@ -541,22 +582,38 @@ fn pump(
         let mut got = false;
         if !out_done {
             let s = procs
-                .read_output(id, Stream::Stdout, out_at, CHUNK, Some(Duration::from_millis(50)))
+                .read_output(
+                    id,
+                    Stream::Stdout,
+                    out_at,
+                    CHUNK,
+                    Some(Duration::from_millis(50)),
+                )
                 .map_err(|e| from_hako(&e))?;
             if !s.data.is_empty() {
-                send(tx, &json!({"event": {"data": {"stdout": BASE64.encode(&s.data)}}}))?;
+                send(
+                    tx,
+                    &json!({"event": {"data": {"stdout": BASE64.encode(&s.data)}}}),
+                )?;
                 got = true;
             }
             out_at = s.next;
             out_done = s.ended && s.data.is_empty();
         }
         if !err_done {
-            let wait = if out_done { Some(Duration::from_millis(50)) } else { None };
+            let wait = if out_done {
+                Some(Duration::from_millis(50))
+            } else {
+                None
+            };
             let s = procs
                 .read_output(id, Stream::Stderr, err_at, CHUNK, wait)
                 .map_err(|e| from_hako(&e))?;
             if !s.data.is_empty() {
-                send(tx, &json!({"event": {"data": {"stderr": BASE64.encode(&s.data)}}}))?;
+                send(
+                    tx,
+                    &json!({"event": {"data": {"stderr": BASE64.encode(&s.data)}}}),
+                )?;
                 got = true;
             }
             err_at = s.next;
@@ -602,7 +659,16 @@ fn entry(b: &Boxed, sb: &dyn Sandbox, p: &Path) -> Result<Value, Fail> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    Ok(entry_json(b, &name, p, m.kind, m.size, m.mode, m.mtime, m.symlink_target.as_deref()))
+    Ok(entry_json(
+        b,
+        &name,
+        p,
+        m.kind,
+        m.size,
+        m.mode,
+        m.mtime,
+        m.symlink_target.as_deref(),
+    ))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -669,7 +735,9 @@ fn list_dir(
     for e in listing.entries {
         let name = e.name.to_string_lossy().into_owned();
         let child = p.join(&e.name);
-        out.push(entry_json(b, &name, &child, e.kind, e.size, e.mode, e.mtime, None));
+        out.push(entry_json(
+            b, &name, &child, e.kind, e.size, e.mode, e.mtime, None,
+        ));
         if e.kind == FileKind::Dir && depth > 1 {
             list_dir(b, sb, &child, depth - 1, out)?;
         }
@@ -706,7 +774,9 @@ fn files(
         if k == "path" {
             match crate::routes::percent_decode(v) {
                 Ok(p) => path = Some(p),
-                Err(why) => return files_error(&Fail("invalid_argument", format!("the path {why}"))),
+                Err(why) => {
+                    return files_error(&Fail("invalid_argument", format!("the path {why}")))
+                }
             }
         }
     }
@@ -722,7 +792,10 @@ fn files(
         };
     }
     if *method != Method::POST {
-        return files_error(&Fail("unimplemented", format!("/files takes GET or POST, not {method}")));
+        return files_error(&Fail(
+            "unimplemented",
+            format!("/files takes GET or POST, not {method}"),
+        ));
     }
     let parts = match super::multipart::parts(body, content_type) {
         Ok(p) => p,
@@ -749,5 +822,9 @@ fn files(
             Err(f) => return files_error(&f),
         }
     }
-    plain(200, "application/json", Value::Array(written).to_string().into_bytes())
+    plain(
+        200,
+        "application/json",
+        Value::Array(written).to_string().into_bytes(),
+    )
 }
