@@ -201,6 +201,24 @@ fn e2b_sdk_runs_commands_and_moves_files_in_linux_sandboxes_of_their_own() {
         .filter(|r| r["kind"] == "sandbox" && r["op"] == "close")
         .count();
     assert!(opened >= 3, "{records:?}");
+    // Each effect is recorded, as for the /v1 API: commands, files
+    // written, and refusals.
+    let has = |kind: &str, key: &str, value: &str| {
+        records
+            .iter()
+            .any(|r| r["kind"] == kind && r.get(key).and_then(|v| v.as_str()) == Some(value))
+    };
+    assert!(
+        records.iter().any(|r| r["kind"] == "exec"
+            && r["argv"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|x| x == "echo bye; exit 7"))),
+        "{records:?}"
+    );
+    assert!(has("file", "op", "write"), "{records:?}");
+    assert!(has("file", "op", "remove"), "{records:?}");
+    assert!(has("process", "op", "kill"), "{records:?}");
+    assert!(has("refusal", "path", "/etc/passwd"), "{records:?}");
     assert_eq!(opened, closed, "{records:?}");
     // The root given is the caller's: kept when the server stops.
     assert!(server.root.is_dir());

@@ -16,10 +16,12 @@ use serde_json::{json, Value};
 
 use hako_core::{Command, FileKind, Sandbox, SpawnOptions, Stream};
 
+use hako_audit::{Exec, FileOp, FrontEnd, ProcessOp, Record};
+
 use super::{sandbox_of, Boxed, Proc};
 use crate::reply::{with_body, Body};
 use crate::routes::{declared_length, read_body};
-use crate::state::{lookup, State};
+use crate::state::{audit, audit_failure, lookup, State};
 use crate::{DEFAULT_EXEC_TIMEOUT, MAX_BODY, MAX_EXEC_TIMEOUT};
 
 /// A Connect error: its code and message.
@@ -216,14 +218,16 @@ pub(super) async fn handle(state: Arc<State>, request: Request<Incoming>) -> Res
         let turn = state.starts.enter().await;
         let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(64);
         let start = path.ends_with("/Start");
+        let worker = Arc::clone(&state);
         tokio::task::spawn_blocking(move || {
             let _slot = slot;
             let _turn = turn;
+            let at = Audit(&worker, &b, sb.as_ref());
             let outcome = unenvelope(&body).and_then(|req| {
                 if start {
-                    stream_start(&b, sb.as_ref(), &req, deadline, keepalive, &tx)
+                    stream_start(&at, &req, deadline, keepalive, &tx)
                 } else {
-                    stream_connect(&b, sb.as_ref(), &req, keepalive, &tx)
+                    stream_connect(&at, &req, keepalive, &tx)
                 }
             });
             let end = match outcome {
@@ -237,8 +241,9 @@ pub(super) async fn handle(state: Arc<State>, request: Request<Incoming>) -> Res
     let method = head.method.clone();
     tokio::task::spawn_blocking(move || {
         let _slot = slot;
+        let at = Audit(&state, &b, sb.as_ref());
         if path == "/files" {
-            return files(&b, sb.as_ref(), &method, &query, &body, &content_type);
+            return files(&at, &method, &query, &body, &content_type);
         }
         if path == "/health" {
             return plain(204, "text/plain", Vec::new());
@@ -256,7 +261,7 @@ pub(super) async fn handle(state: Arc<State>, request: Request<Incoming>) -> Res
                 }
             }
         };
-        unary(rpc(&b, sb.as_ref(), &path, &req))
+        unary(rpc(&at, &path, &req))
     })
     .await
     .unwrap_or_else(|_| {
@@ -286,7 +291,8 @@ impl hyper::body::Body for Envelopes {
 }
 
 /// The unary methods.
-fn rpc(b: &Boxed, sb: &dyn Sandbox, path: &str, req: &Value) -> Result<Value, Fail> {
+fn rpc(at: &Audit<'_>, path: &str, req: &Value) -> Result<Value, Fail> {
+    let (b, sb) = (at.1, at.2);
     match path {
         "/process.Process/List" => list(b, sb),
         "/process.Process/SendInput" => {
@@ -299,7 +305,17 @@ fn rpc(b: &Boxed, sb: &dyn Sandbox, path: &str, req: &Value) -> Result<Value, Fa
         }
         "/process.Process/CloseStdin" => {
             let id = selected(b, req)?.id;
-            processes(sb)?.close_stdin(id).map_err(|e| from_hako(&e))?;
+            processes(sb)?
+                .close_stdin(id)
+                .map_err(|e| at.failed(&e, None))?;
+            at.process(
+                id,
+                ProcessOp::SendInput {
+                    bytes: 0,
+                    sha256: hako_audit::sha256_hex(&[]),
+                    closed_stdin: true,
+                },
+            );
             Ok(json!({}))
         }
         "/process.Process/SendSignal" => {
@@ -313,44 +329,56 @@ fn rpc(b: &Boxed, sb: &dyn Sandbox, path: &str, req: &Value) -> Result<Value, Fa
                     ))
                 }
             }
-            processes(sb)?.kill(id).map_err(|e| from_hako(&e))?;
+            let procs = processes(sb)?;
+            procs.kill(id).map_err(|e| at.failed(&e, None))?;
+            let now = procs.wait(id, Some(Duration::ZERO)).ok();
+            let status = now.as_ref().and_then(|s| s.status);
+            at.process(
+                id,
+                ProcessOp::Kill {
+                    ended: now.as_ref().is_some_and(hako_core::ProcessState::finished),
+                    exit_code: status.and_then(|s| s.code()),
+                    signal: status.and_then(|s| s.signal()),
+                },
+            );
             Ok(json!({}))
         }
         "/process.Process/Update" => Err(Fail::unsupported("a terminal (pty)")),
         "/process.Process/StreamInput" => Err(Fail::unsupported("streamed stdin (use send_stdin)")),
         "/filesystem.Filesystem/Stat" => {
-            let p = path_of(b, req, "path")?;
+            let p = at.resolve(req["path"].as_str().unwrap_or(""))?;
             Ok(json!({"entry": entry(b, sb, &p)?}))
         }
         "/filesystem.Filesystem/MakeDir" => {
-            let p = path_of(b, req, "path")?;
+            let p = at.resolve(req["path"].as_str().unwrap_or(""))?;
             if sb.stat().is_some() && entry(b, sb, &p).is_ok() {
                 return Err(Fail("already_exists", format!("{} exists", b.show(&p))));
             }
             let Some(mk) = sb.make_dir_all() else {
                 return Err(Fail::unsupported("making a directory on this backend"));
             };
-            mk.make_dir_all(&p).map_err(|e| from_hako(&e))?;
+            mk.make_dir_all(&p).map_err(|e| at.failed(&e, Some(&p)))?;
+            at.file(&p, FileOp::MakeDir);
             Ok(json!({"entry": entry(b, sb, &p)?}))
         }
         "/filesystem.Filesystem/Remove" => {
-            let p = path_of(b, req, "path")?;
+            let p = at.resolve(req["path"].as_str().unwrap_or(""))?;
             if p == b.workspace {
                 return Err(Fail(
                     "permission_denied",
                     "the workspace itself is not removed".into(),
                 ));
             }
-            remove_all(sb, &p)?;
+            remove_all(at, &p)?;
             Ok(json!({}))
         }
         "/filesystem.Filesystem/Move" => {
-            let from = path_of(b, req, "source")?;
-            let to = path_of(b, req, "destination")?;
+            let from = at.resolve(req["source"].as_str().unwrap_or(""))?;
+            let to = at.resolve(req["destination"].as_str().unwrap_or(""))?;
             entry(b, sb, &from)?;
-            let out = sb
-                .exec(&Command::new(["mv", "-T", "--"]).arg_paths(&from, &to))
-                .map_err(|e| from_hako(&e))?;
+            let command = Command::new(["mv", "-T", "--"]).arg_paths(&from, &to);
+            let out = sb.exec(&command).map_err(|e| at.failed(&e, Some(&from)))?;
+            at.exec(&command, |e| e.output(&out));
             if !out.status.success() {
                 return Err(Fail(
                     "invalid_argument",
@@ -365,7 +393,7 @@ fn rpc(b: &Boxed, sb: &dyn Sandbox, path: &str, req: &Value) -> Result<Value, Fa
             Ok(json!({"entry": entry(b, sb, &to)?}))
         }
         "/filesystem.Filesystem/ListDir" => {
-            let p = path_of(b, req, "path")?;
+            let p = at.resolve(req["path"].as_str().unwrap_or(""))?;
             let depth = req["depth"].as_u64().unwrap_or(1).max(1);
             let mut entries = Vec::new();
             list_dir(b, sb, &p, depth, &mut entries)?;
@@ -402,9 +430,67 @@ fn processes(sb: &dyn Sandbox) -> Result<&dyn hako_core::Processes, Fail> {
         .ok_or_else(|| Fail::unsupported("long-lived processes on this backend"))
 }
 
-fn path_of(b: &Boxed, req: &Value, field: &str) -> Result<PathBuf, Fail> {
-    let p = req[field].as_str().unwrap_or("");
-    b.resolve(p).map_err(|why| Fail("permission_denied", why))
+/// What records an in-sandbox call's effects: the server, the E2B
+/// sandbox, and its hako sandbox.
+struct Audit<'a>(&'a State, &'a Boxed, &'a dyn Sandbox);
+
+impl Audit<'_> {
+    /// Records a failed sandbox call (a refusal or an error) and gives
+    /// its Connect error.
+    fn failed(&self, e: &hako_core::Error, path: Option<&Path>) -> Fail {
+        audit_failure(self.0, self.1.table_id, self.2, e, |f| {
+            f.path = path.map(Path::to_path_buf);
+        });
+        from_hako(e)
+    }
+
+    /// Records a path refused before it reached the sandbox.
+    fn refused(&self, path: &str, why: String) -> Fail {
+        let mut failure = hako_audit::Failure::new(FrontEnd::Serve, &why);
+        failure.backend = Some(self.2.capabilities().backend.clone());
+        failure.sandbox = Some(self.1.table_id);
+        failure.path = Some(PathBuf::from(path));
+        audit(self.0, failure.record(true));
+        Fail("permission_denied", why)
+    }
+
+    fn file(&self, path: &Path, op: FileOp) {
+        audit(
+            self.0,
+            Record::File(hako_audit::File::new(
+                FrontEnd::Serve,
+                Some(self.1.table_id),
+                path,
+                op,
+            )),
+        );
+    }
+
+    fn process(&self, id: hako_core::ProcessId, op: ProcessOp) {
+        audit(
+            self.0,
+            Record::Process(hako_audit::Process {
+                process: id.0,
+                sandbox: Some(self.1.table_id),
+                op,
+            }),
+        );
+    }
+
+    fn exec(&self, command: &Command, f: impl FnOnce(Exec) -> Exec) {
+        let mut exec = f(Exec::new(
+            FrontEnd::Serve,
+            &self.2.capabilities().backend,
+            command,
+        ));
+        exec.sandbox = Some(self.1.table_id);
+        audit(self.0, Record::Exec(exec));
+    }
+
+    /// The sandbox path `path` names, or the refusal (recorded).
+    fn resolve(&self, path: &str) -> Result<PathBuf, Fail> {
+        self.1.resolve(path).map_err(|why| self.refused(path, why))
+    }
 }
 
 fn bytes_field(v: &Value, field: &str) -> Result<Vec<u8>, Fail> {
@@ -461,13 +547,13 @@ fn list(b: &Boxed, sb: &dyn Sandbox) -> Result<Value, Fail> {
 /// `Start`: runs the command as a long-lived process and streams its
 /// start, output and end.
 fn stream_start(
-    b: &Boxed,
-    sb: &dyn Sandbox,
+    at: &Audit<'_>,
     req: &Value,
     deadline: Option<Duration>,
     keepalive: Option<Duration>,
     tx: &tokio::sync::mpsc::Sender<Bytes>,
 ) -> Result<(), Fail> {
+    let (b, sb) = (at.1, at.2);
     if req.get("pty").is_some_and(|v| !v.is_null()) {
         return Err(Fail::unsupported("a terminal (pty)"));
     }
@@ -481,7 +567,7 @@ fn stream_start(
         argv.extend(args.iter().map(|a| a.as_str().unwrap_or("").to_string()));
     }
     let cwd = match config["cwd"].as_str() {
-        Some(c) if !c.is_empty() => b.resolve(c).map_err(|why| Fail("permission_denied", why))?,
+        Some(c) if !c.is_empty() => at.resolve(c)?,
         _ => b.workspace.clone(),
     };
     let mut command = Command::new(argv).cwd(cwd);
@@ -513,7 +599,8 @@ fn stream_start(
                 ..SpawnOptions::default()
             },
         )
-        .map_err(|e| from_hako(&e))?;
+        .map_err(|e| at.failed(&e, None))?;
+    at.exec(&command, |e| e.still_running(id.0, Duration::ZERO, 0, 0));
     b.procs().insert(
         pid,
         Proc {
@@ -530,12 +617,12 @@ fn stream_start(
 
 /// `Connect`: streams the output of a running process from now on, and its end.
 fn stream_connect(
-    b: &Boxed,
-    sb: &dyn Sandbox,
+    at: &Audit<'_>,
     req: &Value,
     keepalive: Option<Duration>,
     tx: &tokio::sync::mpsc::Sender<Bytes>,
 ) -> Result<(), Fail> {
+    let (b, sb) = (at.1, at.2);
     let p = selected(b, req)?;
     let pid = req["process"]["pid"]
         .as_u64()
@@ -746,24 +833,49 @@ fn list_dir(
 }
 
 /// Removes `p` and, for a directory, all under it.
-fn remove_all(sb: &dyn Sandbox, p: &Path) -> Result<(), Fail> {
-    let Some(stat) = sb.stat() else {
-        return sb.remove(p).map_err(|e| from_hako(&e));
-    };
-    let m = stat.stat(p).map_err(|e| from_hako(&e))?;
-    if m.kind == FileKind::Dir {
-        for e in sb.list_dir(p).map_err(|e| from_hako(&e))?.entries {
-            remove_all(sb, &p.join(e.name))?;
+fn remove_all(at: &Audit<'_>, p: &Path) -> Result<(), Fail> {
+    let sb = at.2;
+    if let Some(stat) = sb.stat() {
+        let m = stat.stat(p).map_err(|e| at.failed(&e, Some(p)))?;
+        if m.kind == FileKind::Dir {
+            for e in sb.list_dir(p).map_err(|e| at.failed(&e, Some(p)))?.entries {
+                remove_all(at, &p.join(e.name))?;
+            }
         }
     }
-    sb.remove(p).map_err(|e| from_hako(&e))
+    sb.remove(p).map_err(|e| at.failed(&e, Some(p)))?;
+    at.file(p, FileOp::Remove);
+    Ok(())
+}
+
+/// At most [`MAX_BODY`] bytes of a file (a larger one is refused),
+/// recorded.
+fn read(at: &Audit<'_>, p: &Path) -> Result<Vec<u8>, Fail> {
+    let sb = at.2;
+    let (data, truncated) = match sb.read_limit() {
+        Some(rl) => rl
+            .read_file_limit(p, MAX_BODY)
+            .map(|o| (o.data, o.truncated)),
+        None => sb.read_file(p).map(|d| (d, false)),
+    }
+    .map_err(|e| at.failed(&e, Some(p)))?;
+    at.file(p, FileOp::read(&data, truncated));
+    if truncated || data.len() as u64 > MAX_BODY {
+        return Err(Fail(
+            "resource_exhausted",
+            format!(
+                "{} is over {MAX_BODY} bytes, the most one read returns",
+                at.1.show(p)
+            ),
+        ));
+    }
+    Ok(data)
 }
 
 /// `/files`: `GET ?path=` downloads a file; `POST` (a multipart form, each
 /// part's file name its path, or `?path=` for a single part) writes them.
 fn files(
-    b: &Boxed,
-    sb: &dyn Sandbox,
+    at: &Audit<'_>,
     method: &Method,
     query: &str,
     body: &[u8],
@@ -780,12 +892,12 @@ fn files(
             }
         }
     }
-    let resolve = |p: &str| b.resolve(p).map_err(|why| Fail("permission_denied", why));
+    let (b, sb) = (at.1, at.2);
     if *method == Method::GET {
         let Some(p) = path else {
             return files_error(&Fail("invalid_argument", "give ?path=".into()));
         };
-        let read = resolve(&p).and_then(|p| sb.read_file(&p).map_err(|e| from_hako(&e)));
+        let read = at.resolve(&p).and_then(|p| read(at, &p));
         return match read {
             Ok(data) => plain(200, "application/octet-stream", data),
             Err(f) => files_error(&f),
@@ -808,10 +920,11 @@ fn files(
         } else {
             filename.clone()
         };
-        let result = resolve(&name).and_then(|p| {
+        let result = at.resolve(&name).and_then(|p| {
             hako_core::write_file_creating_parents(sb, &p, data)
-                .map_err(|e| from_hako(&e))
-                .map(|_| p)
+                .map_err(|e| at.failed(&e, Some(&p)))?;
+            at.file(&p, FileOp::write(data));
+            Ok(p)
         });
         match result {
             Ok(p) => written.push(json!({
