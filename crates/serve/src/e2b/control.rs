@@ -257,6 +257,9 @@ fn create(state: &State, body: &[u8]) -> Reply {
     };
     let table_id = state.next.fetch_add(1, Ordering::SeqCst);
     let caps = sb.capabilities().clone();
+    let workdir = sb
+        .workdir()
+        .map_or_else(|| workspace.clone(), |w| w.workdir().to_path_buf());
     table(state).open.insert(table_id, Arc::from(sb));
     let mut opened = SandboxOpened::new(FrontEnd::Serve, Some(table_id), &caps);
     opened.workdir = Some(workspace.clone());
@@ -266,6 +269,7 @@ fn create(state: &State, body: &[u8]) -> Reply {
         id: id.clone(),
         table_id,
         workspace,
+        workdir,
         access_token,
         template,
         metadata,

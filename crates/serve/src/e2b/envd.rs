@@ -363,7 +363,7 @@ fn rpc(at: &Audit<'_>, path: &str, req: &Value) -> Result<Value, Fail> {
         }
         "/filesystem.Filesystem/Remove" => {
             let p = at.resolve(req["path"].as_str().unwrap_or(""))?;
-            if p == b.workspace {
+            if b.show(&p) == super::HOME {
                 return Err(Fail(
                     "permission_denied",
                     "the workspace itself is not removed".into(),
@@ -376,7 +376,8 @@ fn rpc(at: &Audit<'_>, path: &str, req: &Value) -> Result<Value, Fail> {
             let from = at.resolve(req["source"].as_str().unwrap_or(""))?;
             let to = at.resolve(req["destination"].as_str().unwrap_or(""))?;
             entry(b, sb, &from)?;
-            let command = Command::new(["mv", "-T", "--"]).arg_paths(&from, &to);
+            let command =
+                Command::new(["mv", "-T", "--"]).arg_paths(&b.inside(&from), &b.inside(&to));
             let out = sb.exec(&command).map_err(|e| at.failed(&e, Some(&from)))?;
             at.exec(&command, |e| e.output(&out));
             if !out.status.success() {
@@ -567,11 +568,11 @@ fn stream_start(
         argv.extend(args.iter().map(|a| a.as_str().unwrap_or("").to_string()));
     }
     let cwd = match config["cwd"].as_str() {
-        Some(c) if !c.is_empty() => at.resolve(c)?,
-        _ => b.workspace.clone(),
+        Some(c) if !c.is_empty() => b.inside(&at.resolve(c)?),
+        _ => b.workdir.clone(),
     };
     let mut command = Command::new(argv).cwd(cwd);
-    command = command.env("HOME", b.workspace.to_string_lossy());
+    command = command.env("HOME", b.workdir.to_string_lossy());
     for (k, v) in &b.envs {
         command = command.env(k, v);
     }
@@ -742,10 +743,8 @@ fn entry(b: &Boxed, sb: &dyn Sandbox, p: &Path) -> Result<Value, Fail> {
         return Err(Fail::unsupported("stat on this backend"));
     };
     let m = stat.stat(p).map_err(|e| from_hako(&e))?;
-    let name = p
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let shown = b.show(p);
+    let name = shown.rsplit('/').next().unwrap_or_default().to_string();
     Ok(entry_json(
         b,
         &name,

@@ -97,6 +97,9 @@ pub(crate) struct Boxed {
     table_id: u64,
     /// Its own workspace (under the root), removed with it.
     workspace: PathBuf,
+    /// The workspace as commands inside see it (on `linux` and `landlock`
+    /// the same path; a container's own path on the others).
+    workdir: PathBuf,
     /// The secret its in-sandbox calls carry.
     access_token: String,
     template: String,
@@ -145,28 +148,47 @@ impl Boxed {
         self.next_pid.fetch_add(1, Ordering::SeqCst)
     }
 
-    /// The path inside the sandbox that `path` (as an E2B program gives
-    /// it) names, or why it is refused.
+    /// The path, relative to the workspace, that `path` (as an E2B
+    /// program gives it) names, or why it is refused.
     fn resolve(&self, path: &str) -> Result<PathBuf, String> {
-        resolve(&self.workspace, path)
+        resolve(&[&self.workdir, &self.workspace], path)
     }
 
-    /// `path` as the program sees it: under `/home/user` when it is in the
-    /// workspace.
-    fn show(&self, path: &Path) -> String {
-        match path.strip_prefix(&self.workspace) {
-            Ok(rest) if rest.as_os_str().is_empty() => HOME.to_string(),
-            Ok(rest) => format!("{HOME}/{}", rest.display()),
-            Err(_) => path.display().to_string(),
-        }
+    /// A relative path as commands inside the sandbox see it.
+    fn inside(&self, rel: &Path) -> PathBuf {
+        let mut out = self.workdir.clone();
+        out.extend(
+            rel.components()
+                .filter(|c| *c != std::path::Component::CurDir),
+        );
+        out
+    }
+
+    /// A relative path as the program sees it: under `/home/user`.
+    fn show(&self, rel: &Path) -> String {
+        show(rel)
     }
 }
 
-/// Where `path` lands in a sandbox whose workspace is `workspace`:
-/// `/home/user` and what is under it, a relative path, or a path under the
-/// workspace's own path; `..` is never followed out (the fence checks the
+/// A path relative to the workspace as the program sees it: under
+/// `/home/user`.
+fn show(rel: &Path) -> String {
+    let mut out = String::from(HOME);
+    for c in rel.components() {
+        if let std::path::Component::Normal(n) = c {
+            out.push('/');
+            out.push_str(&n.to_string_lossy());
+        }
+    }
+    out
+}
+
+/// Where `path` lands, relative to the workspace (`.` for the workspace
+/// itself): `/home/user` and what is under it, a relative path, or a path
+/// under one of the workspace's own absolute paths (`own`: as commands
+/// see it, and on the host); `..` is never followed (the fence checks the
 /// result again).
-fn resolve(workspace: &Path, path: &str) -> Result<PathBuf, String> {
+fn resolve(own: &[&Path], path: &str) -> Result<PathBuf, String> {
     if path.contains('\0') {
         return Err("a path may not hold a NUL byte".into());
     }
@@ -180,18 +202,21 @@ fn resolve(workspace: &Path, path: &str) -> Result<PathBuf, String> {
         rest
     } else if !path.starts_with('/') {
         path
-    } else if let Ok(rest) = Path::new(path).strip_prefix(workspace) {
-        return join(workspace, &rest.to_string_lossy(), path);
+    } else if let Some(rest) = own
+        .iter()
+        .find_map(|w| Path::new(path).strip_prefix(w).ok())
+    {
+        return join(&rest.to_string_lossy(), path);
     } else {
         return Err(format!(
             "{path} is outside the sandbox's workspace: hako maps {HOME} (and relative paths) to the sandbox's own workspace, and refuses every other path"
         ));
     };
-    join(workspace, rest, path)
+    join(rest, path)
 }
 
-fn join(workspace: &Path, rest: &str, asked: &str) -> Result<PathBuf, String> {
-    let mut out = workspace.to_path_buf();
+fn join(rest: &str, asked: &str) -> Result<PathBuf, String> {
+    let mut out = PathBuf::from(".");
     for part in rest.split('/') {
         match part {
             "" | "." => {}
@@ -360,11 +385,17 @@ mod tests {
 
     #[test]
     fn home_and_relative_paths_land_in_the_workspace_and_others_are_refused() {
-        let ws = Path::new("/srv/e2b/abc");
-        assert_eq!(resolve(ws, "/home/user").unwrap(), ws);
-        assert_eq!(resolve(ws, "/home/user/a/b").unwrap(), ws.join("a/b"));
-        assert_eq!(resolve(ws, "a/./b").unwrap(), ws.join("a/b"));
-        assert_eq!(resolve(ws, "/srv/e2b/abc/x").unwrap(), ws.join("x"));
+        let ws: &[&Path] = &[Path::new("/workspace"), Path::new("/srv/e2b/abc")];
+        let rel = |p: &str| PathBuf::from(p);
+        assert_eq!(resolve(ws, "/home/user").unwrap(), rel("."));
+        assert_eq!(resolve(ws, "~").unwrap(), rel("."));
+        assert_eq!(resolve(ws, "/home/user/a/b").unwrap(), rel("./a/b"));
+        assert_eq!(resolve(ws, "~/a").unwrap(), rel("./a"));
+        assert_eq!(resolve(ws, "a/./b").unwrap(), rel("./a/b"));
+        assert_eq!(resolve(ws, "/srv/e2b/abc/x").unwrap(), rel("./x"));
+        assert_eq!(resolve(ws, "/workspace/x/").unwrap(), rel("./x"));
+        assert_eq!(show(&rel("./a/b")), "/home/user/a/b");
+        assert_eq!(show(&rel(".")), "/home/user");
         for bad in [
             "/etc/passwd",
             "/home/user/../x",
@@ -372,6 +403,8 @@ mod tests {
             "/home/userx",
             "/srv/e2b/abcd",
             "/srv/e2b/abc/../other",
+            "/workspace/../etc",
+            "/workspacex",
             "a\0b",
         ] {
             assert!(resolve(ws, bad).is_err(), "{bad}");
