@@ -1,5 +1,6 @@
 //! `hako serve --e2b` driven by the unmodified `e2b` SDK (`e2b_client.py`
-//! beside this file, sync and async) on the `linux` backend: sandboxes,
+//! beside this file, sync and async) on the `linux` backend (and `gvisor`
+//! where `hako doctor` says it works): sandboxes,
 //! commands, files, timeouts and errors as E2B programs use them; then
 //! what the server left behind is checked.
 //!
@@ -54,6 +55,10 @@ struct Server {
 
 impl Server {
     fn start() -> Server {
+        Server::start_on("linux")
+    }
+
+    fn start_on(backend: &str) -> Server {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().join("root");
         std::fs::create_dir(&root).unwrap();
@@ -72,7 +77,7 @@ impl Server {
             l.local_addr().unwrap().port()
         };
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hako"))
-            .args(["serve", "--e2b", "--backend", "linux", "--listen"])
+            .args(["serve", "--e2b", "--backend", backend, "--listen"])
             .arg(format!("127.0.0.1:{port}"))
             .arg("--e2b-root")
             .arg(&root)
@@ -222,6 +227,34 @@ fn e2b_sdk_runs_commands_and_moves_files_in_linux_sandboxes_of_their_own() {
     assert_eq!(opened, closed, "{records:?}");
     // The root given is the caller's: kept when the server stops.
     assert!(server.root.is_dir());
+}
+
+/// Whether `hako doctor` says `backend` works; skips (or fails under
+/// `HAKO_MUST_WORK=1`) when not.
+fn works(backend: &str) -> bool {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hako"))
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = v["backends"]
+        .as_array()
+        .and_then(|b| b.iter().find(|r| r["backend"] == backend))
+        .cloned()
+        .unwrap_or_default();
+    report["works"] == true || support::skip(&format!("{backend} does not work here: {report}"))
+}
+
+#[test]
+fn e2b_sdk_runs_commands_and_moves_files_in_gvisor_sandboxes() {
+    if !ready("e2b_sdk_runs_commands_and_moves_files_in_gvisor_sandboxes") || !works("gvisor") {
+        return;
+    }
+    let mut server = Server::start_on("gvisor");
+    server.client("sync");
+    server.client("async");
+    assert_eq!(entries(&server.root), Vec::<String>::new());
+    server.stop();
 }
 
 #[test]
