@@ -21,6 +21,7 @@ from e2b import (  # noqa: E402
     NotFoundException,
     Sandbox,
     SandboxException,
+    SandboxNotRunningException,
     SandboxQuery,
     TimeoutException,
 )
@@ -125,10 +126,21 @@ def drive_sync():
         other.set_timeout(1)
     finally:
         sb.kill()
+    # A killed sandbox is gone, as on E2B.
     try:
         sb.commands.run("true")
         check(False, "a killed sandbox ran a command")
-    except SandboxException:
+    except SandboxNotRunningException:
+        pass
+    try:
+        sb.files.read("/home/user/data/blob.bin")
+        check(False, "a killed sandbox's file was read")
+    except SandboxNotRunningException:
+        pass
+    try:
+        Sandbox.connect(sb.sandbox_id)
+        check(False, "connected to a killed sandbox")
+    except NotFoundException:
         pass
     check(not os.path.exists(os.path.join(root, sb.sandbox_id)), "workspace left behind")
     # The lease: `other` is killed once its timeout passes.

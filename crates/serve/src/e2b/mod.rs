@@ -282,7 +282,7 @@ fn sandbox_of(state: &State, headers: &HeaderMap) -> Result<Arc<Boxed>, (u16, St
     let Some(b) = state.e2b.get(id) else {
         return Err((
             502,
-            format!("sandbox {id:?} not found: it was killed, its timeout passed, or it never was on this server"),
+            format!("sandbox {id:?} was not found: it was killed, its timeout passed, or it never was on this server"),
         ));
     };
     let mut given = headers.get_all(ACCESS_TOKEN).iter();
