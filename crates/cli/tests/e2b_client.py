@@ -18,6 +18,7 @@ from e2b import (  # noqa: E402
     AsyncSandbox,
     AuthenticationException,
     CommandExitException,
+    FilesystemEventType,
     NotFoundException,
     Sandbox,
     SandboxException,
@@ -94,6 +95,16 @@ def drive_sync():
         sb.files.rename("/home/user/m/a.txt", "/home/user/m/c.txt")
         check(sb.files.exists("/home/user/m/c.txt"), "renamed")
         check(not sb.files.exists("/home/user/m/a.txt"), "old name gone")
+        # A directory watched (polled by hako).
+        sb.files.make_dir("/home/user/w")
+        w = sb.files.watch_dir("/home/user/w")
+        sb.files.write("/home/user/w/f.txt", "x")
+        events = w.get_new_events()
+        check(any(e.name == "f.txt" and e.type == FilesystemEventType.CREATE for e in events), events)
+        sb.files.remove("/home/user/w/f.txt")
+        events = w.get_new_events()
+        check(any(e.name == "f.txt" and e.type == FilesystemEventType.REMOVE for e in events), events)
+        w.stop()
         sb.files.remove("/home/user/m")
         check(not sb.files.exists("/home/user/m"), "removed")
         try:
@@ -171,6 +182,17 @@ async def drive_async():
             check(False, "no CommandExitException")
         except CommandExitException as e:
             check(e.exit_code == 4, e)
+        await sb.files.make_dir("/home/user/w")
+        seen_events = []
+        w = await sb.files.watch_dir("/home/user/w", on_event=seen_events.append)
+        await sb.files.write("/home/user/w/new.txt", "n")
+        for _ in range(100):
+            if any(e.name == "new.txt" for e in seen_events):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            check(False, f"no watch event: {seen_events}")
+        await w.stop()
         await sb.files.write("/home/user/x.bin", BINARY)
         check(bytes(await sb.files.read("/home/user/x.bin", format="bytes")) == BINARY, "binary")
         h = await sb.commands.run("cat", background=True, stdin=True)

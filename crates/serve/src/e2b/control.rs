@@ -277,6 +277,7 @@ fn create(state: &State, body: &[u8]) -> Reply {
         started: now,
         end: Mutex::new(now + timeout),
         procs: Mutex::new(HashMap::new()),
+        watchers: Mutex::new(HashMap::new()),
         next_pid: AtomicU32::new(1000),
     });
     let answer = created(&b);

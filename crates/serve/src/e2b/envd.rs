@@ -172,7 +172,9 @@ pub(super) async fn handle(state: Arc<State>, request: Request<Incoming>) -> Res
     let (head, body) = request.into_parts();
     let path = head.uri.path().to_string();
     let query = head.uri.query().unwrap_or("").to_string();
-    let starts = path == "/process.Process/Start" || path == "/process.Process/Connect";
+    let starts = path == "/process.Process/Start"
+        || path == "/process.Process/Connect"
+        || path == "/filesystem.Filesystem/WatchDir";
     let moves = path == "/files";
     let slot = if starts {
         state.execs.try_take()
@@ -218,13 +220,16 @@ pub(super) async fn handle(state: Arc<State>, request: Request<Incoming>) -> Res
         let turn = state.starts.enter().await;
         let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(64);
         let start = path.ends_with("/Start");
+        let watch = path.ends_with("/WatchDir");
         let worker = Arc::clone(&state);
         tokio::task::spawn_blocking(move || {
             let _slot = slot;
             let _turn = turn;
             let at = Audit(&worker, &b, sb.as_ref());
             let outcome = unenvelope(&body).and_then(|req| {
-                if start {
+                if watch {
+                    stream_watch(&at, &req, deadline, keepalive, &tx)
+                } else if start {
                     stream_start(&at, &req, deadline, keepalive, &tx)
                 } else {
                     stream_connect(&at, &req, keepalive, &tx)
@@ -400,10 +405,52 @@ fn rpc(at: &Audit<'_>, path: &str, req: &Value) -> Result<Value, Fail> {
             list_dir(b, sb, &p, depth, &mut entries)?;
             Ok(json!({"entries": entries}))
         }
-        "/filesystem.Filesystem/WatchDir"
-        | "/filesystem.Filesystem/CreateWatcher"
-        | "/filesystem.Filesystem/GetWatcherEvents"
-        | "/filesystem.Filesystem/RemoveWatcher" => Err(Fail::unsupported("watching a directory")),
+        "/filesystem.Filesystem/CreateWatcher" => {
+            let p = at.resolve(req["path"].as_str().unwrap_or(""))?;
+            let recursive = req["recursive"].as_bool().unwrap_or(false);
+            let seen = snapshot(at, &p, recursive)?;
+            let mut watchers = b.watchers();
+            if watchers.len() >= MAX_WATCHERS {
+                return Err(Fail(
+                    "resource_exhausted",
+                    format!("a sandbox has at most {MAX_WATCHERS} watchers; stop one first"),
+                ));
+            }
+            let id = super::random_hex(8).map_err(|e| Fail("internal", e.to_string()))?;
+            watchers.insert(
+                id.clone(),
+                Watcher {
+                    path: p,
+                    recursive,
+                    seen,
+                },
+            );
+            Ok(json!({"watcherId": id}))
+        }
+        "/filesystem.Filesystem/GetWatcherEvents" => {
+            let id = req["watcherId"].as_str().unwrap_or("");
+            let (path, recursive, before) = match b.watchers().get(id) {
+                Some(w) => (w.path.clone(), w.recursive, w.seen.clone()),
+                None => return Err(Fail("not_found", format!("watcher {id} not found"))),
+            };
+            let now = snapshot(at, &path, recursive)?;
+            let events = changes(&before, &now);
+            if let Some(w) = b.watchers().get_mut(id) {
+                w.seen = now;
+            }
+            Ok(json!({"events": events}))
+        }
+        "/filesystem.Filesystem/RemoveWatcher" => {
+            let id = req["watcherId"].as_str().unwrap_or("");
+            match b.watchers().remove(id) {
+                Some(_) => Ok(json!({})),
+                None => Err(Fail("not_found", format!("watcher {id} not found"))),
+            }
+        }
+        "/filesystem.Filesystem/WatchDir" => Err(Fail(
+            "invalid_argument",
+            "WatchDir is a server stream: call it as one".into(),
+        )),
         other => Err(Fail(
             "unimplemented",
             format!(
@@ -735,6 +782,128 @@ fn pump(
         event["error"] = json!(e);
     }
     send(tx, &json!({"event": {"end": event}}))
+}
+
+/// The most watchers a sandbox holds at once.
+const MAX_WATCHERS: usize = 16;
+
+/// The most entries one watch compares.
+const MAX_WATCHED: usize = 10_000;
+
+/// How often a `WatchDir` stream lists its directory again.
+const WATCH_POLL: Duration = Duration::from_millis(200);
+
+/// A directory watched by polling: what was there when last looked at.
+pub(super) struct Watcher {
+    path: PathBuf,
+    recursive: bool,
+    seen: Snapshot,
+}
+
+/// Each entry under a watched directory (relative to it): its kind, size
+/// and modification time.
+type Snapshot = std::collections::BTreeMap<String, (bool, u64, i64)>;
+
+fn snapshot(at: &Audit<'_>, dir: &Path, recursive: bool) -> Result<Snapshot, Fail> {
+    let mut out = Snapshot::new();
+    let mut todo = vec![(dir.to_path_buf(), String::new())];
+    while let Some((p, prefix)) = todo.pop() {
+        let listing = at.2.list_dir(&p).map_err(|e| {
+            if p == dir {
+                at.failed(&e, Some(&p))
+            } else {
+                from_hako(&e)
+            }
+        });
+        let listing = match listing {
+            Ok(l) => l,
+            // A subdirectory removed while being looked at.
+            Err(_) if p != dir => continue,
+            Err(f) => return Err(f),
+        };
+        for e in listing.entries {
+            let name = format!("{prefix}{}", e.name.to_string_lossy());
+            let is_dir = e.kind == FileKind::Dir;
+            if is_dir && recursive {
+                todo.push((p.join(&e.name), format!("{name}/")));
+            }
+            out.insert(name, (is_dir, e.size, e.mtime));
+            if out.len() > MAX_WATCHED {
+                return Err(Fail(
+                    "resource_exhausted",
+                    format!("a watched directory holds more than {MAX_WATCHED} entries"),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The `FilesystemEvent`s between two looks at a directory.
+fn changes(before: &Snapshot, now: &Snapshot) -> Vec<Value> {
+    let mut events = Vec::new();
+    for (name, info) in now {
+        match before.get(name) {
+            None => events.push(json!({"name": name, "type": "EVENT_TYPE_CREATE"})),
+            Some(old) if old != info && !info.0 => {
+                events.push(json!({"name": name, "type": "EVENT_TYPE_WRITE"}));
+            }
+            _ => {}
+        }
+    }
+    for name in before.keys().filter(|n| !now.contains_key(*n)) {
+        events.push(json!({"name": name, "type": "EVENT_TYPE_REMOVE"}));
+    }
+    events
+}
+
+/// `WatchDir`: the directory's changes as they are seen (polled), until
+/// the client goes away or the call's deadline passes.
+fn stream_watch(
+    at: &Audit<'_>,
+    req: &Value,
+    deadline: Option<Duration>,
+    keepalive: Option<Duration>,
+    tx: &tokio::sync::mpsc::Sender<Bytes>,
+) -> Result<(), Fail> {
+    let p = at.resolve(req["path"].as_str().unwrap_or(""))?;
+    let recursive = req["recursive"].as_bool().unwrap_or(false);
+    let mut seen = snapshot(at, &p, recursive)?;
+    send(tx, &json!({"start": {}}))?;
+    let began = Instant::now();
+    let end = deadline
+        .filter(|d| !d.is_zero())
+        .unwrap_or(MAX_EXEC_TIMEOUT)
+        .min(MAX_EXEC_TIMEOUT);
+    let mut last_sent = Instant::now();
+    while began.elapsed() < end {
+        std::thread::sleep(WATCH_POLL);
+        if tx.is_closed() {
+            return Ok(());
+        }
+        let now = match snapshot(at, &p, recursive) {
+            Ok(now) => now,
+            // The directory itself removed: its removal is the last event.
+            Err(Fail("not_found", _)) => Snapshot::new(),
+            Err(f) => return Err(f),
+        };
+        let events = changes(&seen, &now);
+        if !events.is_empty() {
+            last_sent = Instant::now();
+        }
+        for event in events {
+            send(tx, &json!({"filesystem": event}))?;
+        }
+        if keepalive.is_some_and(|k| last_sent.elapsed() >= k) {
+            send(tx, &json!({"keepalive": {}}))?;
+            last_sent = Instant::now();
+        }
+        seen = now;
+    }
+    Err(Fail(
+        "deadline_exceeded",
+        "the watch's timeout passed".into(),
+    ))
 }
 
 /// An `EntryInfo` for `p`.

@@ -16,7 +16,8 @@
 //! - The in-sandbox API (`envd`), told apart by the `E2b-Sandbox-Id`
 //!   header the SDK sends with every call to a sandbox: envd's process
 //!   and filesystem services over Connect (JSON codec, as the SDK speaks
-//!   it) and its `/files` upload and download. Each such request carries
+//!   it) and its `/files` upload and download. Directory watches are
+//!   polled (the directory listed again and compared), not pushed. Each such request carries
 //!   the sandbox's access token (`X-Access-Token`), a random secret handed
 //!   out by create and connect to holders of the server's token.
 //! - Each sandbox has a workspace of its own: a fresh directory under the
@@ -26,7 +27,7 @@
 //!   path (what `pwd` prints in a command) is accepted too; anything else
 //!   is refused by the fence (`permission_denied`).
 //! - What hako has no equivalent for (templates, pause and resume,
-//!   snapshots, metrics, terminals, directory watches, streamed stdin)
+//!   snapshots, metrics, terminals, streamed stdin)
 //!   answers `501` (or Connect's `unimplemented`) saying it is not
 //!   supported by hako.
 
@@ -110,6 +111,8 @@ pub(crate) struct Boxed {
     end: Mutex<SystemTime>,
     /// Its processes by E2B pid.
     procs: Mutex<HashMap<u32, Proc>>,
+    /// Its directory watchers (`files.watch_dir`) by id.
+    watchers: Mutex<HashMap<String, envd::Watcher>>,
     next_pid: AtomicU32,
 }
 
@@ -142,6 +145,10 @@ impl Boxed {
 
     fn procs(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Proc>> {
         self.procs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn watchers(&self) -> std::sync::MutexGuard<'_, HashMap<String, envd::Watcher>> {
+        self.watchers.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn next_pid(&self) -> u32 {
