@@ -134,6 +134,27 @@ impl Opener {
         self.open_on(self.hold(None)?, &DriverOptions::default())
     }
 
+    /// Opens one sandbox as [`Opener::open`] does, on `workspace` in place
+    /// of the spec's (`hako serve --e2b` gives each sandbox a workspace of
+    /// its own). Refused with a copy-on-write workspace.
+    pub fn open_in(&self, workspace: &std::path::Path) -> Result<Box<dyn Sandbox>, Error> {
+        if self.cow.is_some() {
+            return Err(Error::Backend {
+                backend: self.kind.name().into(),
+                op: "open",
+                message: "a sandbox in a workspace of its own cannot also be copy-on-write".into(),
+            });
+        }
+        let mut spec = self.spec.clone();
+        spec.workspace = workspace.to_path_buf();
+        let sandbox = open_held(self.kind, &spec, &DriverOptions::default(), None)?;
+        if let Err(e) = hako_core::require_isolation(sandbox.as_ref(), self.min_isolation) {
+            let _ = sandbox.close();
+            return Err(e);
+        }
+        Ok(sandbox)
+    }
+
     /// Opens one sandbox on `layers` (from [`Opener::hold`]; `None`
     /// without `--cow`), with the driver reading and closing it as
     /// `driver` says. The sandbox holds the layers until it is dropped.

@@ -16,7 +16,7 @@ pub(crate) fn authorized(
     state: &State,
     headers: &HeaderMap,
 ) -> Result<(), hako_runtime::http::TokenRefusal> {
-    if state.config.swerex {
+    if state.config.swerex || state.config.e2b.is_some() {
         if let Some(checked) = crate::swerex::api_key(state, headers) {
             return checked;
         }

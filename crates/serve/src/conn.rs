@@ -147,6 +147,10 @@ async fn serve_connection(
             if state.config.swerex {
                 return Ok::<_, Infallible>(crate::swerex::handle(state, request).await);
             }
+            // And one in E2B mode, E2B's.
+            if state.config.e2b.is_some() {
+                return Ok::<_, Infallible>(crate::e2b::handle(state, request).await);
+            }
             Ok::<_, Infallible>(handle(state, request).await)
         }
     });

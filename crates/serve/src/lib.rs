@@ -19,10 +19,12 @@
 //! token), `routes` (routing, bounded bodies), `state` (the sandboxes'
 //! table and the slot pools), `sandboxes`, `exec`, `files`, `processes`
 //! (the handlers) and `reply` (the JSON shapes answered); `swerex` answers
-//! SWE-ReX's remote runtime protocol instead ([`ServeConfig::swerex`]).
+//! SWE-ReX's remote runtime protocol instead ([`ServeConfig::swerex`]),
+//! `e2b` E2B's API ([`ServeConfig::e2b`]).
 
 mod auth;
 mod conn;
+mod e2b;
 mod exec;
 mod files;
 mod gate;
@@ -40,6 +42,8 @@ use std::time::Duration;
 
 use hako_core::Sandbox;
 use hako_runtime::CowHold;
+
+pub use e2b::{E2bConfig, OpenIn};
 
 use conn::accept_loop;
 use state::{close_all, Slots, State, Table};
@@ -197,6 +201,11 @@ pub struct ServeConfig {
     /// one sandbox, named sessions, absolute paths under its working
     /// directory (see the `swerex` module).
     pub swerex: bool,
+    /// `--e2b`: answer E2B's API (for the unmodified `e2b` SDK) instead
+    /// of this API: each sandbox in a workspace of its own under the
+    /// configuration's root, killed when its timeout passes (see the
+    /// `e2b` module).
+    pub e2b: Option<E2bConfig>,
 }
 
 /// Makes the copy-on-write layers of a new sandbox: the named sandbox the
@@ -237,6 +246,7 @@ impl ServeConfig {
             allow_agent_commit: false,
             stop_on_stdin_eof: false,
             swerex: false,
+            e2b: None,
         }
     }
 
@@ -307,13 +317,19 @@ pub fn serve(listener: std::net::TcpListener, config: ServeConfig) -> std::io::R
         transfers: Arc::new(Slots::new(MAX_TRANSFERS)),
         waits: Arc::new(Slots::new(MAX_WAITS)),
         swerex: swerex::Rex::default(),
+        e2b: e2b::E2b::default(),
     });
     // In SWE-ReX mode the sandbox is there before the first request: the
     // client's alive check waits a fraction of a second, not for a start.
     if state.config.swerex {
         swerex::start(&state)?;
     }
+    if state.config.e2b.is_some() {
+        e2b::start_leases(&state)?;
+    }
     let result = runtime.block_on(accept_loop(listener, Arc::clone(&state)));
+    // E2B's sandboxes go with their workspaces.
+    e2b::kill_all(&state);
     // Closing the sandboxes first kills what still runs in them, so the
     // blocking tasks waiting on them end.
     close_all(&state);

@@ -344,7 +344,7 @@ fn query_pairs(query: &str) -> Result<Vec<(String, String)>, Reply> {
 /// followed by two hex digits, a NUL byte or bytes that are not UTF-8 are
 /// an error, never replaced, so that the path used is always the path
 /// sent.
-fn percent_decode(s: &str) -> Result<String, &'static str> {
+pub(crate) fn percent_decode(s: &str) -> Result<String, &'static str> {
     fn hex(b: u8) -> Option<u8> {
         match b {
             b'0'..=b'9' => Some(b - b'0'),

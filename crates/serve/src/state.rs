@@ -33,6 +33,8 @@ pub(crate) struct State {
     pub(crate) connections: Arc<Slots>,
     /// In SWE-ReX mode: its sandbox and named sessions.
     pub(crate) swerex: crate::swerex::Rex,
+    /// In E2B mode: its sandboxes.
+    pub(crate) e2b: crate::e2b::E2b,
 }
 
 /// The open sandboxes, and how many are being opened (they count against

@@ -52,6 +52,17 @@ pub struct ServeArgs {
     /// the token as X-API-Key.
     #[arg(long)]
     swerex: bool,
+    /// Answer E2B's API (the unmodified `e2b` SDK, with E2B_API_URL and
+    /// E2B_SANDBOX_URL set to this server, E2B_API_KEY to its token)
+    /// instead of the /v1 API: each sandbox in a workspace of its own,
+    /// /home/user mapped to it, killed when its timeout passes.
+    #[arg(long, conflicts_with = "swerex")]
+    e2b: bool,
+    /// With --e2b: the directory each sandbox's workspace is made in (and
+    /// removed from) [default: a new private directory under the system's
+    /// temporary directory, removed when the server stops].
+    #[arg(long, value_name = "DIR", requires = "e2b")]
+    e2b_root: Option<PathBuf>,
 }
 
 /// Runs `hako serve`.
@@ -76,6 +87,9 @@ pub fn run(args: ServeArgs) -> u8 {
     let audit_path = args.audit.clone().or_else(|| plan.audit.clone());
     if args.swerex && plan.cow.is_some() {
         return fail(&"--swerex serves SWE-ReX's protocol, which has no way to review, commit or keep a copy-on-write sandbox's changes: leave out --cow (or the profile's `cow = true`)");
+    }
+    if args.e2b && plan.cow.is_some() {
+        return fail(&"--e2b gives each sandbox a plain workspace of its own, which E2B's API has no way to review or commit: leave out --cow (or the profile's `cow = true`)");
     }
     // Every sandbox a client asks for is opened from this one choice, and
     // a backend weaker than --min-isolation refuses to start.
@@ -146,6 +160,8 @@ pub fn run(args: ServeArgs) -> u8 {
         opener.kind().name(),
         if args.swerex {
             ", SWE-ReX protocol"
+        } else if args.e2b {
+            ", E2B API"
         } else {
             ""
         }
@@ -172,6 +188,22 @@ pub fn run(args: ServeArgs) -> u8 {
     {
         eprintln!("hako serve: warning: {warning}");
     }
+    let e2b = if args.e2b {
+        let root = match e2b_root(args.e2b_root.as_deref()) {
+            Ok(root) => root,
+            Err(e) => return fail(&e),
+        };
+        let opener = opener.clone();
+        Some((
+            hako_serve::E2bConfig {
+                root: root.path().to_path_buf(),
+                open_in: Box::new(move |workspace| opener.open_in(workspace)),
+            },
+            root,
+        ))
+    } else {
+        None
+    };
     let mut config = hako_serve::ServeConfig::with_opener(opener, token, audit);
     // SIGINT and SIGTERM stop it: every sandbox is closed, then the audit
     // log gets its closing record.
@@ -180,8 +212,64 @@ pub fn run(args: ServeArgs) -> u8 {
     config.allow_agent_commit = args.allow_agent_commit;
     config.stop_on_stdin_eof = args.exit_on_stdin_eof;
     config.swerex = args.swerex;
+    // The root made here lives (and is removed) with the server.
+    let (e2b, _root) = match e2b {
+        Some((c, root)) => (Some(c), Some(root)),
+        None => (None, None),
+    };
+    config.e2b = e2b;
     match hako_serve::serve(listener, config) {
         Ok(()) => 0,
         Err(e) => fail(&e),
     }
+}
+
+/// Where `--e2b` makes each sandbox's workspace.
+enum E2bRoot {
+    /// `--e2b-root DIR`: the caller's, kept.
+    Given(PathBuf),
+    /// A private directory made for the server, removed when it stops.
+    Made(PathBuf),
+}
+
+impl E2bRoot {
+    fn path(&self) -> &std::path::Path {
+        match self {
+            E2bRoot::Given(p) | E2bRoot::Made(p) => p,
+        }
+    }
+}
+
+impl Drop for E2bRoot {
+    fn drop(&mut self) {
+        if let E2bRoot::Made(p) = self {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
+/// The root given (it must be a directory), or a new private one.
+fn e2b_root(given: Option<&std::path::Path>) -> Result<E2bRoot, String> {
+    if let Some(dir) = given {
+        return match std::fs::canonicalize(dir) {
+            Ok(p) if p.is_dir() => Ok(E2bRoot::Given(p)),
+            Ok(_) => Err(format!("--e2b-root {}: not a directory", dir.display())),
+            Err(e) => Err(format!("--e2b-root {}: {e}", dir.display())),
+        };
+    }
+    let mut random = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut random))
+        .map_err(|e| format!("cannot make the E2B root: {e}"))?;
+    let name: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    let dir = std::env::temp_dir().join(format!("hako-e2b-{name}"));
+    {
+        use std::os::unix::fs::DirBuilderExt as _;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| format!("cannot make the E2B root {}: {e}", dir.display()))?;
+    }
+    let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
+    Ok(E2bRoot::Made(dir))
 }

@@ -39,7 +39,7 @@
 mod ops;
 mod session;
 mod text;
-mod upload;
+pub(crate) mod upload;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};

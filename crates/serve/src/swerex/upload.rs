@@ -100,7 +100,7 @@ fn boolean(data: &[u8]) -> Result<bool, String> {
 }
 
 /// The boundary of a `multipart/form-data` content type.
-fn boundary(content_type: &str) -> Result<String, String> {
+pub(crate) fn boundary(content_type: &str) -> Result<String, String> {
     let mut params = params(content_type);
     let kind = params.next().map(|(k, _)| k.to_ascii_lowercase());
     if kind.as_deref() != Some("multipart/form-data") {
@@ -120,7 +120,7 @@ fn boundary(content_type: &str) -> Result<String, String> {
 
 /// A header value's `;`-separated items: the first as its key, the others
 /// `key=value` (a quoted value unquoted).
-fn params(value: &str) -> impl Iterator<Item = (String, String)> + '_ {
+pub(crate) fn params(value: &str) -> impl Iterator<Item = (String, String)> + '_ {
     let mut items = Vec::new();
     let (mut current, mut quoted, mut escaped) = (String::new(), false, false);
     for c in value.chars() {
@@ -145,7 +145,7 @@ fn params(value: &str) -> impl Iterator<Item = (String, String)> + '_ {
     })
 }
 
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+pub(crate) fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
