@@ -59,9 +59,12 @@ fn containers_runs_report_their_backend_isolation_and_share_the_workspace() {
         ),
         (vec!["--backend", "gvisor"], "gvisor", "kernel"),
     ] {
+        // The policy gate judges docker under runsc as the sandbox then
+        // reports itself: --min-isolation kernel lets it start.
         let out = hako()
             .arg("run")
             .args(&args)
+            .args(["--min-isolation", isolation])
             .arg("--workspace")
             .arg(&ws)
             .args(["--json", "--", "sh", "-c", "echo inside > from-inside; pwd"])
@@ -83,6 +86,17 @@ fn containers_runs_report_their_backend_isolation_and_share_the_workspace() {
         );
         std::fs::remove_file(ws.join("from-inside")).unwrap();
     }
+    // Under runc, docker is refused a kernel boundary before anything starts.
+    let out = hako()
+        .args(["run", "--backend", "docker", "--min-isolation", "kernel"])
+        .arg("--workspace")
+        .arg(&ws)
+        .args(["--json", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["isolation"], "process", "{v}");
 }
 
 #[test]

@@ -150,13 +150,35 @@ impl BackendKind {
         }
     }
 
+    /// The isolation the backend provides under the OCI `runtime` the spec
+    /// names: `docker` with gVisor's `runsc` gives `kernel`, as its
+    /// sandboxes report once open (where it is checked again).
+    pub fn isolation_under(self, runtime: Option<&str>) -> Isolation {
+        if self == BackendKind::Docker && hako_docker::is_gvisor_runtime(runtime) {
+            Isolation::Kernel
+        } else {
+            self.isolation()
+        }
+    }
+
     /// The policy gate, before anything starts: refuses a backend whose
     /// isolation is weaker than `required`.
     pub fn require_isolation(self, required: Isolation) -> Result<(), Error> {
-        if self.isolation() < required {
+        self.require_isolation_under(required, None)
+    }
+
+    /// [`require_isolation`](Self::require_isolation) under the OCI
+    /// `runtime` the spec names (see [`isolation_under`](Self::isolation_under)).
+    pub fn require_isolation_under(
+        self,
+        required: Isolation,
+        runtime: Option<&str>,
+    ) -> Result<(), Error> {
+        let actual = self.isolation_under(runtime);
+        if actual < required {
             return Err(Error::IsolationTooWeak {
                 required,
-                actual: self.isolation(),
+                actual,
                 backend: self.name().into(),
             });
         }

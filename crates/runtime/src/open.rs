@@ -40,7 +40,7 @@ impl Opener {
     ) -> Result<Self, Error> {
         let min_isolation = min_isolation.max(spec.min_isolation);
         let kind = resolve(backend)?;
-        kind.require_isolation(min_isolation)?;
+        kind.require_isolation_under(min_isolation, spec.runtime.as_deref())?;
         Ok(Opener {
             kind,
             spec,
@@ -66,7 +66,7 @@ impl Opener {
         min_isolation: Isolation,
     ) -> Result<Self, Error> {
         let min_isolation = min_isolation.max(plan.spec.min_isolation);
-        kind.require_isolation(min_isolation)?;
+        kind.require_isolation_under(min_isolation, plan.spec.runtime.as_deref())?;
         if kind == BackendKind::Host && plan.cow.is_some() {
             // Refused before any layer is made: the host backend has no
             // boundary to mount a view in.

@@ -98,10 +98,10 @@ struct On<'a> {
 impl<'a> On<'a> {
     /// Before the sandbox is open: the backend's isolation as the policy
     /// gate judged it (what its refusal names).
-    fn kind(kind: hako_runtime::BackendKind) -> On<'static> {
+    fn kind(kind: hako_runtime::BackendKind, runtime: Option<&str>) -> On<'static> {
         On {
             backend: kind.name(),
-            isolation: kind.isolation(),
+            isolation: kind.isolation_under(runtime),
         }
     }
 
@@ -186,7 +186,7 @@ pub fn run(args: RunArgs) -> u8 {
     };
     // The policy gate comes first: a run that needs a stronger boundary
     // than this backend has never starts.
-    let chosen = On::kind(kind);
+    let chosen = On::kind(kind, plan.spec.runtime.as_deref());
     let opener = match hako_runtime::Opener::with_kind(kind, plan, Isolation::None) {
         Ok(opener) => opener,
         Err(err) => return refuse(Some(chosen), &err, exit::SANDBOX_FAILED, true),
