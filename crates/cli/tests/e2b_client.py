@@ -69,7 +69,11 @@ def drive_sync():
         h = sb.commands.run("read x; echo got $x", background=True, stdin=True)
         sb.commands.send_stdin(h.pid, "yo\n")
         check(h.wait().stdout == "got yo\n", "stdin")
-        h = sb.commands.run("sleep 60", background=True)
+        # A handle let go of leaves the command running; connect finds it.
+        h = sb.commands.run("sleep 1; echo late", background=True)
+        h.disconnect()
+        check(sb.commands.connect(h.pid).wait().stdout == "late\n", "connect")
+        h = sb.commands.run("sleep 60", background=True, timeout=0)
         check(any(p.pid == h.pid for p in sb.commands.list()), "listed")
         check(sb.commands.kill(h.pid), "killed")
         try:

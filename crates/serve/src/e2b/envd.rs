@@ -22,7 +22,7 @@ use super::{sandbox_of, Boxed, Proc};
 use crate::reply::{with_body, Body};
 use crate::routes::{declared_length, read_body};
 use crate::state::{audit, audit_failure, lookup, State};
-use crate::{DEFAULT_EXEC_TIMEOUT, MAX_BODY, MAX_EXEC_TIMEOUT};
+use crate::{MAX_BODY, MAX_EXEC_TIMEOUT};
 
 /// A Connect error: its code and message.
 struct Fail(&'static str, String);
@@ -157,6 +157,12 @@ pub(super) async fn handle(state: Arc<State>, request: Request<Incoming>) -> Res
             return r;
         }
     };
+    if let Err(r) = crate::auth::same_origin(&state, request.headers()) {
+        let message = r.body["error"].as_str().unwrap_or("").to_string();
+        let mut r = unary(Err(Fail("permission_denied", message)));
+        *r.status_mut() = hyper::StatusCode::FORBIDDEN;
+        return r;
+    }
     let Ok(declared) = declared else {
         return unary(Err(Fail(
             "invalid_argument",
@@ -628,12 +634,12 @@ fn stream_start(
             command = command.env(k, v.as_str().unwrap_or(""));
         }
     }
-    let timeout = match deadline {
-        Some(d) if d.is_zero() => DEFAULT_EXEC_TIMEOUT,
-        Some(d) => d.min(MAX_EXEC_TIMEOUT),
-        None => DEFAULT_EXEC_TIMEOUT,
-    };
-    command = command.timeout(timeout);
+    // The call's deadline is the command's; without one (`timeout=0`, as
+    // a server started in the background is given) the sandbox's own
+    // lease bounds it, as on E2B: it is killed with the sandbox.
+    if let Some(d) = deadline.filter(|d| !d.is_zero()) {
+        command = command.timeout(d.min(MAX_EXEC_TIMEOUT));
+    }
     let stdin = req["stdin"].as_bool().unwrap_or(false);
     let procs = processes(sb)?;
     let pid = b.next_pid();
@@ -659,7 +665,14 @@ fn stream_start(
     );
     send(tx, &json!({"event": {"start": {"pid": pid}}}))?;
     let outcome = pump(procs, id, (0, 0), keepalive, tx);
-    b.procs().remove(&pid);
+    // A client that went away leaves the process running, still found by
+    // its pid (`commands.connect`, `kill`); one that ended is forgotten.
+    if procs
+        .wait(id, Some(Duration::ZERO))
+        .map_or(true, |s| s.finished())
+    {
+        b.procs().remove(&pid);
+    }
     outcome
 }
 
