@@ -231,7 +231,7 @@ fn e2b_sdk_runs_commands_and_moves_files_in_linux_sandboxes_of_their_own() {
 
 /// Whether `hako doctor` says `backend` works; skips (or fails under
 /// `HAKO_MUST_WORK=1`) when not.
-fn works(backend: &str) -> bool {
+fn works(test: &str, backend: &str) -> bool {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_hako"))
         .args(["doctor", "--json"])
         .output()
@@ -247,7 +247,8 @@ fn works(backend: &str) -> bool {
 
 #[test]
 fn e2b_sdk_runs_commands_and_moves_files_in_gvisor_sandboxes() {
-    if !ready("e2b_sdk_runs_commands_and_moves_files_in_gvisor_sandboxes") || !works("gvisor") {
+    let test = "e2b_sdk_runs_commands_and_moves_files_in_gvisor_sandboxes";
+    if !ready(test) || !works(test, "gvisor") {
         return;
     }
     let mut server = Server::start_on("gvisor");
