@@ -242,7 +242,8 @@ fn works(test: &str, backend: &str) -> bool {
         .and_then(|b| b.iter().find(|r| r["backend"] == backend))
         .cloned()
         .unwrap_or_default();
-    report["works"] == true || support::skip(&format!("{backend} does not work here: {report}"))
+    report["works"] == true
+        || support::skip(&format!("{test}: {backend} does not work here: {report}"))
 }
 
 #[test]
