@@ -663,14 +663,15 @@ class AsyncSandbox:
         on_stdout: Optional[Any] = None,
         on_stderr: Optional[Any] = None,
         binary: bool = False,
+        max_output: Optional[int] = None,
     ) -> RunResult:
         """Runs a command, as :meth:`hako.Sandbox.run`; the callbacks may be
         plain functions or coroutine functions."""
         timeout = self._timeout(timeout)
         if on_stdout is None and on_stderr is None:
-            body = c.exec_body(cmd, cwd, env, timeout, stdin, binary=binary)
+            body = c.exec_body(cmd, cwd, env, timeout, stdin, binary=binary, max_output=max_output)
             return RunResult.from_json(await self._json("POST", "exec", body, timeout=c.http_timeout(timeout)), binary)
-        s = self.stream(cmd, cwd, env, timeout, stdin, binary)
+        s = self.stream(cmd, cwd, env, timeout, stdin, binary, max_output)
         async for kind, data in s:
             cb = on_stdout if kind == "stdout" else on_stderr if kind == "stderr" else None
             if cb is not None:
@@ -688,11 +689,13 @@ class AsyncSandbox:
         timeout: Optional[float] = None,
         stdin: Union[None, str, bytes] = None,
         binary: bool = False,
+        max_output: Optional[int] = None,
     ) -> RunStream:
         """Runs a command, its output as it comes: ``async for stream, data
         in sb.stream(cmd)``; see :class:`RunStream`."""
         timeout = self._timeout(timeout)
-        return RunStream(self, c.exec_body(cmd, cwd, env, timeout, stdin, stream=True, binary=binary), binary)
+        body = c.exec_body(cmd, cwd, env, timeout, stdin, stream=True, binary=binary, max_output=max_output)
+        return RunStream(self, body, binary)
 
     async def session(self) -> AsyncSession:
         """Opens a shell session."""

@@ -154,7 +154,11 @@ def remote_target(
         if token is not None:
             raise ValueError("token= is for remote mode: give url= too (or set HAKO_URL)")
         return None
-    given = sorted(k for k, v in policy.items() if v is not None and v != () and v is not False)
+    given = sorted(
+        k
+        for k, v in policy.items()
+        if v is not None and v is not False and not (isinstance(v, (tuple, list, dict)) and not v)
+    )
     if given:
         raise ValueError(
             f"remote mode ({url}): the server's flags set the sandbox's policy, so "
@@ -317,6 +321,7 @@ def exec_body(
     session: Optional[int] = None,
     stream: bool = False,
     binary: bool = False,
+    max_output: Optional[int] = None,
 ) -> Dict[str, Any]:
     """The body of ``POST .../exec``."""
     body: Dict[str, Any] = {}
@@ -350,6 +355,10 @@ def exec_body(
         body["stream"] = True
     if binary:
         body["encoding"] = "base64"
+    if max_output is not None:
+        if isinstance(max_output, bool) or int(max_output) < 0:
+            raise ValueError(f"max_output is a number of bytes, not {max_output!r}")
+        body["max_output"] = int(max_output)
     return body
 
 

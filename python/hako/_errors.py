@@ -117,6 +117,7 @@ _KINDS: Dict[str, Type[HakoError]] = {
     "too_many_sandboxes": LimitReached,
     "too_large": LimitReached,
     "out_of_resources": LimitReached,
+    "busy": LimitReached,
     "unsupported": Unsupported,
     "bad_request": BadRequest,
     "invalid_command": BadRequest,

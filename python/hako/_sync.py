@@ -601,6 +601,7 @@ class Sandbox:
         on_stdout: Optional[OutputCallback] = None,
         on_stderr: Optional[OutputCallback] = None,
         binary: bool = False,
+        max_output: Optional[int] = None,
     ) -> RunResult:
         """Runs a command and returns how it ended.
 
@@ -616,6 +617,8 @@ class Sandbox:
                 command writes it (the command streams then).
             binary: exact bytes in ``stdout_bytes``/``stderr_bytes`` (and
                 bytes to the callbacks), rather than UTF-8 text.
+            max_output: bytes kept of each of stdout and stderr for this
+                command (at most the sandbox's cap).
 
         Raises:
             CommandNotFound: no such program. FenceError: ``cwd`` outside
@@ -623,7 +626,9 @@ class Sandbox:
         """
         timeout = self._timeout(timeout)
         stream = on_stdout is not None or on_stderr is not None
-        body = c.exec_body(cmd, cwd, env, timeout, stdin, stream=stream, binary=binary)
+        body = c.exec_body(
+            cmd, cwd, env, timeout, stdin, stream=stream, binary=binary, max_output=max_output
+        )
         if not stream:
             v = self._json("POST", "exec", body, timeout=c.http_timeout(timeout))
             return RunResult.from_json(v, binary)

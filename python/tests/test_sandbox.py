@@ -100,6 +100,12 @@ def test_output_over_the_cap_is_truncated_and_says_so(workspace: Path) -> None:
         assert r.stdout_size == 5000 and r.stderr_size == 3000
         r = s.run("echo short")
         assert not r.stdout_truncated and r.stdout == "short\n"
+        # A command's own cap, below the sandbox's.
+        r = s.run("seq 1000", max_output=10)
+        assert r.stdout_truncated and r.stdout == "1\n2\n3\n4\n5\n"
+        out: list = []
+        r = s.run("seq 1000", max_output=4, on_stdout=out.append)
+        assert r.stdout == "1\n2\n" and r.stdout_truncated
 
 
 def test_files_round_trip(sb: hako.Sandbox, workspace: Path) -> None:

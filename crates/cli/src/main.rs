@@ -36,10 +36,17 @@ const _: fn() -> u8 = run;
 /// executable when no `hako-guest` is beside it (see
 /// `hako_driver::connection::locate_guest`).
 fn run() -> u8 {
-    if std::env::args_os()
+    let mut args = std::env::args_os();
+    let guest_name = args
         .next()
-        .is_some_and(|argv0| hako_guest_bin::is_guest_name(&argv0))
-    {
+        .is_some_and(|argv0| hako_guest_bin::is_guest_name(&argv0));
+    // gVisor's host view, which the gvisor backend starts from the static
+    // guest's file by its path: a static `hako` standing in for that guest
+    // (see `hako_container::locate_static_guest`) is started so too.
+    let host_view = args
+        .next()
+        .is_some_and(|first| first == hako_gvisor::host_view::FLAG);
+    if guest_name || host_view {
         return hako_guest_bin::main();
     }
     hako_driver::connection::set_carries_guest();

@@ -1276,6 +1276,21 @@ fn audit_log_records_runs_and_verify_names_an_edited_removed_or_reordered_line()
         "{shown}"
     );
     assert!(shown.contains("refusal") && shown.contains("vm"), "{shown}");
+    // `hako audit show LOG | head`: a reader that has gone is not an error
+    // (no panic, exit 0), in either form.
+    for json in [false, true] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let mut cmd = hako();
+        cmd.args(["audit", "show"]).arg(&log).stdout(writer);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
     let lines: Vec<String> = std::fs::read_to_string(&log)
         .unwrap()
         .lines()

@@ -778,7 +778,7 @@ fn containers_an_image_from_a_debian_root_directory_runs_commands_and_files() {
 }
 
 #[test]
-fn containers_servers_refuse_to_start_on_a_runtime_dockerd_does_not_know() {
+fn containers_servers_refuse_to_start_on_a_runtime_or_an_image_docker_does_not_have() {
     if !works("docker") {
         return;
     }
@@ -809,4 +809,24 @@ fn containers_servers_refuse_to_start_on_a_runtime_dockerd_does_not_know() {
             "{cmd}: {stderr}"
         );
     }
+    // An image of one's own that is not there is named too (never pulled).
+    let out = hako()
+        .args([
+            "mcp",
+            "--backend",
+            "docker",
+            "--image",
+            "hako-no-such-image:latest",
+        ])
+        .arg("--workspace")
+        .arg(ws.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(
+        stderr.contains("image hako-no-such-image:latest is not present; hint: build or load it"),
+        "{stderr}"
+    );
 }

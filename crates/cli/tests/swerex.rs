@@ -296,3 +296,58 @@ fn swerex_a_retried_request_is_answered_again_not_run_twice() {
     assert_eq!(ok.0, 200, "{}", ok.1);
     server.stop();
 }
+
+#[test]
+fn swerex_a_body_past_the_bound_is_refused_unread_and_the_server_goes_on() {
+    if !ready("swerex_a_body_past_the_bound_is_refused_unread_and_the_server_goes_on") {
+        return;
+    }
+    let server = Server::start();
+    let huge = |key: &str, length: &str| {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+        write!(
+            s,
+            "POST /upload HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n{key}Content-Type: multipart/form-data; boundary=b\r\nContent-Length: {length}\r\n\r\n",
+            server.port,
+        )
+        .unwrap();
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).unwrap();
+        raw
+    };
+    // The token first: without it, 401 whatever the body.
+    let key = format!("X-API-Key: {}\r\n", server.token);
+    let past = ((64u64 << 20) + 1).to_string();
+    let answer = huge("", &past);
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    let answer = huge(&key, &past);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("67108864"), "{answer}");
+    // A length past what HTTP parsing takes is answered the same way.
+    let beyond = "99999999999999999999";
+    assert!(huge("", beyond).starts_with("HTTP/1.1 401"));
+    let answer = huge(&key, beyond);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    let ok = server.request("POST", "/execute", &key, r#"{"command": ["true"]}"#);
+    assert_eq!(ok.0, 200, "{}", ok.1);
+    assert!(std::fs::read_dir(&server.ws).unwrap().next().is_none());
+    server.stop();
+}
+
+#[test]
+fn hako_serve_swerex_refuses_a_copy_on_write_workspace_naming_the_flag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hako"))
+        .args(["serve", "--swerex", "--cow", "--listen", "127.0.0.1:0"])
+        .arg("--workspace")
+        .arg(tmp.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(
+        stderr.contains("--swerex") && stderr.contains("--cow") && !stderr.contains("listening"),
+        "{stderr}"
+    );
+}

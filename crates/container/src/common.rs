@@ -68,10 +68,12 @@ pub const STATIC_GUEST_BUILD: &str = "./scripts/build";
 /// tests), else the `hako-guest` hako would run on the host if it happens
 /// to be static. An image brings no libc hako can rely on.
 ///
-/// The running `hako` itself is never taken, even when it is static and
-/// carries the guest: what runs inside every container is the guest's own
-/// executable, which links nothing of the driver, the backends or the
-/// egress proxy.
+/// The running `hako` itself is taken last, and only when it is linked
+/// statically (as the Python wheel's and `scripts/build`'s are): it carries
+/// the guest and runs it when started under a guest name, so an
+/// installation of `hako` alone runs containers too. The guest's own
+/// executable is preferred where there is one: it links nothing of the
+/// driver, the backends or the egress proxy.
 pub fn locate_static_guest(backend: &str, explicit: Option<&Path>) -> Result<PathBuf> {
     find_static_guest(explicit).map_err(|reason| Error::Backend {
         backend: backend.into(),
@@ -116,9 +118,12 @@ fn find_static_guest(explicit: Option<&Path>) -> std::result::Result<PathBuf, St
         };
     }
     match hako_driver::connection::locate_guest() {
-        Ok(path) if exe.as_deref() == Some(path.as_path()) => Err(format!(
-            "no static hako-guest found (no {STATIC_GUEST_NAME} beside hako)"
-        )),
+        Ok(path) if exe.as_deref() == Some(path.as_path()) => match is_static_elf(&path) {
+            Some(true) => Ok(path.canonicalize().unwrap_or(path)),
+            _ => Err(format!(
+                "no static hako-guest found (no {STATIC_GUEST_NAME} beside hako, and hako itself is dynamically linked)"
+            )),
+        },
         Ok(path) if is_static_elf(&path) == Some(true) => Ok(path.canonicalize().unwrap_or(path)),
         Ok(path) => Err(format!(
             "no static hako-guest found (no {STATIC_GUEST_NAME} beside hako, and the hako-guest found, {}, is dynamically linked; the guest runs inside the image)",

@@ -1,6 +1,7 @@
 //! `hako audit`: checks and shows the audit logs `--audit FILE` writes.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
@@ -76,13 +77,31 @@ pub fn run(args: AuditArgs) -> u8 {
                     return 1;
                 }
             };
+            let mut out = std::io::stdout().lock();
             for r in &records {
-                if json {
-                    println!("{}", Value::Object(r.clone()));
+                let line = if json {
+                    Value::Object(r.clone()).to_string()
                 } else {
-                    println!("{}", readable(r));
+                    readable(r)
+                };
+                match writeln!(out, "{line}") {
+                    Ok(()) => {}
+                    // A closed pipe (`| head`) is the reader's choice.
+                    Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return 0,
+                    Err(e) => {
+                        eprintln!("hako: write the records: {e}");
+                        return exit::SANDBOX_FAILED;
+                    }
                 }
             }
+            if let Err(e) = out.flush() {
+                if e.kind() != std::io::ErrorKind::BrokenPipe {
+                    eprintln!("hako: write the records: {e}");
+                    return exit::SANDBOX_FAILED;
+                }
+                return 0;
+            }
+            drop(out);
             if let Err(e) = hako_audit::verify(&file) {
                 eprintln!("hako: {}", message(&e.to_string()));
                 return 1;

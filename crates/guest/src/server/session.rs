@@ -427,9 +427,16 @@ impl Server<'_> {
                     .killed_at
                     .is_some_and(|at| now.duration_since(at) > SESSION_STOP_GRACE)
                 {
-                    // The shell itself does not stop (a builtin loop): the
-                    // session must go.
+                    // The shell itself does not stop (a builtin loop, its
+                    // trap replaced): the session must go.
                     session.kill("its shell did not stop at the command's deadline");
+                } else if run.killed_at.is_some() {
+                    // Until the shell reports: whatever it started since
+                    // (a command it had forked, not yet exec'd, when it was
+                    // interrupted) is killed too, and its trap then runs.
+                    if let Some(shell) = session.shell_pid {
+                        kill_descendants(shell);
+                    }
                 }
             }
             if session.ended.is_some() && session.current.is_some() && session.sup.is_none() {

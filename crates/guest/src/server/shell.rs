@@ -28,42 +28,42 @@ pub(super) fn hello_line(nonce: &str) -> String {
     format!("printf '%s %d\\n' {nonce} \"$$\" >&3\n")
 }
 
-/// The function a session's command runs in (see [`script_line`]).
-const COMMAND_FN: &str = "__hako_command";
-/// Set while [`COMMAND_FN`] runs the script: what the `SIGINT` trap checks.
+/// Set while a session's script runs: what the `SIGINT` trap checks.
 const RUNNING_VAR: &str = "__hako_running";
 /// The script's status, kept until it is reported.
 const STATUS_VAR: &str = "__hako_status";
+/// The descriptor the shell reads the script from.
+const SCRIPT_FD: u8 = 9;
 
-/// The line that runs `script` in the shell itself (so `cd`, `export`,
-/// functions and jobs persist), reading nothing of the shell's own input
-/// and without the status descriptor; then the shell reports the status
-/// with the command's `nonce` on descriptor 3.
+/// The lines that run `script` in the shell itself (so `cd`, `export`,
+/// variables, functions, positional parameters and jobs persist), reading
+/// nothing of the shell's own input and without the status descriptor;
+/// then the shell reports the status with the command's `nonce` on
+/// descriptor 3.
 ///
-/// The script runs inside a function, with a `SIGINT` trap that returns
-/// from it: at the command's deadline the guest stops the shell, sends
-/// it `SIGINT`, kills what it started and continues it, and the shell
-/// returns from the script at once, running nothing after the command the
-/// deadline cut short (`sleep 5; touch after` never touches `after`), yet
-/// keeps its state. The trap returns only while the script runs (the
-/// variable [`RUNNING_VAR`], cleared before the function returns): a late
-/// signal, between commands, changes nothing. Between commands the shell
-/// ignores `SIGINT`. (A deadline that falls inside a function the script
-/// itself defined returns from that function only; the rest of the line
-/// runs. POSIX shells offer no way out of every function at once.) The
-/// script sees the session's positional parameters, but a `set --` in it
-/// sets the function's own, and bash's `declare`, `typeset` and `local`
-/// (without `-g`) make variables of the function: the next command sees
-/// neither (plain assignments, `export`, `cd`, functions and jobs persist).
+/// The script is a here-document the shell reads as a dot script
+/// (`command .`: a syntax error in it fails the command, not the shell),
+/// ended by a line only the guest knows (the nonce), with a `SIGINT` trap
+/// that returns from it: at the command's deadline the guest stops the
+/// shell, sends it `SIGINT`, kills what it started and continues it, and
+/// the shell returns from the script at once, running nothing after the
+/// command the deadline cut short (`sleep 5; touch after` never touches
+/// `after`), yet keeps its state. The trap returns only while the script
+/// runs (the variable [`RUNNING_VAR`], set by the script's first line and
+/// cleared by its last, which returns the script's status): a late
+/// signal, between commands, changes
+/// nothing, and between commands the shell ignores `SIGINT`. (A deadline
+/// that falls inside a function the script itself defined returns from
+/// that function only, and the rest of the script runs: POSIX shells offer
+/// no way out of every function at once.)
 pub(super) fn script_line(script: &str, nonce: &str) -> String {
-    let quoted = script.replace('\'', "'\\''");
-    // `command eval`: a syntax error in the script fails the command, not
-    // the shell (POSIX lets a non-interactive shell exit on a syntax error
-    // in the special builtin `eval`; busybox ash does).
+    let end = format!("HAKO_END_{nonce}");
+    let newline = if script.ends_with('\n') { "" } else { "\n" };
     format!(
-        "{COMMAND_FN}() {{ {RUNNING_VAR}=1; command eval '{quoted}'; {STATUS_VAR}=$?; {RUNNING_VAR}=; return \"${STATUS_VAR}\"; }}; \
-         trap 'if [ -n \"${RUNNING_VAR}\" ]; then {RUNNING_VAR}=; return 130; fi' INT; \
-         {COMMAND_FN} \"$@\" </dev/null 3>&-; {STATUS_VAR}=$?; trap '' INT; printf '%s %d\\n' {nonce} \"${STATUS_VAR}\" >&3\n"
+        "trap 'if [ -n \"${RUNNING_VAR}\" ]; then {RUNNING_VAR}=; return 130; fi' INT; \
+         command . /dev/fd/{SCRIPT_FD} {SCRIPT_FD}<<'{end}' </dev/null 3>&-; \
+         {STATUS_VAR}=$?; {RUNNING_VAR}=; trap '' INT; printf '%s %d\\n' {nonce} \"${STATUS_VAR}\" >&3\n\
+         {RUNNING_VAR}=1\n{script}{newline}{STATUS_VAR}=$?; {RUNNING_VAR}=; return \"${STATUS_VAR}\"\n{end}\n"
     )
 }
 
@@ -123,19 +123,35 @@ mod tests {
     }
 
     #[test]
-    fn a_script_is_quoted_whole_for_eval() {
-        let line = script_line("echo 'it''s' \"$HOME\"; cd /tmp", "N");
-        assert!(
-            line.contains("command eval 'echo '\\''it'\\'''\\''s'\\'' \"$HOME\"; cd /tmp';"),
-            "{line}"
+    fn a_script_is_carried_whole_in_a_here_document_ended_by_the_nonce() {
+        let script = "echo 'it''s' \"$HOME\"\ncd /tmp";
+        let lines = script_line(script, "N");
+        let lines: Vec<&str> = lines.lines().collect();
+        assert!(lines[0].contains("9<<'HAKO_END_N'"), "{}", lines[0]);
+        assert_eq!(
+            lines[1..],
+            [
+                "__hako_running=1",
+                "echo 'it''s' \"$HOME\"",
+                "cd /tmp",
+                "__hako_status=$?; __hako_running=; return \"$__hako_status\"",
+                "HAKO_END_N"
+            ]
         );
-        assert_eq!(line.matches('\n').count(), 1, "one line");
+        assert!(script_line("true\n", "N").contains("\ntrue\n__hako_status=$?;"));
     }
 
     #[test]
     fn a_script_and_the_shells_first_line_report_on_descriptor_3() {
         assert_eq!(hello_line("H"), "printf '%s %d\\n' H \"$$\" >&3\n");
-        assert!(script_line("true", "N").ends_with("N \"$__hako_status\" >&3\n"));
+        let line = script_line("true", "N");
+        assert!(
+            line.lines()
+                .next()
+                .unwrap()
+                .ends_with("N \"$__hako_status\" >&3"),
+            "{line}"
+        );
     }
 
     /// The shells a session may run, those on this host.
@@ -199,6 +215,36 @@ mod tests {
                 }
                 kill_process(shell, Signal::CONT).unwrap();
                 assert_eq!(line(&mut from), "N 130\n", "{argv:?}: {script}");
+            }
+            // State carries over, positional parameters too, and a syntax
+            // error fails the command, not the shell.
+            for (script, want) in [
+                ("set -- one two; G=global; f() { echo \"f $1\"; }", ""),
+                ("f \"$2\"; echo \"$1 $G\"", "f two\none global\n"),
+                ("if then", ""),
+                ("echo out; (exit 7)", "out\n"),
+            ] {
+                to.write_all(script_line(script, "S").as_bytes()).unwrap();
+                to.flush().unwrap();
+                let mut got = String::new();
+                let status = loop {
+                    let l = line(&mut from);
+                    match l.strip_prefix("S ") {
+                        Some(status) => break status.trim().to_string(),
+                        None => got.push_str(&l),
+                    }
+                };
+                assert_eq!(got, want, "{argv:?}: {script}");
+                let want_status = match script {
+                    "if then" => "2",
+                    "echo out; (exit 7)" => "7",
+                    _ => "0",
+                };
+                if script == "if then" {
+                    assert_ne!(status, "0", "{argv:?}: {script}");
+                } else {
+                    assert_eq!(status, want_status, "{argv:?}: {script}");
+                }
             }
             // A late signal, between commands, changes nothing.
             kill_process(shell, Signal::INT).unwrap();

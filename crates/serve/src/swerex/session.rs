@@ -74,6 +74,7 @@ fn session_name(name: &str) -> Result<(), Fail> {
 pub(super) fn create(state: &State, request: CreateSession) -> Result<Value, Fail> {
     bash_type(&request.session_type)?;
     session_name(&request.session)?;
+    let timeout = deadline(Some(request.startup_timeout))?;
     let (id, sb) = sandbox(state)?;
     let Some(sessions) = sb.sessions() else {
         return Err(Fail::raise(
@@ -107,7 +108,6 @@ pub(super) fn create(state: &State, request: CreateSession) -> Result<Value, Fai
     audit_session(state, SessionOp::Open, id, session);
     let mut output = String::new();
     if !request.startup_source.is_empty() {
-        let timeout = deadline(Some(request.startup_timeout))?;
         let script: Vec<String> = request
             .startup_source
             .iter()
