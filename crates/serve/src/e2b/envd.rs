@@ -1122,3 +1122,52 @@ fn files(
         Value::Array(written).to_string().into_bytes(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn an_envelope_round_trips_and_a_bad_one_is_refused() {
+        let msg = json!({"process": {"cmd": "/bin/bash"}});
+        let framed = envelope(0, &msg);
+        assert_eq!(framed[0], 0);
+        assert_eq!(unenvelope(&framed).ok(), Some(msg));
+        let end = envelope(0x02, &json!({}));
+        assert_eq!(end[0], 0x02);
+        // Cut short, too long, compressed, not JSON.
+        assert!(unenvelope(&framed[..framed.len() - 1]).is_err());
+        assert!(unenvelope(&[&framed[..], b"x"].concat()).is_err());
+        let mut compressed = framed.to_vec();
+        compressed[0] = 1;
+        assert!(unenvelope(&compressed).is_err());
+        assert!(unenvelope(&[0, 0, 0, 0, 1, b'{']).is_err());
+        assert!(unenvelope(&[]).is_err());
+    }
+
+    #[test]
+    fn watch_changes_are_creates_writes_and_removes() {
+        let mut before = Snapshot::new();
+        before.insert("a".into(), (false, 1, 10));
+        before.insert("d".into(), (true, 0, 10));
+        before.insert("gone".into(), (false, 1, 10));
+        let mut now = before.clone();
+        now.remove("gone");
+        now.insert("a".into(), (false, 2, 11));
+        now.insert("d".into(), (true, 0, 12));
+        now.insert("new".into(), (false, 0, 12));
+        let events = changes(&before, &now);
+        let has = |name: &str, kind: &str| {
+            events
+                .iter()
+                .any(|e| e["name"] == name && e["type"] == kind)
+        };
+        assert!(has("a", "EVENT_TYPE_WRITE"));
+        assert!(has("new", "EVENT_TYPE_CREATE"));
+        assert!(has("gone", "EVENT_TYPE_REMOVE"));
+        // A directory's own time changing is not a write.
+        assert_eq!(events.len(), 3, "{events:?}");
+        assert!(changes(&now, &now).is_empty());
+    }
+}
