@@ -367,3 +367,37 @@ fn e2b_path_escaping_the_workspace_is_refused() {
     );
     assert_eq!(status, 200, "{body}");
 }
+
+#[test]
+fn e2b_bench_measures_the_e2b_sdk_against_hakos_own() {
+    let test = "e2b_bench_measures_the_e2b_sdk_against_hakos_own";
+    if !ready(test) {
+        return;
+    }
+    // hako's own SDK from this repository (pure Python in remote mode).
+    let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../python");
+    let python = support::python()
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .unwrap();
+    let python = String::from_utf8_lossy(&python.stdout).trim().to_string();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hako"))
+        .args(["bench", "--json", "--backend", "linux", "--iterations", "2"])
+        .args(["--sdk-python", &python])
+        .env("PYTHONPATH", &sdk)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("{e}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
+    let ratio = v["figures"]["linux"]["sdk_round_trip.ratio_vs_hako_sdk"].as_f64();
+    assert!(ratio.is_some_and(|r| r > 0.0), "{v}");
+    assert!(
+        !v["errors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e.as_str().unwrap_or("").contains("SDK")),
+        "{v}"
+    );
+}
