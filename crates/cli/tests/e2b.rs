@@ -401,3 +401,39 @@ fn e2b_bench_measures_the_e2b_sdk_against_hakos_own() {
         "{v}"
     );
 }
+
+#[test]
+fn hako_serve_e2b_refuses_a_copy_on_write_workspace_and_a_root_that_is_not_a_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("file");
+    std::fs::write(&file, "x").unwrap();
+    for (extra, named) in [
+        (vec!["--cow".to_string()], "--cow"),
+        (
+            vec!["--e2b-root".to_string(), file.display().to_string()],
+            "--e2b-root",
+        ),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hako"))
+            .args(["serve", "--e2b", "--listen", "127.0.0.1:0", "--workspace"])
+            .arg(tmp.path())
+            .args(&extra)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{stderr}");
+        assert!(
+            stderr.contains(named) && !stderr.contains("listening"),
+            "{stderr}"
+        );
+    }
+    // --e2b-root is for --e2b.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hako"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--e2b-root"])
+        .arg(tmp.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
