@@ -460,7 +460,7 @@ fn rpc(at: &Audit<'_>, path: &str, req: &Value) -> Result<Value, Fail> {
         other => Err(Fail(
             "unimplemented",
             format!(
-                "no method {other}: this server answers envd's process and filesystem services"
+                "{other} is not supported by hako (hako serve --e2b answers envd's process and filesystem services and /files)"
             ),
         )),
     }
