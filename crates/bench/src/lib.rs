@@ -16,6 +16,9 @@
 //!   `linux` against a new bubblewrap sandbox per call.
 //! - **Fence**: writes and reads of 4 KiB and 1 MiB through the sandbox's
 //!   file fence, against `std::fs` on the same files.
+//! - **SDKs** (`--sdk-python`): one `commands.run("true")` through E2B's
+//!   `e2b` SDK against `hako serve --e2b`, against the same call through
+//!   hako's own Python SDK against `hako serve`, on the same backend.
 //! - **Proxy** (`linux`): 100 MiB from a host service to `cat` inside,
 //!   through the egress proxy, against the same `bash` and `cat` reading
 //!   it over the host's loopback.
@@ -42,7 +45,7 @@
 //!
 //! Modules: `load` (the load benchmark, and `http` its client), `measure`
 //! (timing and statistics), `reference` (the reference tools), `runs` (one
-//! backend's cold, warm and fence runs), `proxy` (the egress proxy's
+//! backend's cold, warm and fence runs), `sdk` (the SDKs' round trip), `proxy` (the egress proxy's
 //! throughput), `cow` (the copy-on-write figures, and `trees` the trees
 //! and tar they work on), `report` (the findings and their printing).
 
@@ -54,6 +57,7 @@ mod proxy;
 mod reference;
 mod report;
 mod runs;
+mod sdk;
 mod trees;
 
 use std::path::PathBuf;
@@ -76,6 +80,11 @@ pub struct Options {
     /// linking is reported; `None`: this process's own executable (what
     /// `hako bench` measures).
     pub hako: Option<PathBuf>,
+    /// A Python with the `e2b` and `hako` packages: on each backend, one
+    /// `commands.run("true")` through E2B's SDK (`hako serve --e2b`) is
+    /// measured against the same call through hako's own Python SDK
+    /// (`hako serve`); `None`: not measured.
+    pub sdk_python: Option<PathBuf>,
 }
 
 /// The benchmark could not start.
@@ -120,6 +129,12 @@ pub fn run(options: &Options) -> Result<Report, WorkspaceError> {
             .and_then(|kind| {
                 let hako = hako()?;
                 runs::bench_backend(kind, None, &hako, n, &workspace, &mut report.comparisons)?;
+                if let Some(python) = &options.sdk_python {
+                    match sdk::bench_sdks(kind, &hako, python, n, &workspace) {
+                        Ok(c) => report.comparisons.push(c),
+                        Err(e) => report.errors.push(format!("{arg:?}: the SDKs: {e}")),
+                    }
+                }
                 if kind == BackendKind::Linux {
                     report
                         .throughput

@@ -72,7 +72,7 @@ pub(crate) fn alternate(
 }
 
 /// The median and 90th percentile of `samples` (not empty).
-fn stats(mut samples: Vec<Duration>) -> Stats {
+pub(crate) fn stats(mut samples: Vec<Duration>) -> Stats {
     samples.sort();
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
     let us = |d: Duration| d.as_secs_f64() * 1e6;

@@ -231,7 +231,7 @@ fn e2b_sdk_runs_commands_and_moves_files_in_linux_sandboxes_of_their_own() {
 
 /// Whether `hako doctor` says `backend` works; skips (or fails under
 /// `HAKO_MUST_WORK=1`) when not.
-fn works(backend: &str) -> bool {
+fn works(test: &str, backend: &str) -> bool {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_hako"))
         .args(["doctor", "--json"])
         .output()
@@ -242,12 +242,14 @@ fn works(backend: &str) -> bool {
         .and_then(|b| b.iter().find(|r| r["backend"] == backend))
         .cloned()
         .unwrap_or_default();
-    report["works"] == true || support::skip(&format!("{backend} does not work here: {report}"))
+    report["works"] == true
+        || support::skip(&format!("{test}: {backend} does not work here: {report}"))
 }
 
 #[test]
 fn e2b_sdk_runs_commands_and_moves_files_in_gvisor_sandboxes() {
-    if !ready("e2b_sdk_runs_commands_and_moves_files_in_gvisor_sandboxes") || !works("gvisor") {
+    let test = "e2b_sdk_runs_commands_and_moves_files_in_gvisor_sandboxes";
+    if !ready(test) || !works(test, "gvisor") {
         return;
     }
     let mut server = Server::start_on("gvisor");
@@ -364,4 +366,74 @@ fn e2b_path_escaping_the_workspace_is_refused() {
         r#"{"path":"/home/user"}"#,
     );
     assert_eq!(status, 200, "{body}");
+}
+
+#[test]
+fn e2b_bench_measures_the_e2b_sdk_against_hakos_own() {
+    let test = "e2b_bench_measures_the_e2b_sdk_against_hakos_own";
+    if !ready(test) {
+        return;
+    }
+    // hako's own SDK from this repository (pure Python in remote mode).
+    let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../python");
+    let python = support::python()
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .unwrap();
+    let python = String::from_utf8_lossy(&python.stdout).trim().to_string();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hako"))
+        .args(["bench", "--json", "--backend", "linux", "--iterations", "2"])
+        .args(["--sdk-python", &python])
+        .env("PYTHONPATH", &sdk)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("{e}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
+    let ratio = v["figures"]["linux"]["sdk_round_trip.ratio_vs_hako_sdk"].as_f64();
+    assert!(ratio.is_some_and(|r| r > 0.0), "{v}");
+    assert!(
+        !v["errors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e.as_str().unwrap_or("").contains("SDK")),
+        "{v}"
+    );
+}
+
+#[test]
+fn hako_serve_e2b_refuses_a_copy_on_write_workspace_and_a_root_that_is_not_a_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("file");
+    std::fs::write(&file, "x").unwrap();
+    for (extra, named) in [
+        (vec!["--cow".to_string()], "--cow"),
+        (
+            vec!["--e2b-root".to_string(), file.display().to_string()],
+            "--e2b-root",
+        ),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hako"))
+            .args(["serve", "--e2b", "--listen", "127.0.0.1:0", "--workspace"])
+            .arg(tmp.path())
+            .args(&extra)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{stderr}");
+        assert!(
+            stderr.contains(named) && !stderr.contains("listening"),
+            "{stderr}"
+        );
+    }
+    // --e2b-root is for --e2b.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hako"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--e2b-root"])
+        .arg(tmp.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
 }

@@ -69,7 +69,11 @@ def drive_sync():
         h = sb.commands.run("read x; echo got $x", background=True, stdin=True)
         sb.commands.send_stdin(h.pid, "yo\n")
         check(h.wait().stdout == "got yo\n", "stdin")
-        h = sb.commands.run("sleep 60", background=True)
+        # A handle let go of leaves the command running; connect finds it.
+        h = sb.commands.run("sleep 1; echo late", background=True)
+        h.disconnect()
+        check(sb.commands.connect(h.pid).wait().stdout == "late\n", "connect")
+        h = sb.commands.run("sleep 60", background=True, timeout=0)
         check(any(p.pid == h.pid for p in sb.commands.list()), "listed")
         check(sb.commands.kill(h.pid), "killed")
         try:
@@ -119,6 +123,21 @@ def drive_sync():
                 check(False, f"{bad} was read")
             except SandboxException:
                 pass
+        # A symlink made inside that points out: the fence does not follow it.
+        sb.commands.run(f"ln -s {root} ~/out")
+        for bad in ["/home/user/out", "/home/user/out/" + other.sandbox_id]:
+            try:
+                sb.files.list(bad)
+                check(False, f"{bad} was listed through a symlink")
+            except SandboxException:
+                pass
+        try:
+            sb.files.write("/home/user/out/planted", "x")
+            check(False, "written through a symlink")
+        except SandboxException:
+            pass
+        check(not os.path.exists(os.path.join(root, "planted")), "planted through a symlink")
+        check(sb.commands.run("echo still").stdout == "still\n", "works after the refusals")
         # Sandboxes do not share files.
         check(not other.files.exists("/home/user/data/blob.bin"), "shared workspace")
         # List, by metadata; connect; timeout; kill.

@@ -17,6 +17,12 @@ pub struct BenchArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// Also measure, on each backend, one `commands.run("true")` through
+    /// E2B's `e2b` SDK (hako serve --e2b) against the same call through
+    /// hako's own Python SDK (hako serve), with this Python (it must have
+    /// both packages).
+    #[arg(long, value_name = "PYTHON", conflicts_with_all = ["load", "cow"])]
+    sdk_python: Option<std::path::PathBuf>,
     /// Instead: the load benchmark (many sandboxes through `hako serve`,
     /// against `docker run -d` + `docker exec`).
     #[arg(long)]
@@ -65,6 +71,7 @@ pub fn run(args: BenchArgs) -> u8 {
             backends: args.backend.iter().map(|flag| flag.0).collect(),
             iterations: args.iterations.unwrap_or(50),
             hako: None,
+            sdk_python: args.sdk_python.clone(),
         })
     };
     let report = match report {

@@ -91,6 +91,15 @@ pub fn run(args: ServeArgs) -> u8 {
     if args.e2b && plan.cow.is_some() {
         return fail(&"--e2b gives each sandbox a plain workspace of its own, which E2B's API has no way to review or commit: leave out --cow (or the profile's `cow = true`)");
     }
+    // Checked (or made) before anything listens.
+    let root = if args.e2b {
+        match e2b_root(args.e2b_root.as_deref()) {
+            Ok(root) => Some(root),
+            Err(e) => return fail(&e),
+        }
+    } else {
+        None
+    };
     // Every sandbox a client asks for is opened from this one choice, and
     // a backend weaker than --min-isolation refuses to start.
     let opener = match hako_runtime::Opener::from_plan(plan, Isolation::None) {
@@ -188,11 +197,7 @@ pub fn run(args: ServeArgs) -> u8 {
     {
         eprintln!("hako serve: warning: {warning}");
     }
-    let e2b = if args.e2b {
-        let root = match e2b_root(args.e2b_root.as_deref()) {
-            Ok(root) => root,
-            Err(e) => return fail(&e),
-        };
+    let e2b = if let Some(root) = root {
         let opener = opener.clone();
         Some((
             hako_serve::E2bConfig {

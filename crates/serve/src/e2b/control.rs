@@ -132,7 +132,7 @@ fn route(state: &State, method: &Method, path: &str, query: &str, body: &[u8]) -
         (_, ["secrets", ..]) => not_supported("secrets"),
         _ => api_error(
             404,
-            format!("no route {method} {path}: this server answers E2B's API (hako serve --e2b)"),
+            format!("{method} {path} is not supported by hako (hako serve --e2b answers E2B's sandboxes API)"),
         ),
     }
 }

@@ -22,7 +22,7 @@ use super::{sandbox_of, Boxed, Proc};
 use crate::reply::{with_body, Body};
 use crate::routes::{declared_length, read_body};
 use crate::state::{audit, audit_failure, lookup, State};
-use crate::{DEFAULT_EXEC_TIMEOUT, MAX_BODY, MAX_EXEC_TIMEOUT};
+use crate::{MAX_BODY, MAX_EXEC_TIMEOUT};
 
 /// A Connect error: its code and message.
 struct Fail(&'static str, String);
@@ -157,6 +157,12 @@ pub(super) async fn handle(state: Arc<State>, request: Request<Incoming>) -> Res
             return r;
         }
     };
+    if let Err(r) = crate::auth::same_origin(&state, request.headers()) {
+        let message = r.body["error"].as_str().unwrap_or("").to_string();
+        let mut r = unary(Err(Fail("permission_denied", message)));
+        *r.status_mut() = hyper::StatusCode::FORBIDDEN;
+        return r;
+    }
     let Ok(declared) = declared else {
         return unary(Err(Fail(
             "invalid_argument",
@@ -454,7 +460,7 @@ fn rpc(at: &Audit<'_>, path: &str, req: &Value) -> Result<Value, Fail> {
         other => Err(Fail(
             "unimplemented",
             format!(
-                "no method {other}: this server answers envd's process and filesystem services"
+                "{other} is not supported by hako (hako serve --e2b answers envd's process and filesystem services and /files)"
             ),
         )),
     }
@@ -628,12 +634,12 @@ fn stream_start(
             command = command.env(k, v.as_str().unwrap_or(""));
         }
     }
-    let timeout = match deadline {
-        Some(d) if d.is_zero() => DEFAULT_EXEC_TIMEOUT,
-        Some(d) => d.min(MAX_EXEC_TIMEOUT),
-        None => DEFAULT_EXEC_TIMEOUT,
-    };
-    command = command.timeout(timeout);
+    // The call's deadline is the command's; without one (`timeout=0`, as
+    // a server started in the background is given) the sandbox's own
+    // lease bounds it, as on E2B: it is killed with the sandbox.
+    if let Some(d) = deadline.filter(|d| !d.is_zero()) {
+        command = command.timeout(d.min(MAX_EXEC_TIMEOUT));
+    }
     let stdin = req["stdin"].as_bool().unwrap_or(false);
     let procs = processes(sb)?;
     let pid = b.next_pid();
@@ -659,7 +665,14 @@ fn stream_start(
     );
     send(tx, &json!({"event": {"start": {"pid": pid}}}))?;
     let outcome = pump(procs, id, (0, 0), keepalive, tx);
-    b.procs().remove(&pid);
+    // A client that went away leaves the process running, still found by
+    // its pid (`commands.connect`, `kill`); one that ended is forgotten.
+    if procs
+        .wait(id, Some(Duration::ZERO))
+        .map_or(true, |s| s.finished())
+    {
+        b.procs().remove(&pid);
+    }
     outcome
 }
 
@@ -1108,4 +1121,53 @@ fn files(
         "application/json",
         Value::Array(written).to_string().into_bytes(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn an_envelope_round_trips_and_a_bad_one_is_refused() {
+        let msg = json!({"process": {"cmd": "/bin/bash"}});
+        let framed = envelope(0, &msg);
+        assert_eq!(framed[0], 0);
+        assert_eq!(unenvelope(&framed).ok(), Some(msg));
+        let end = envelope(0x02, &json!({}));
+        assert_eq!(end[0], 0x02);
+        // Cut short, too long, compressed, not JSON.
+        assert!(unenvelope(&framed[..framed.len() - 1]).is_err());
+        assert!(unenvelope(&[&framed[..], b"x"].concat()).is_err());
+        let mut compressed = framed.to_vec();
+        compressed[0] = 1;
+        assert!(unenvelope(&compressed).is_err());
+        assert!(unenvelope(&[0, 0, 0, 0, 1, b'{']).is_err());
+        assert!(unenvelope(&[]).is_err());
+    }
+
+    #[test]
+    fn watch_changes_are_creates_writes_and_removes() {
+        let mut before = Snapshot::new();
+        before.insert("a".into(), (false, 1, 10));
+        before.insert("d".into(), (true, 0, 10));
+        before.insert("gone".into(), (false, 1, 10));
+        let mut now = before.clone();
+        now.remove("gone");
+        now.insert("a".into(), (false, 2, 11));
+        now.insert("d".into(), (true, 0, 12));
+        now.insert("new".into(), (false, 0, 12));
+        let events = changes(&before, &now);
+        let has = |name: &str, kind: &str| {
+            events
+                .iter()
+                .any(|e| e["name"] == name && e["type"] == kind)
+        };
+        assert!(has("a", "EVENT_TYPE_WRITE"));
+        assert!(has("new", "EVENT_TYPE_CREATE"));
+        assert!(has("gone", "EVENT_TYPE_REMOVE"));
+        // A directory's own time changing is not a write.
+        assert_eq!(events.len(), 3, "{events:?}");
+        assert!(changes(&now, &now).is_empty());
+    }
 }
