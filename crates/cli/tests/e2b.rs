@@ -247,8 +247,8 @@ fn works(test: &str, backend: &str) -> bool {
 }
 
 #[test]
-fn e2b_sdk_runs_commands_and_moves_files_in_gvisor_sandboxes() {
-    let test = "e2b_sdk_runs_commands_and_moves_files_in_gvisor_sandboxes";
+fn containers_e2b_sdk_runs_commands_and_moves_files_in_gvisor_sandboxes() {
+    let test = "containers_e2b_sdk_runs_commands_and_moves_files_in_gvisor_sandboxes";
     if !ready(test) || !works(test, "gvisor") {
         return;
     }
