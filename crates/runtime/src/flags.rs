@@ -460,7 +460,7 @@ mod tests {
             (
                 "backend = \"dockr\"\n",
                 "profile key `backend`",
-                "auto, host, linux, landlock, docker, gvisor",
+                "auto, host, linux, landlock, docker, gvisor, vm",
             ),
             (
                 "net = \"open\"\n",
