@@ -18,7 +18,10 @@
 
 pub mod accel;
 pub mod image;
+mod runner;
 mod sandbox;
+
+pub use runner::QemuRunner;
 
 pub use sandbox::{
     image_dir, qemu_argv, qemu_path, QemuPlan, VmConfig, VmSandbox, DEFAULT_MEMORY_MIB,
@@ -27,6 +30,10 @@ pub use sandbox::{
 
 /// The backend's name.
 pub const NAME: &str = "vm";
+
+/// The variable naming the image's directory (in place of
+/// [`image::default_dir`]).
+pub const IMAGE_VAR: &str = "HAKO_VM_IMAGE";
 
 /// The variable naming the QEMU binary.
 pub const QEMU_VAR: &str = "HAKO_QEMU";

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use hako_container::runner::{CliRunner, Runner};
+use hako_container::runner::Runner;
 use hako_container::{base_env, ContainerLauncher};
 use hako_core::{Capabilities, Error, Isolation, NetworkAccess, Result, SandboxSpec};
 use hako_driver::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
@@ -29,7 +29,7 @@ pub struct VmConfig {
     /// The fence's settings, the idle lease and the driver's options.
     pub launch: LaunchOptions,
     /// The image's directory (kernel, initramfs); `None` is
-    /// [`image::default_dir`].
+    /// `$HAKO_VM_IMAGE`, else [`image::default_dir`].
     pub image: Option<PathBuf>,
     /// The QEMU binary; `None` is `$HAKO_QEMU`, else `qemu-system-x86_64`.
     pub qemu: Option<PathBuf>,
@@ -45,7 +45,7 @@ impl VmConfig {
             launch: LaunchOptions::default(),
             image: None,
             qemu: None,
-            runner: Arc::new(CliRunner),
+            runner: Arc::new(crate::QemuRunner),
         }
     }
 }
@@ -68,8 +68,11 @@ pub fn qemu_path(configured: Option<&Path>) -> PathBuf {
 
 /// The image's directory, checked to hold a kernel and an initramfs.
 pub fn image_dir(configured: Option<&Path>) -> Result<PathBuf> {
-    let dir = match configured {
-        Some(d) => d.to_path_buf(),
+    let dir = match configured
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os(crate::IMAGE_VAR).map(PathBuf::from))
+    {
+        Some(d) => d,
         None => image::default_dir().ok_or_else(|| {
             backend_err("find the guest image", "neither XDG_DATA_HOME nor HOME is set")
         })?,
