@@ -208,9 +208,21 @@ impl VmSandbox {
                 ));
             }
         }
+        let detected = accel::detect();
+        if !detected.accel.is_hardware()
+            && spec.min_isolation >= Isolation::Vm
+            && !spec.allow_emulated_vm
+        {
+            return Err(backend_err(
+                "check the isolation",
+                format!(
+                    "refused: --min-isolation vm asks for a hardware boundary, and this VM would be emulated (accelerator tcg: {}); QEMU does not count TCG as a security boundary; pass --allow-emulated-vm to accept it",
+                    detected.why.clone().unwrap_or_default()
+                ),
+            ));
+        }
         let fence = open_workspace(&spec.workspace, &config.launch.fence)?;
         let dir = image_dir(config.image.as_deref())?;
-        let detected = accel::detect();
         let limits = spec.limits;
         let memory_mib = limits
             .memory

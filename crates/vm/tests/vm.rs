@@ -52,3 +52,18 @@ fn a_vm_sandbox_runs_its_commands_on_the_guest_s_kernel() {
     assert_eq!(out.stdout, b"hi\n");
     sandbox.close().unwrap();
 }
+
+#[test]
+fn an_emulated_vm_does_not_stand_for_min_isolation_vm_unless_allowed() {
+    let detected = hako_vm::accel::detect();
+    if detected.accel.is_hardware() {
+        eprintln!("SKIPPED an_emulated_vm_does_not_stand_for_min_isolation_vm_unless_allowed: KVM works here");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = hako_core::SandboxSpec::new(dir.path().canonicalize().unwrap());
+    spec.min_isolation = Isolation::Vm;
+    let err = VmSandbox::new(VmConfig::from_spec(spec)).unwrap_err().to_string();
+    assert!(err.contains("--allow-emulated-vm"), "{err}");
+    assert!(err.contains("accelerator tcg"), "{err}");
+}

@@ -238,6 +238,10 @@ pub struct SandboxArgs {
     /// Refuse to run unless the sandbox is at least this strong [default: none].
     #[arg(long, value_name = "LEVEL", value_enum)]
     pub min_isolation: Option<IsolationFlag>,
+    /// Let an emulated VM (QEMU's TCG, where KVM does not work) stand for
+    /// --min-isolation vm; TCG is not a hardware boundary.
+    #[arg(long)]
+    pub allow_emulated_vm: bool,
     /// Extra read-only bind, same path inside (linux, docker, gvisor; repeatable).
     #[arg(long = "ro", value_name = "DIR")]
     pub ro: Vec<PathBuf>,
@@ -318,6 +322,7 @@ impl SandboxArgs {
             allow: self.allow.clone(),
             resolve: self.resolve.clone(),
             min_isolation: self.min_isolation.map(|IsolationFlag(level)| level),
+            allow_emulated_vm: self.allow_emulated_vm,
             max_sessions: self.max_sessions,
             max_processes: self.max_processes,
             cow: self.cow,
