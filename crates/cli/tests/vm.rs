@@ -27,7 +27,11 @@ fn ready(test: &str) -> bool {
 fn children(parent: u32) -> Vec<u32> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
             continue;
         };
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
@@ -76,7 +80,15 @@ fn kill_9_of_hako_leaves_no_qemu_behind() {
     }
     let ws = tempfile::tempdir().unwrap();
     let mut hako = Command::new(env!("CARGO_BIN_EXE_hako"))
-        .args(["run", "--backend", "vm", "--", "sh", "-c", "echo up; exec sleep 1000"])
+        .args([
+            "run",
+            "--backend",
+            "vm",
+            "--",
+            "sh",
+            "-c",
+            "echo up; exec sleep 1000",
+        ])
         .current_dir(ws.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

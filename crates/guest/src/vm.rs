@@ -58,10 +58,17 @@ fn boot() -> Result<OwnedFd, String> {
     ];
     for (fstype, target, flags, data) in mounts {
         let _ = std::fs::create_dir_all(target);
-        match mount(Some(Path::new(fstype)), Path::new(target), Some(fstype), flags, data) {
+        match mount(
+            Some(Path::new(fstype)),
+            Path::new(target),
+            Some(fstype),
+            flags,
+            data,
+        ) {
             Ok(()) => {}
             // The kernel may have mounted devtmpfs itself.
-            Err(e) if e.raw_os_error() == Some(hako_sys::rustix::io::Errno::BUSY.raw_os_error()) => {}
+            Err(e)
+                if e.raw_os_error() == Some(hako_sys::rustix::io::Errno::BUSY.raw_os_error()) => {}
             Err(e) => return Err(e.to_string()),
         }
     }
@@ -87,7 +94,8 @@ fn load_modules() -> Result<(), String> {
             return Err(format!("{MODULE_ORDER} names {name:?}, not a file name"));
         }
         let path = Path::new(MODULES_DIR).join(name);
-        let file = std::fs::File::open(&path).map_err(|e| format!("open {}: {e}", path.display()))?;
+        let file =
+            std::fs::File::open(&path).map_err(|e| format!("open {}: {e}", path.display()))?;
         hako_sys::module::finit_module(file.as_fd())
             .map_err(|e| format!("load the module {name}: {e}"))?;
     }

@@ -96,7 +96,11 @@ pub fn build(spec: &BuildSpec) -> Result<Built> {
         Some(kernel) => (kernel.clone(), None, None),
         None => {
             let unpacked = fetch_kernel(&spec.dir.join("cache"))?;
-            (unpacked.kernel, Some(unpacked.release), Some(unpacked.modules))
+            (
+                unpacked.kernel,
+                Some(unpacked.release),
+                Some(unpacked.modules),
+            )
         }
     };
     let kernel = spec.dir.join(KERNEL_FILE);
@@ -119,7 +123,9 @@ pub fn build(spec: &BuildSpec) -> Result<Built> {
     }
     let release_path = spec.dir.join(RELEASE_FILE);
     match &release {
-        Some(r) => std::fs::write(&release_path, format!("{r}\n")).map_err(io("write the release"))?,
+        Some(r) => {
+            std::fs::write(&release_path, format!("{r}\n")).map_err(io("write the release"))?
+        }
         None => {
             let _ = std::fs::remove_file(&release_path);
         }
@@ -200,7 +206,12 @@ fn fetch_kernel(cache: &Path) -> Result<Unpacked> {
                     .and_then(|n| n.to_str())
                     .is_some_and(|n| n.starts_with(&format!("{package}_")) && n.ends_with(".deb"))
             })
-            .ok_or_else(|| failed("download the kernel", format!("apt-get left no {package} .deb")))?;
+            .ok_or_else(|| {
+                failed(
+                    "download the kernel",
+                    format!("apt-get left no {package} .deb"),
+                )
+            })?;
         let _ = std::fs::remove_dir_all(&unpacked);
         run(
             "unpack the kernel",
@@ -236,7 +247,11 @@ fn index_modules(dir: &Path, found: &mut BTreeMap<String, PathBuf>) -> std::io::
         let path = entry.path();
         if entry.file_type()?.is_dir() {
             index_modules(&path, found)?;
-        } else if let Some(name) = path.file_name().and_then(|n| n.to_str()).and_then(module_name) {
+        } else if let Some(name) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(module_name)
+        {
             found.insert(name, path);
         }
     }
@@ -291,8 +306,12 @@ pub fn resolve_modules(dir: &Path, wanted: &[&str]) -> Result<Vec<PathBuf>> {
                 format!("the kernel has no module {name}, built in or not"),
             ));
         };
-        let bytes = std::fs::read(path)
-            .map_err(|e| failed("resolve the kernel's modules", format!("{}: {e}", path.display())))?;
+        let bytes = std::fs::read(path).map_err(|e| {
+            failed(
+                "resolve the kernel's modules",
+                format!("{}: {e}", path.display()),
+            )
+        })?;
         for dep in depends(&bytes) {
             visit(&dep, index, builtin, seen, order)?;
         }
@@ -448,9 +467,14 @@ mod tests {
         std::fs::write(dir.path().join("kernel/drivers/a.ko"), b"\0depends=b-c\0").unwrap();
         std::fs::write(dir.path().join("kernel/drivers/b-c.ko"), b"\0depends=\0").unwrap();
         let order = resolve_modules(dir.path(), &["a"]).unwrap();
-        let names: Vec<_> = order.iter().map(|p| p.file_name().unwrap().to_owned()).collect();
+        let names: Vec<_> = order
+            .iter()
+            .map(|p| p.file_name().unwrap().to_owned())
+            .collect();
         assert_eq!(names, ["b-c.ko", "a.ko"]);
-        let err = resolve_modules(dir.path(), &["nope"]).unwrap_err().to_string();
+        let err = resolve_modules(dir.path(), &["nope"])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("no module nope"), "{err}");
     }
 }

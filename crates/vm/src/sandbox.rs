@@ -74,7 +74,10 @@ pub fn image_dir(configured: Option<&Path>) -> Result<PathBuf> {
     {
         Some(d) => d,
         None => image::default_dir().ok_or_else(|| {
-            backend_err("find the guest image", "neither XDG_DATA_HOME nor HOME is set")
+            backend_err(
+                "find the guest image",
+                "neither XDG_DATA_HOME nor HOME is set",
+            )
         })?,
     };
     for file in [image::KERNEL_FILE, image::INITRD_FILE] {
@@ -137,7 +140,11 @@ pub fn qemu_argv(plan: &QemuPlan) -> Vec<String> {
         "-accel",
         plan.accel.name(),
         "-cpu",
-        if plan.accel.is_hardware() { "host" } else { "max" },
+        if plan.accel.is_hardware() {
+            "host"
+        } else {
+            "max"
+        },
     ]);
     let memory = format!("{}M", plan.memory_mib);
     let cpus = plan.cpus.to_string();
@@ -228,7 +235,10 @@ impl VmSandbox {
             .memory
             .map(|b| (b >> 20).max(MIN_MEMORY_MIB))
             .unwrap_or(DEFAULT_MEMORY_MIB);
-        let cpus = limits.cpus_milli.map(|m| m.div_ceil(1000).max(1)).unwrap_or(1);
+        let cpus = limits
+            .cpus_milli
+            .map(|m| m.div_ceil(1000).max(1))
+            .unwrap_or(1);
         let plan = QemuPlan {
             qemu: qemu_path(config.qemu.as_deref()),
             kernel: dir.join(image::KERNEL_FILE),

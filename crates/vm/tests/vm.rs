@@ -32,7 +32,9 @@ fn a_vm_sandbox_runs_its_commands_on_the_guest_s_kernel() {
     // An emulated VM says so.
     let tcg = sandbox.accelerator() == hako_vm::accel::Accelerator::Tcg;
     assert_eq!(
-        caps.defects.iter().any(|d| d.starts_with("accelerator tcg")),
+        caps.defects
+            .iter()
+            .any(|d| d.starts_with("accelerator tcg")),
         tcg,
         "{:?}",
         caps.defects
@@ -63,7 +65,9 @@ fn an_emulated_vm_does_not_stand_for_min_isolation_vm_unless_allowed() {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = hako_core::SandboxSpec::new(dir.path().canonicalize().unwrap());
     spec.min_isolation = Isolation::Vm;
-    let err = VmSandbox::new(VmConfig::from_spec(spec)).unwrap_err().to_string();
+    let err = VmSandbox::new(VmConfig::from_spec(spec))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("--allow-emulated-vm"), "{err}");
     assert!(err.contains("accelerator tcg"), "{err}");
 }
