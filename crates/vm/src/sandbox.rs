@@ -6,7 +6,10 @@ use std::sync::{Arc, Mutex};
 
 use hako_container::runner::Runner;
 use hako_container::{base_env, ContainerLauncher};
-use hako_core::{Capabilities, Error, Isolation, NetworkAccess, Result, SandboxSpec};
+use hako_core::{
+    Capabilities, Error, Isolation, LimitKind, LimitMechanism, LimitReport, NetworkAccess, Result,
+    SandboxSpec,
+};
 use hako_driver::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
 use hako_driver::LaunchOptions;
 
@@ -228,9 +231,26 @@ impl VmSandbox {
                 ),
             ));
         }
+        let limits = spec.limits;
+        let unenforced: Vec<&str> = [
+            ("--pids", limits.pids.is_some()),
+            ("--max-file-size", limits.file_size.is_some()),
+            ("--max-open-files", limits.open_files.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect();
+        if !unenforced.is_empty() && !spec.best_effort {
+            return Err(backend_err(
+                "apply limits",
+                format!(
+                    "{} not enforced by the vm backend yet (--memory and --cpus size the VM); drop them or pass --best-effort",
+                    unenforced.join(", ")
+                ),
+            ));
+        }
         let fence = open_workspace(&spec.workspace, &config.launch.fence)?;
         let dir = image_dir(config.image.as_deref())?;
-        let limits = spec.limits;
         let memory_mib = limits
             .memory
             .map(|b| (b >> 20).max(MIN_MEMORY_MIB))
@@ -259,7 +279,25 @@ impl VmSandbox {
             isolation: Isolation::Vm,
             network: NetworkAccess::None,
             fence: fence.resolver(),
-            limits: common_limits(spec.max_output, &fence),
+            limits: {
+                let mut reports = common_limits(spec.max_output, &fence);
+                // The VM's size bounds the whole guest; the others are
+                // refused above, or dropped with --best-effort.
+                // What the VM gets, which may be more than asked (its
+                // least memory, whole virtual CPUs).
+                let sized = [
+                    (LimitKind::Memory, limits.memory.map(|_| memory_mib << 20)),
+                    (LimitKind::Cpus, limits.cpus_milli.map(|_| cpus * 1000)),
+                ];
+                reports.extend(sized.into_iter().filter_map(|(kind, value)| {
+                    value.map(|v| LimitReport {
+                        kind,
+                        value: Some(v),
+                        mechanism: LimitMechanism::VmSize,
+                    })
+                }));
+                reports
+            },
             env_sanitised: true,
             fds_closed: true,
             landlock_abi: None,

@@ -25,8 +25,20 @@ fn a_vm_sandbox_runs_its_commands_on_the_guest_s_kernel() {
     }
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().canonicalize().unwrap();
-    let sandbox = VmSandbox::new(VmConfig::from_spec(hako_core::SandboxSpec::new(ws))).unwrap();
+    let mut spec = hako_core::SandboxSpec::new(ws);
+    spec.limits.memory = Some(256 << 20);
+    let sandbox = VmSandbox::new(VmConfig::from_spec(spec)).unwrap();
     let caps = sandbox.capabilities();
+    // --memory sizes the VM, and is reported as such.
+    assert!(
+        caps.limits
+            .iter()
+            .any(|l| l.kind == hako_core::LimitKind::Memory
+                && l.value == Some(256 << 20)
+                && l.mechanism == hako_core::LimitMechanism::VmSize),
+        "{:?}",
+        caps.limits
+    );
     assert_eq!(caps.isolation, Isolation::Vm);
     assert_eq!(caps.backend, "vm");
     // An emulated VM says so.
@@ -48,11 +60,68 @@ fn a_vm_sandbox_runs_its_commands_on_the_guest_s_kernel() {
     if let Ok(release) = std::fs::read_to_string(image.join(hako_vm::image::RELEASE_FILE)) {
         assert_eq!(inside, release.trim());
     }
+    let out = sandbox
+        .exec(&Command::shell(
+            "sed -n 's/^MemTotal: *\\([0-9]*\\) kB$/\\1/p' /proc/meminfo",
+        ))
+        .unwrap();
+    let kib: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(
+        kib > 0 && kib <= 256 << 10,
+        "MemTotal {kib} kB in a 256 MiB VM"
+    );
     // Still serving after a command that fails.
     let out = sandbox.exec(&Command::shell("echo hi; exit 3")).unwrap();
     assert_eq!(out.status, ExitStatus::Code(3), "{out:?}");
     assert_eq!(out.stdout, b"hi\n");
     sandbox.close().unwrap();
+    // Closed: no QEMU of this process is left (the guest, the VM's init,
+    // exits when hako closes the link, and the VM ends with it).
+    let start = std::time::Instant::now();
+    while !qemu_children().is_empty() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "QEMU left after close: {:?}",
+            qemu_children()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// This process's children that are QEMU (not yet reaped included).
+fn qemu_children() -> Vec<u32> {
+    let me = std::process::id();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let Some((head, rest)) = stat.rsplit_once(')') else {
+                return false;
+            };
+            let state_ppid: Vec<&str> = rest.split_whitespace().take(2).collect();
+            head.contains("(qemu")
+                && state_ppid.get(1) == Some(&me.to_string().as_str())
+                && state_ppid.first() != Some(&"Z")
+        })
+        .collect()
+}
+
+#[test]
+fn limits_the_vm_cannot_enforce_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = hako_core::SandboxSpec::new(dir.path().canonicalize().unwrap());
+    spec.limits.pids = Some(64);
+    spec.limits.open_files = Some(64);
+    let err = VmSandbox::new(VmConfig::from_spec(spec))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("--pids, --max-open-files not enforced"),
+        "{err}"
+    );
+    assert!(err.contains("--best-effort"), "{err}");
 }
 
 #[test]
