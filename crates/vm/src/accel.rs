@@ -89,6 +89,7 @@ pub fn detect_at(kvm: &Path, sys_module: &Path) -> Detected {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
