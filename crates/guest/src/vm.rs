@@ -89,6 +89,10 @@ fn load_modules() -> Result<(), String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(format!("read {MODULE_ORDER}: {e}")),
     };
+    // A module loaded by hand gets no parameter from the kernel's command
+    // line (modprobe reads them from there): `NAME.KEY=VALUE` words, as
+    // QEMU's microvm writes `virtio_mmio.device=...`.
+    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
     for name in order.lines().map(str::trim).filter(|l| !l.is_empty()) {
         if name.contains('/') {
             return Err(format!("{MODULE_ORDER} names {name:?}, not a file name"));
@@ -96,10 +100,27 @@ fn load_modules() -> Result<(), String> {
         let path = Path::new(MODULES_DIR).join(name);
         let file =
             std::fs::File::open(&path).map_err(|e| format!("open {}: {e}", path.display()))?;
-        hako_sys::module::finit_module(file.as_fd())
+        let params = module_params(&cmdline, name);
+        hako_sys::module::finit_module(file.as_fd(), &params)
             .map_err(|e| format!("load the module {name}: {e}"))?;
     }
     Ok(())
+}
+
+/// The parameters `cmdline` gives the module in `file` (`virtio-mmio.ko`
+/// takes `virtio_mmio.KEY=VALUE`; `-` and `_` are the same in a module's
+/// name), space separated.
+fn module_params(cmdline: &str, file: &str) -> String {
+    let module = file.trim_end_matches(".ko").replace('-', "_");
+    cmdline
+        .split_whitespace()
+        .take_while(|w| *w != "--")
+        .filter_map(|word| {
+            let (name, param) = word.split_once('.')?;
+            (name.replace('-', "_") == module && param.contains('=')).then_some(param)
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The device of the port named [`PORT_NAME`], once its driver made it.
@@ -122,5 +143,21 @@ fn wait_for_port() -> Result<PathBuf, String> {
             ));
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_module_gets_its_own_parameters_from_the_command_line() {
+        let cmdline = "console=ttyS0 virtio_mmio.device=512@0xfeb00e00:12 virtio-mmio.x=1 virtio_pci.force=1 rdinit=/.hako-guest -- virtio_mmio.y=2";
+        assert_eq!(
+            module_params(cmdline, "virtio_mmio.ko"),
+            "device=512@0xfeb00e00:12 x=1"
+        );
+        assert_eq!(module_params(cmdline, "virtio_pci.ko"), "force=1");
+        assert_eq!(module_params(cmdline, "overlay.ko"), "");
     }
 }

@@ -4,10 +4,12 @@
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
-/// Loads the module in `file` with no parameters. A module already loaded
+/// Loads the module in `file` with `params` (`name=value` words, space
+/// separated, as `modprobe` passes them). A module already loaded
 /// (`EEXIST`) is not an error.
-pub fn finit_module(file: BorrowedFd<'_>) -> io::Result<()> {
-    let params = c"";
+pub fn finit_module(file: BorrowedFd<'_>, params: &str) -> io::Result<()> {
+    let params = std::ffi::CString::new(params)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in module parameters"))?;
     // SAFETY: the descriptor is open for the call's length, `params` is a
     // NUL-terminated string that outlives it; the kernel only reads both.
     let ret = unsafe {
