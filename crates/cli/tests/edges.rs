@@ -205,7 +205,9 @@ fn help_lists_the_values_of_every_enum_flag() {
     let enums: [(&str, &[&str]); 3] = [
         (
             "--backend",
-            &["auto", "host", "linux", "landlock", "docker", "gvisor"],
+            &[
+                "auto", "host", "linux", "landlock", "docker", "gvisor", "vm",
+            ],
         ),
         ("--min-isolation", &["none", "process", "kernel", "vm"]),
         ("--net", &["none", "allow", "host"]),

@@ -150,6 +150,10 @@ pub enum LimitMechanism {
     /// guest before it serves: it counts the processes inside, not the
     /// runtime's own threads on the host.
     SandboxKernel,
+    /// The size of the sandbox's virtual machine (its memory and virtual
+    /// CPUs, as the VMM gives them): a bound on the whole guest, its
+    /// kernel included.
+    VmSize,
 }
 
 /// One limit in force.

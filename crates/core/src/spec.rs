@@ -70,6 +70,11 @@ pub struct SandboxSpec {
     /// front end refuses, before anything runs, a backend weaker than
     /// this (`hako_runtime::Opener` does it for the servers).
     pub min_isolation: Isolation,
+    /// Accept an emulated VM (QEMU's TCG, which QEMU's security policy does
+    /// not count as a boundary) as isolation `vm` (`--allow-emulated-vm`);
+    /// without it the `vm` backend refuses to stand for `--min-isolation
+    /// vm` where it can only emulate.
+    pub allow_emulated_vm: bool,
     /// Shell sessions open at once in one sandbox (`--max-sessions`); one
     /// more is refused with [`Error::LimitReached`](crate::Error::LimitReached).
     pub max_sessions: usize,
@@ -99,6 +104,7 @@ impl SandboxSpec {
             no_guest: false,
             network: None,
             min_isolation: Isolation::None,
+            allow_emulated_vm: false,
             max_sessions: crate::DEFAULT_MAX_SESSIONS,
             max_processes: crate::DEFAULT_MAX_PROCESSES,
             cow: None,

@@ -37,6 +37,7 @@ fn guest() -> GuestExit {
     let args: Vec<_> = std::env::args_os().skip(1).collect();
     match args.first().and_then(|a| a.to_str()) {
         Some("--stdio") => return hako_guest::main_stdio(),
+        Some(hako_guest::vm::FLAG) => return hako_guest::vm::main_vm(),
         Some(hako_gvisor::host_view::FLAG) => return hako_gvisor::host_view::main(&args[1..]),
         _ => {}
     }

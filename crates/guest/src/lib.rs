@@ -25,6 +25,7 @@ pub use hako_proto as proto;
 mod seal;
 mod server;
 mod supervise;
+pub mod vm;
 mod zygote;
 
 pub use error::{GuestError, Source};

@@ -26,17 +26,20 @@ pub enum BackendArg {
     Docker,
     /// gVisor's runsc, driven directly; no daemon.
     Gvisor,
+    /// A virtual machine of its own (QEMU), its kernel the guest's.
+    Vm,
 }
 
 impl BackendArg {
     /// Every name a user may give, in the order they are listed to them.
-    pub const ALL: [BackendArg; 6] = [
+    pub const ALL: [BackendArg; 7] = [
         BackendArg::Auto,
         BackendArg::Host,
         BackendArg::Linux,
         BackendArg::Landlock,
         BackendArg::Docker,
         BackendArg::Gvisor,
+        BackendArg::Vm,
     ];
 
     /// The name on the command line and in a profile.
@@ -57,6 +60,7 @@ impl BackendArg {
             BackendArg::Landlock => Some(BackendKind::Landlock),
             BackendArg::Docker => Some(BackendKind::Docker),
             BackendArg::Gvisor => Some(BackendKind::Gvisor),
+            BackendArg::Vm => Some(BackendKind::Vm),
         }
     }
 }
@@ -287,19 +291,19 @@ mod tests {
         let names: Vec<_> = BackendArg::ALL.iter().map(|a| a.name()).collect();
         assert_eq!(
             names,
-            ["auto", "host", "linux", "landlock", "docker", "gvisor"]
+            ["auto", "host", "linux", "landlock", "docker", "gvisor", "vm"]
         );
     }
 
     #[test]
     fn an_unknown_or_miscased_name_is_refused_with_the_names_that_exist() {
-        for bad in ["bogus", "Linux", "lin", "", "vm"] {
+        for bad in ["bogus", "Linux", "lin", "", "VM"] {
             let err = bad.parse::<BackendArg>().unwrap_err();
             assert_eq!(err.name, bad);
             assert_eq!(
                 err.to_string(),
                 format!(
-                    "unknown backend {bad:?}; expected one of auto, host, linux, landlock, docker, gvisor"
+                    "unknown backend {bad:?}; expected one of auto, host, linux, landlock, docker, gvisor, vm"
                 )
             );
         }

@@ -63,6 +63,8 @@ pub struct SandboxFlags {
     pub resolve: Vec<(String, std::net::IpAddr)>,
     /// `--min-isolation LEVEL`: refuse a sandbox weaker than this.
     pub min_isolation: Option<Isolation>,
+    /// `--allow-emulated-vm`: an emulated VM (TCG) counts as isolation `vm`.
+    pub allow_emulated_vm: bool,
     /// `--max-sessions N`: shell sessions open at once in one sandbox.
     pub max_sessions: Option<usize>,
     /// `--max-processes N`: long-lived processes running at once in one
@@ -306,6 +308,7 @@ impl SandboxFlags {
             no_guest: self.no_guest || p.no_guest.unwrap_or(false),
             network,
             min_isolation,
+            allow_emulated_vm: self.allow_emulated_vm,
             max_sessions,
             max_processes,
             cow: None,
@@ -460,7 +463,7 @@ mod tests {
             (
                 "backend = \"dockr\"\n",
                 "profile key `backend`",
-                "auto, host, linux, landlock, docker, gvisor",
+                "auto, host, linux, landlock, docker, gvisor, vm",
             ),
             (
                 "net = \"open\"\n",

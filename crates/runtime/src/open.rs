@@ -8,7 +8,7 @@ use hako_driver::LaunchOptions;
 
 use crate::bounded::Bounded;
 use crate::cow::{CowHold, CowRequest, StateError};
-use crate::{probe, resolve, BackendArg, BackendKind, DriverOptions, Plan, SandboxSpec};
+use crate::{resolve, BackendArg, BackendKind, DriverOptions, Plan, SandboxSpec};
 
 /// A backend chosen for a spec and gated by the isolation required: what a
 /// front end opens its sandboxes from (the one `hako mcp` opens on the
@@ -258,11 +258,11 @@ fn open_backend(
             config.launch = launch;
             Ok(Box::new(hako_gvisor::GvisorSandbox::new(config)?))
         }
-        BackendKind::Vm => Err(Error::Backend {
-            backend: "vm".into(),
-            op: "open",
-            message: probe(kind).err().map(|u| u.to_string()).unwrap_or_default(),
-        }),
+        BackendKind::Vm => {
+            let mut config = hako_vm::VmConfig::from_spec(spec.clone());
+            config.launch = launch;
+            Ok(Box::new(hako_vm::VmSandbox::new(config)?))
+        }
     }
 }
 
@@ -341,13 +341,5 @@ mod tests {
         assert_eq!(refusal(BackendKind::Host, &spec), host_refusal);
         // The isolating backends take them.
         assert!(refuse_unused(BackendKind::Linux, &spec).is_ok());
-    }
-
-    #[test]
-    fn the_vm_backend_is_refused_with_its_reason_and_hint() {
-        assert_eq!(
-            refusal(BackendKind::Vm, &SandboxSpec::new("/nonexistent/ws".into())),
-            "vm backend: open: the vm backend is not part of this build yet; hint: use --backend gvisor or linux; the microVM backend is on the roadmap (see README)"
-        );
     }
 }

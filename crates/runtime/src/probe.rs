@@ -63,10 +63,26 @@ pub fn probe(kind: BackendKind) -> Result<(), Unavailable> {
             }
             Ok(())
         }
-        BackendKind::Vm => Err(Unavailable {
-            reason: "the vm backend is not part of this build yet".into(),
-            hint: "use --backend gvisor or linux; the microVM backend is on the roadmap (see README)".into(),
-        }),
+        BackendKind::Vm => {
+            hako_vm::readiness().map_err(|n| Unavailable {
+                reason: n.reason,
+                hint: n.hint,
+            })?;
+            // An emulated VM is no hardware boundary (QEMU's security
+            // policy does not count TCG as one): never chosen by `auto`,
+            // run only when named.
+            let detected = hako_vm::accel::detect();
+            if !detected.accel.is_hardware() {
+                return Err(Unavailable {
+                    reason: format!(
+                        "only emulated here (accelerator tcg): {}",
+                        detected.why.unwrap_or_default()
+                    ),
+                    hint: "name it with --backend vm (and --allow-emulated-vm for --min-isolation vm) to run it emulated, slowly".into(),
+                });
+            }
+            Ok(())
+        }
     }
 }
 
@@ -271,15 +287,6 @@ pub fn protections() -> Vec<Protection> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-
-    #[test]
-    fn the_vm_backend_is_unavailable_with_a_hint() {
-        let u = probe(BackendKind::Vm).unwrap_err();
-        assert_eq!(
-            u.to_string(),
-            "the vm backend is not part of this build yet; hint: use --backend gvisor or linux; the microVM backend is on the roadmap (see README)"
-        );
-    }
 
     #[test]
     fn the_host_backend_needs_nothing_from_the_host() {

@@ -17,6 +17,7 @@ mod rollback;
 mod run;
 mod serve;
 mod shell;
+mod vm;
 
 use std::path::PathBuf;
 
@@ -46,6 +47,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Build local images for the container backends (no registry needed).
     Image(image::ImageArgs),
+    /// Build the vm backend's guest image (kernel and initramfs).
+    Vm(vm::VmArgs),
     /// Remove containers and bundles left by hako processes that are gone.
     Gc(gc::GcArgs),
     /// Check or show an audit log (`--audit FILE`).
@@ -79,6 +82,7 @@ pub fn dispatch(command: Command) -> u8 {
         Command::Doctor(args) => doctor::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Image(args) => image::run(args),
+        Command::Vm(args) => vm::run(args),
         Command::Gc(args) => gc::run(args),
         Command::Mcp(args) => mcp::run(args),
         Command::Diff(args) => diff::run(args),
@@ -123,6 +127,9 @@ impl ValueEnum for BackendFlag {
                 "A locked-down Docker or Podman container (`--runtime runsc` for gVisor)"
             }
             BackendArg::Gvisor => "gVisor's runsc, driven directly; no daemon",
+            BackendArg::Vm => {
+                "A QEMU virtual machine per sandbox (image: `hako vm build`); KVM, else emulated"
+            }
         };
         Some(PossibleValue::new(self.0.name()).help(help))
     }
@@ -231,6 +238,10 @@ pub struct SandboxArgs {
     /// Refuse to run unless the sandbox is at least this strong [default: none].
     #[arg(long, value_name = "LEVEL", value_enum)]
     pub min_isolation: Option<IsolationFlag>,
+    /// Let an emulated VM (QEMU's TCG, where KVM does not work) stand for
+    /// --min-isolation vm; TCG is not a hardware boundary.
+    #[arg(long)]
+    pub allow_emulated_vm: bool,
     /// Extra read-only bind, same path inside (linux, docker, gvisor; repeatable).
     #[arg(long = "ro", value_name = "DIR")]
     pub ro: Vec<PathBuf>,
@@ -311,6 +322,7 @@ impl SandboxArgs {
             allow: self.allow.clone(),
             resolve: self.resolve.clone(),
             min_isolation: self.min_isolation.map(|IsolationFlag(level)| level),
+            allow_emulated_vm: self.allow_emulated_vm,
             max_sessions: self.max_sessions,
             max_processes: self.max_processes,
             cow: self.cow,
