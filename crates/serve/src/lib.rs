@@ -28,6 +28,7 @@ mod e2b;
 mod exec;
 mod files;
 mod gate;
+mod multipart;
 mod processes;
 mod reply;
 mod review;

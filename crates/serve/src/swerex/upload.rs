@@ -13,6 +13,7 @@ use std::path::{Component, Path, PathBuf};
 
 use super::ops::{make_dirs, sandbox, write};
 use super::{class, Fail};
+use crate::multipart;
 use crate::state::State;
 use crate::MAX_BODY;
 
@@ -66,9 +67,12 @@ struct Form<'a> {
 
 impl<'a> Form<'a> {
     fn parse(body: &'a [u8], content_type: &str) -> Result<Form<'a>, String> {
-        let boundary = boundary(content_type)?;
         let (mut file, mut target_path, mut unzip) = (None, None, false);
-        for (name, data) in parts(body, &boundary)? {
+        for part in multipart::parts(body, content_type, MAX_PARTS)? {
+            let name = part
+                .name
+                .ok_or("a form part has no Content-Disposition name")?;
+            let data = part.data;
             match name.as_str() {
                 "file" => file = Some(data),
                 "target_path" => {
@@ -96,106 +100,6 @@ fn boolean(data: &[u8]) -> Result<bool, String> {
         "true" | "1" | "yes" | "on" | "t" | "y" => Ok(true),
         "false" | "0" | "no" | "off" | "f" | "n" => Ok(false),
         _ => Err(format!("the form's unzip is {text:?}, not a boolean")),
-    }
-}
-
-/// The boundary of a `multipart/form-data` content type.
-pub(crate) fn boundary(content_type: &str) -> Result<String, String> {
-    let mut params = params(content_type);
-    let kind = params.next().map(|(k, _)| k.to_ascii_lowercase());
-    if kind.as_deref() != Some("multipart/form-data") {
-        return Err(format!(
-            "an upload is a multipart/form-data form, not {content_type:?}"
-        ));
-    }
-    let boundary = params
-        .find(|(k, _)| k.eq_ignore_ascii_case("boundary"))
-        .map(|(_, v)| v)
-        .unwrap_or_default();
-    if boundary.is_empty() || boundary.len() > 70 {
-        return Err("the form's boundary is missing or longer than 70 characters".into());
-    }
-    Ok(boundary)
-}
-
-/// A header value's `;`-separated items: the first as its key, the others
-/// `key=value` (a quoted value unquoted).
-pub(crate) fn params(value: &str) -> impl Iterator<Item = (String, String)> + '_ {
-    let mut items = Vec::new();
-    let (mut current, mut quoted, mut escaped) = (String::new(), false, false);
-    for c in value.chars() {
-        match c {
-            _ if escaped => {
-                current.push(c);
-                escaped = false;
-            }
-            '\\' if quoted => escaped = true,
-            '"' => quoted = !quoted,
-            ';' if !quoted => items.push(std::mem::take(&mut current)),
-            c => current.push(c),
-        }
-    }
-    items.push(current);
-    items.into_iter().map(|item| {
-        let item = item.trim();
-        match item.split_once('=') {
-            Some((k, v)) => (k.trim().to_string(), v.trim().to_string()),
-            None => (item.to_string(), String::new()),
-        }
-    })
-}
-
-pub(crate) fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-/// The parts of a multipart body: each one's field name and bytes.
-fn parts<'a>(body: &'a [u8], boundary: &str) -> Result<Vec<(String, &'a [u8])>, String> {
-    let delimiter = format!("--{boundary}");
-    let delimiter = delimiter.as_bytes();
-    let next_delimiter = [b"\r\n".as_slice(), delimiter].concat();
-    let ends = "the form ends before its closing boundary".to_string();
-    // The first delimiter (after a preamble, if any).
-    let mut at = if body.starts_with(delimiter) {
-        0
-    } else {
-        find(body, &next_delimiter).ok_or_else(|| ends.clone())? + 2
-    };
-    let mut parts = Vec::new();
-    loop {
-        let rest = &body[at + delimiter.len()..];
-        if rest.starts_with(b"--") {
-            return Ok(parts);
-        }
-        let rest = rest
-            .strip_prefix(b"\r\n")
-            .ok_or("a form boundary is not followed by a line end")?;
-        let head_end = if rest.starts_with(b"\r\n") {
-            0
-        } else {
-            find(rest, b"\r\n\r\n").ok_or_else(|| ends.clone())? + 2
-        };
-        let head = std::str::from_utf8(&rest[..head_end])
-            .map_err(|_| "a form part's headers are not UTF-8".to_string())?;
-        let content = &rest[head_end + 2..];
-        let len = find(content, &next_delimiter).ok_or_else(|| ends.clone())?;
-        let name = head
-            .split("\r\n")
-            .filter_map(|line| line.split_once(':'))
-            .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-disposition"))
-            .and_then(|(_, v)| {
-                params(v)
-                    .skip(1)
-                    .find(|(k, _)| k.eq_ignore_ascii_case("name"))
-            })
-            .map(|(_, v)| v)
-            .ok_or("a form part has no Content-Disposition name")?;
-        if parts.len() == MAX_PARTS {
-            return Err(format!("the form has more than {MAX_PARTS} parts"));
-        }
-        parts.push((name, &content[..len]));
-        // The next delimiter, after the part's line end.
-        at = body.len() - content.len() + len + 2;
     }
 }
 
@@ -386,6 +290,7 @@ fn crc32(data: &[u8]) -> u32 {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+    use crate::multipart::find;
 
     /// A zip of stored entries, as a test builds one by hand.
     fn stored_zip(files: &[(&str, &[u8])]) -> Vec<u8> {
