@@ -16,17 +16,18 @@ pub const LIMIT: u64 = 64 << 20;
 const GUARD: Duration = Duration::from_secs(60);
 
 /// busybox `dd` allocates its block (256 MiB, four times [`LIMIT`]) and
-/// reads into it, touching every page, sixteen times over: the memory
-/// stays in use for a while (about 2 s under gVisor, if nothing kills it),
-/// as a program's that grows past its limit does. Under gVisor the guest's
-/// watch looks every 5 ms, but a loaded machine may not run it for a few
-/// hundred: it may miss a burst that is over at once.
+/// reads into it, touching every page, 64 times over: the memory stays in
+/// use for a while (seconds, if nothing kills it), as a program's that
+/// grows past its limit does. Under gVisor the guest's watch looks every
+/// 5 ms, but a loaded machine may not run it for several hundred: it may
+/// miss a burst that is over at once (sixteen reads, about half a second
+/// under load, were seen to pass unkilled in CI).
 const ALLOCATE: [&str; 5] = [
     "dd",
     "if=/dev/zero",
     "of=/dev/null",
     "bs=268435456",
-    "count=16",
+    "count=64",
 ];
 
 fn text(b: &[u8]) -> String {
