@@ -31,6 +31,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A `hako serve --e2b` on a port of its own; the SDK's variables set
     to it for the module's tests. Yields the root of the sandboxes'
     workspaces."""
+    yield from serve_e2b(tmp_path_factory, [])
+
+
+def serve_e2b(tmp_path_factory: pytest.TempPathFactory, flags: list[str]) -> Iterator[Path]:
+    """Runs `hako serve --e2b` with `flags`, the SDK's variables set to it,
+    while the caller's generator lives; yields the sandboxes' root."""
     if e2b is None:
         skip_or_fail("e2b_sdk", "the e2b package is not installed")
     base = tmp_path_factory.mktemp("e2b")
@@ -54,6 +60,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             str(root),
             "--ready-json",
             "--exit-on-stdin-eof",
+            *flags,
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -189,3 +196,32 @@ def test_the_async_sdk_runs_commands_and_moves_files(server: Path) -> None:
             await sb.kill()
 
     asyncio.run(drive())
+
+
+def test_a_sandbox_that_locks_its_own_directories_leaves_nothing_when_killed(server: Path) -> None:
+    sb = e2b.Sandbox.create(timeout=120)
+    sb.commands.run("mkdir -p d/e && touch d/e/f && chmod 000 d/e && chmod 500 d")
+    assert (server / sb.sandbox_id).exists()
+    sb.kill()
+    assert not (server / sb.sandbox_id).exists()
+
+
+def test_no_internet_asked_of_a_server_without_network_is_granted(server: Path) -> None:
+    with e2b.Sandbox.create(timeout=60, allow_internet_access=False) as sb:
+        assert sb.commands.run("echo offline").stdout == "offline\n"
+
+
+def test_no_internet_asked_of_a_server_that_allows_some_is_refused(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    gen = serve_e2b(tmp_path_factory, ["--allow", "localhost:9"])
+    root = next(gen)
+    try:
+        with pytest.raises(e2b.SandboxException, match="allow_internet_access"):
+            e2b.Sandbox.create(timeout=60, allow_internet_access=False)
+        assert list(root.iterdir()) == []
+        # Without the request, the server's policy applies as always.
+        with e2b.Sandbox.create(timeout=60) as sb:
+            assert sb.commands.run("echo on").stdout == "on\n"
+    finally:
+        gen.close()

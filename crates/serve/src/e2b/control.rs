@@ -212,6 +212,17 @@ fn create(state: &State, body: &[u8]) -> Reply {
     {
         return not_supported("volume mounts");
     }
+    // The network is the server's (--net, --allow): a rule of the
+    // client's own is refused, never dropped; asking for none is kept
+    // only where the sandbox has none (checked once it is open).
+    if value.get("network").is_some_and(|v| !v.is_null()) {
+        return not_supported(
+            "a sandbox's own network rules (the server's --net and --allow set every sandbox's network)",
+        );
+    }
+    let offline = ["allow_internet_access", "allowInternetAccess"]
+        .iter()
+        .any(|k| value.get(*k) == Some(&Value::Bool(false)));
     let timeout = match timeout_of(body, false) {
         Ok(t) => t,
         Err(r) => return r,
@@ -247,6 +258,14 @@ fn create(state: &State, body: &[u8]) -> Reply {
         Ok(m) => m,
         Err(r) => return r,
     };
+    if offline && sb.capabilities().network != hako_core::NetworkAccess::None {
+        let _ = sb.close();
+        let _ = super::remove_workspace(&workspace);
+        return api_error(
+            400,
+            "allow_internet_access=false: this server's sandboxes reach the network (its --net or --allow), and hako serve --e2b gives every sandbox the server's network; ask a server started with --net none",
+        );
+    }
     let access_token = match random_hex(32) {
         Ok(t) => t,
         Err(e) => {

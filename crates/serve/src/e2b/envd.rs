@@ -992,6 +992,11 @@ fn permissions(kind: FileKind, mode: u32) -> String {
     s
 }
 
+/// The most entries one `ListDir` answers, across every directory its
+/// `depth` reaches: the tree is the sandbox's, as wide and deep as its
+/// programs made it, and the answer is held in the server's memory.
+const MAX_LISTED: usize = 100_000;
+
 fn list_dir(
     b: &Boxed,
     sb: &dyn Sandbox,
@@ -1001,6 +1006,14 @@ fn list_dir(
 ) -> Result<(), Fail> {
     let listing = sb.list_dir(p).map_err(|e| from_hako(&e))?;
     for e in listing.entries {
+        if out.len() >= MAX_LISTED {
+            return Err(Fail(
+                "resource_exhausted",
+                format!(
+                    "the listing is over {MAX_LISTED} entries, the most hako answers at once: list with a smaller depth"
+                ),
+            ));
+        }
         let name = e.name.to_string_lossy().into_owned();
         let child = p.join(&e.name);
         out.push(entry_json(

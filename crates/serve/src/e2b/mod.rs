@@ -317,12 +317,43 @@ fn kill(state: &State, id: &str) -> bool {
         }
         crate::state::audit(state, crate::state::closed(b.table_id));
     }
-    if let Err(e) = std::fs::remove_dir_all(&b.workspace) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            tracing::warn!(sandbox = %b.id, "hako serve: cannot remove an E2B sandbox's workspace: {e}");
-        }
+    if let Err(e) = remove_workspace(&b.workspace) {
+        tracing::error!(sandbox = %b.id, "hako serve: cannot remove an E2B sandbox's workspace {}: {e}", b.workspace.display());
     }
     true
+}
+
+/// Removes a closed sandbox's workspace, whatever its programs left in it:
+/// a directory they made unreadable or unwritable (`chmod 000`) is given
+/// back to its owner first, never following a symlink (nothing runs in
+/// the sandbox any more to swap one in).
+pub(super) fn remove_workspace(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(_) => {}
+    }
+    // Depth first without recursion: the tree is the sandbox's, as deep
+    // as it made it.
+    let mut stack = vec![path.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&dir) else {
+            continue;
+        };
+        if !meta.is_dir() {
+            continue;
+        }
+        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            for entry in entries.flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push(entry.path());
+                }
+            }
+        }
+    }
+    std::fs::remove_dir_all(path)
 }
 
 /// Kills every sandbox (at shutdown).
