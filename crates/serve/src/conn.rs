@@ -185,10 +185,32 @@ enum Peeked {
 /// the token, else `413`. Looks at what has arrived without consuming it.
 async fn refuse_unparseable_length(state: &State, stream: &tokio::net::TcpStream) -> Peeked {
     let mut buf = vec![0u8; 16 << 10];
-    let n = match tokio::time::timeout(state.config.header_timeout, stream.peek(&mut buf)).await {
-        Err(_) => return Peeked::Silent,
-        Ok(Err(_)) => return Peeked::Serve,
-        Ok(Ok(n)) => n,
+    // The head may come in several segments: look again (briefly) until
+    // it is whole, the buffer is full, or the header timeout passes.
+    let deadline = tokio::time::Instant::now() + state.config.header_timeout;
+    let mut seen = 0;
+    let n = loop {
+        let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
+            Err(_) if seen == 0 => return Peeked::Silent,
+            Err(_) => break seen,
+            Ok(Err(_)) => return Peeked::Serve,
+            Ok(Ok(n)) => n,
+        };
+        let mut headers = [httparse::EMPTY_HEADER; 64];
+        let complete = matches!(
+            httparse::Request::new(&mut headers).parse(&buf[..n]),
+            Ok(httparse::Status::Complete(_)) | Err(_)
+        );
+        if complete || n == 0 || n == buf.len() {
+            break n;
+        }
+        if n == seen {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        seen = n;
+        if tokio::time::Instant::now() >= deadline {
+            break n;
+        }
     };
     let mut headers = [httparse::EMPTY_HEADER; 64];
     let mut request = httparse::Request::new(&mut headers);
