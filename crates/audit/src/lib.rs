@@ -61,6 +61,25 @@ pub use record::{
     MAX_MESSAGE_CHARS,
 };
 
+/// A time in seconds since the epoch as UTC's calendar date and time of
+/// day: `(year, month, day, hour, minute, second)` (proleptic Gregorian,
+/// Howard Hinnant's civil-from-days). For the readable times the log's
+/// readers and the front ends print.
+pub fn utc_parts(secs: u64) -> (i64, i64, i64, u64, u64, u64) {
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day, rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
 /// The kind of the record a cleanly closed log ends with.
 pub const END: &str = "end";
 
