@@ -726,46 +726,37 @@ fn pump(
     let (mut out_done, mut err_done) = (false, false);
     let mut last_sent = Instant::now();
     const CHUNK: usize = 64 << 10;
+    // One read of `stream` from `at`: its bytes sent as the event of
+    // `name`; whether any were, the next offset, and whether it ended.
+    let step = |stream: Stream,
+                name: &str,
+                at: u64,
+                wait: Option<Duration>|
+     -> Result<(bool, u64, bool), Fail> {
+        let s = procs
+            .read_output(id, stream, at, CHUNK, wait)
+            .map_err(|e| from_hako(&e))?;
+        let got = !s.data.is_empty();
+        if got {
+            send(
+                tx,
+                &json!({"event": {"data": {name: BASE64.encode(&s.data)}}}),
+            )?;
+        }
+        Ok((got, s.next, s.ended && s.data.is_empty()))
+    };
+    let poll = Some(Duration::from_millis(50));
     while !(out_done && err_done) {
         let mut got = false;
         if !out_done {
-            let s = procs
-                .read_output(
-                    id,
-                    Stream::Stdout,
-                    out_at,
-                    CHUNK,
-                    Some(Duration::from_millis(50)),
-                )
-                .map_err(|e| from_hako(&e))?;
-            if !s.data.is_empty() {
-                send(
-                    tx,
-                    &json!({"event": {"data": {"stdout": BASE64.encode(&s.data)}}}),
-                )?;
-                got = true;
-            }
-            out_at = s.next;
-            out_done = s.ended && s.data.is_empty();
+            let (sent, next, done) = step(Stream::Stdout, "stdout", out_at, poll)?;
+            (got, out_at, out_done) = (sent, next, done);
         }
         if !err_done {
-            let wait = if out_done {
-                Some(Duration::from_millis(50))
-            } else {
-                None
-            };
-            let s = procs
-                .read_output(id, Stream::Stderr, err_at, CHUNK, wait)
-                .map_err(|e| from_hako(&e))?;
-            if !s.data.is_empty() {
-                send(
-                    tx,
-                    &json!({"event": {"data": {"stderr": BASE64.encode(&s.data)}}}),
-                )?;
-                got = true;
-            }
-            err_at = s.next;
-            err_done = s.ended && s.data.is_empty();
+            // Waits only once stdout has ended (stdout's read waited).
+            let wait = if out_done { poll } else { None };
+            let (sent, next, done) = step(Stream::Stderr, "stderr", err_at, wait)?;
+            (got, err_at, err_done) = (got || sent, next, done);
         }
         if got {
             last_sent = Instant::now();
