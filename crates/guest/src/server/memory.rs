@@ -37,16 +37,31 @@ pub(crate) enum Oom {
         limit: u64,
         /// Kills made so far.
         kills: u64,
-        /// When the last kill was made, until the sandbox is back under
-        /// its limit: gVisor gives a killed process's memory back a little
-        /// later, and the next process must not be killed for it.
-        killed_at: Option<Instant>,
+        /// The last kill, until the sandbox is back under its limit:
+        /// gVisor gives a killed process's memory back when it is reaped
+        /// and a little later, and the next process must not be killed for
+        /// it.
+        last_kill: Option<LastKill>,
     },
 }
 
-/// How long after a kill the watch waits for the memory to come back
-/// before it kills again (while still over the limit).
-const AFTER_A_KILL: Duration = Duration::from_secs(1);
+/// A kill of the watch's, whose memory may not have come back yet.
+pub(crate) struct LastKill {
+    pid: Pid,
+    /// When it was killed.
+    at: Instant,
+    /// When the process was first seen gone (reaped).
+    gone_at: Option<Instant>,
+}
+
+/// How long after a killed process is gone the watch waits for its memory
+/// to come back before it kills again (while still over the limit). Kept
+/// short: a grace counted from the kill itself let a new command that
+/// started soon after run past the limit unkilled.
+const AFTER_A_KILL: Duration = Duration::from_millis(200);
+/// How long a killed process that has not gone is waited for before the
+/// watch kills again.
+const STUCK: Duration = Duration::from_secs(5);
 
 impl Oom {
     /// Opens what `watch` names; a counter that cannot be opened fails
@@ -58,7 +73,7 @@ impl Oom {
             MemoryWatch::Watch { limit } => Ok(Oom::Watch {
                 limit: *limit,
                 kills: 0,
-                killed_at: None,
+                last_kill: None,
             }),
         }
     }
@@ -108,7 +123,7 @@ impl Oom {
         let Oom::Watch {
             limit,
             kills,
-            killed_at,
+            last_kill,
         } = self
         else {
             return;
@@ -120,16 +135,31 @@ impl Oom {
             return;
         };
         if used <= *limit {
-            *killed_at = None;
+            *last_kill = None;
             return;
         }
-        if killed_at.is_some_and(|at| at.elapsed() < AFTER_A_KILL) {
-            return;
+        if let Some(last) = last_kill {
+            // Still there (dying, or a zombie not yet reaped): its memory
+            // is not back yet; one that lingers past [`STUCK`] is not
+            // waited for any longer.
+            if last.at.elapsed() < STUCK
+                && std::path::Path::new(&format!("/proc/{}", last.pid.as_raw_nonzero())).exists()
+            {
+                return;
+            }
+            let gone_at = *last.gone_at.get_or_insert_with(Instant::now);
+            if gone_at.elapsed() < AFTER_A_KILL {
+                return;
+            }
         }
         if let Some(pid) = largest_process(spared) {
             if rproc::kill_process(pid, Signal::KILL).is_ok() {
                 *kills += 1;
-                *killed_at = Some(Instant::now());
+                *last_kill = Some(LastKill {
+                    pid,
+                    at: Instant::now(),
+                    gone_at: None,
+                });
             }
         }
     }
