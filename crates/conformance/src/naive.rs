@@ -51,6 +51,7 @@ impl Naive {
                 env_sanitised: false,
                 fds_closed: false,
                 landlock_abi: None,
+                accelerator: None,
                 seccomp: false,
                 shared: hako_core::Shared::ALL.to_vec(),
                 defects: Vec::new(),

@@ -23,6 +23,11 @@ pub struct Capabilities {
     pub fds_closed: bool,
     /// The Landlock ABI in force, if Landlock is applied.
     pub landlock_abi: Option<u32>,
+    /// How a `vm` sandbox's CPU runs: `kvm` (hardware virtualisation) or
+    /// `tcg` (QEMU's emulator, which QEMU does not count as a security
+    /// boundary); `None` for the other backends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accelerator: Option<String>,
     /// Whether a seccomp filter is applied to every command.
     pub seccomp: bool,
     /// What the sandbox's commands share with the processes around it

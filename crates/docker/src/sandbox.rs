@@ -233,6 +233,7 @@ impl Prepared {
             env_sanitised: true,
             fds_closed: true,
             landlock_abi: None,
+            accelerator: None,
             seccomp,
             shared: hako_core::Shared::network_if(network.access),
             defects: Vec::new(),

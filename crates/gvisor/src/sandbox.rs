@@ -220,6 +220,7 @@ impl GvisorSandbox {
             env_sanitised: true,
             fds_closed: true,
             landlock_abi: None,
+            accelerator: None,
             seccomp: true,
             shared: hako_core::Shared::network_if(network.access),
             defects,

@@ -129,6 +129,7 @@ impl HostSandbox {
             env_sanitised: true,
             fds_closed: true,
             landlock_abi: None,
+            accelerator: None,
             seccomp: false,
             shared: hako_core::Shared::ALL.to_vec(),
             defects: Vec::new(),

@@ -341,6 +341,7 @@ impl LandlockSandbox {
             env_sanitised: true,
             fds_closed: true,
             landlock_abi: status.map(|s| s.abi),
+            accelerator: None,
             seccomp: true,
             shared: SHARED.to_vec(),
             defects,

@@ -218,6 +218,7 @@ impl LinuxSandbox {
             env_sanitised: true,
             fds_closed: true,
             landlock_abi,
+            accelerator: None,
             seccomp: true,
             shared: hako_core::Shared::network_if(network.access),
             defects: Vec::new(),

@@ -33,6 +33,7 @@ impl FenceBox {
                 env_sanitised: true,
                 fds_closed: true,
                 landlock_abi: None,
+                accelerator: None,
                 seccomp: false,
                 shared: Vec::new(),
                 defects: Vec::new(),

@@ -428,3 +428,34 @@ pub enum RunReply {
         message: String,
     },
 }
+
+/// What hako tells a `vm` sandbox's init before the protocol starts, on
+/// the link, as one line: [`VM_BOOT_PREFIX`] then this as JSON. It is what
+/// differs between VMs started from one snapshot: fresh randomness (a
+/// restored kernel would otherwise repeat its random numbers), and the
+/// shared directories to mount (their devices are added after the
+/// restore).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmBoot {
+    /// Random bytes, hex, mixed into the kernel's pool, which is then
+    /// reseeded.
+    pub seed: String,
+    /// The virtio-fs shares to mount, in order.
+    pub mounts: Vec<VmMount>,
+}
+
+/// One virtio-fs share of a `vm` sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmMount {
+    /// The device's tag (`[a-z0-9-]`, at most 36 bytes).
+    pub tag: String,
+    /// Where it is mounted inside (absolute, no `..`).
+    pub path: PathBuf,
+    /// Mounted read-only.
+    pub read_only: bool,
+}
+
+/// What starts the [`VmBoot`] line.
+pub const VM_BOOT_PREFIX: &str = "hako-vm-boot ";
+/// The longest [`VmBoot`] line the guest reads.
+pub const VM_BOOT_MAX: usize = 64 << 10;

@@ -235,6 +235,7 @@ mod tests {
                     env_sanitised: true,
                     fds_closed: true,
                     landlock_abi: None,
+                    accelerator: None,
                     seccomp: false,
                     shared: Vec::new(),
                     defects: Vec::new(),

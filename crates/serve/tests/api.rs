@@ -629,6 +629,7 @@ fn concurrent_creates_cannot_open_more_sandboxes_than_the_limit() {
                 env_sanitised: true,
                 fds_closed: true,
                 landlock_abi: None,
+                accelerator: None,
                 seccomp: false,
                 shared: Vec::new(),
                 defects: Vec::new(),

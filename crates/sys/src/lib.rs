@@ -17,6 +17,7 @@ pub mod mount;
 pub mod netif;
 pub mod ns;
 pub mod proc;
+pub mod random;
 pub mod raw;
 pub mod rlimit;
 pub mod signal;

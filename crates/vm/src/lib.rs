@@ -18,14 +18,16 @@
 
 pub mod accel;
 pub mod image;
+mod launcher;
+mod qmp;
 mod runner;
 mod sandbox;
+pub mod virtiofs;
 
-pub use runner::QemuRunner;
-
+pub use launcher::{StartKind, StartReport};
 pub use sandbox::{
-    image_dir, qemu_argv, qemu_path, QemuPlan, VmConfig, VmSandbox, DEFAULT_MEMORY_MIB,
-    WORKSPACE_INSIDE,
+    image_dir, qemu_argv, qemu_path, snapshot_path, QemuPlan, VmConfig, VmSandbox,
+    DEFAULT_MEMORY_MIB, SNAPSHOTS_DIR,
 };
 
 /// The backend's name.
@@ -60,5 +62,14 @@ pub fn readiness() -> Result<(), hako_container::NotReady> {
         reason: e.to_string(),
         hint: "run `hako vm build`".into(),
     })?;
+    if virtiofs::find().is_none() {
+        return Err(hako_container::NotReady {
+            reason: "virtiofsd is not installed (the vm backend shares the workspace with it)".into(),
+            hint: format!(
+                "`cargo install virtiofsd` (it builds against libseccomp-dev and libcap-ng-dev), or your distribution's virtiofsd package; hako finds it beside itself, in /usr/libexec or on PATH, or set {}",
+                virtiofs::VIRTIOFSD_VAR
+            ),
+        });
+    }
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! How QEMU is started: as the container backends start their runtime's
+//! How QEMU (and `virtiofsd`) are started: as the container backends start their runtime's
 //! client (stdio piped), and killed by the kernel when hako ends
 //! (`PR_SET_PDEATHSIG`), so that a `kill -9` of hako leaves no VM behind;
 //! in a process group of its own, so that a Ctrl-C at hako's terminal is
@@ -10,31 +10,29 @@
 //! sandbox (a server's request thread may end while its sandbox lives on).
 
 use std::io;
+use std::os::fd::OwnedFd;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Mutex, OnceLock};
 
-type Request = (
-    Vec<String>,
-    Vec<(String, String)>,
-    Sender<io::Result<Child>>,
-);
+type Request = (Vec<String>, Option<OwnedFd>, Sender<io::Result<Child>>);
 
-/// The thread that forks every QEMU, started on first use and never ended.
+/// The thread that forks every QEMU and `virtiofsd`, started on first use
+/// and never ended.
 fn spawner() -> io::Result<Sender<Request>> {
     static SPAWNER: OnceLock<Mutex<Sender<Request>>> = OnceLock::new();
     if let Some(tx) = SPAWNER.get() {
         return tx
             .lock()
             .map(|tx| tx.clone())
-            .map_err(|_| io::Error::other("the QEMU spawner's lock is poisoned"));
+            .map_err(|_| io::Error::other("the VM spawner's lock is poisoned"));
     }
     let (tx, rx) = channel::<Request>();
     std::thread::Builder::new()
         .name("hako-vm-spawner".into())
         .spawn(move || {
-            for (argv, env, reply) in rx {
-                let _ = reply.send(spawn_here(&argv, &env));
+            for (argv, fd3, reply) in rx {
+                let _ = reply.send(spawn_here(&argv, fd3));
             }
             // Every sender is gone only when the process ends; stay alive
             // regardless, since a child's death signal follows this thread.
@@ -45,16 +43,17 @@ fn spawner() -> io::Result<Sender<Request>> {
     let tx = SPAWNER.get_or_init(|| Mutex::new(tx));
     tx.lock()
         .map(|tx| tx.clone())
-        .map_err(|_| io::Error::other("the QEMU spawner's lock is poisoned"))
+        .map_err(|_| io::Error::other("the VM spawner's lock is poisoned"))
 }
 
-fn spawn_here(argv: &[String], env: &[(String, String)]) -> io::Result<Child> {
+fn spawn_here(argv: &[String], fd3: Option<OwnedFd>) -> io::Result<Child> {
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty command"))?;
     let mut cmd = Command::new(program);
     cmd.args(args)
-        .envs(env.iter().map(|(k, v)| (k, v)))
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -63,36 +62,24 @@ fn spawn_here(argv: &[String], env: &[(String, String)]) -> io::Result<Child> {
         hako_sys::spawn::ChildSetup {
             parent_death_kill: true,
             new_process_group: true,
+            fd3,
             ..Default::default()
         },
     );
     cmd.spawn()
 }
 
-use hako_container::runner::{CliRunner, RunOutput, Runner};
-
-/// Runs QEMU for real, tied to hako's life.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct QemuRunner;
-
-impl Runner for QemuRunner {
-    fn output(&self, argv: &[String]) -> io::Result<RunOutput> {
-        CliRunner.output(argv)
-    }
-
-    fn spawn(&self, argv: &[String]) -> io::Result<Child> {
-        self.spawn_with_env(argv, &[])
-    }
-
-    fn spawn_with_env(&self, argv: &[String], env: &[(String, String)]) -> io::Result<Child> {
-        let (reply, answer) = channel();
-        spawner()?
-            .send((argv.to_vec(), env.to_vec(), reply))
-            .map_err(|_| io::Error::other("the QEMU spawner has ended"))?;
-        answer
-            .recv()
-            .map_err(|_| io::Error::other("the QEMU spawner did not answer"))?
-    }
+/// Starts `argv` (stdio piped, a clean environment, `fd3` at descriptor 3
+/// and every other descriptor closed), killed by the kernel when hako
+/// ends.
+pub fn spawn_tied(argv: &[String], fd3: Option<OwnedFd>) -> io::Result<Child> {
+    let (reply, answer) = channel();
+    spawner()?
+        .send((argv.to_vec(), fd3, reply))
+        .map_err(|_| io::Error::other("the VM spawner has ended"))?;
+    answer
+        .recv()
+        .map_err(|_| io::Error::other("the VM spawner did not answer"))?
 }
 
 #[cfg(test)]
@@ -103,7 +90,7 @@ mod tests {
     #[test]
     fn a_child_outlives_the_thread_that_asked_for_it() {
         let child =
-            std::thread::spawn(|| QemuRunner.spawn(&["sleep".to_string(), "30".to_string()]))
+            std::thread::spawn(|| spawn_tied(&["sleep".to_string(), "30".to_string()], None))
                 .join()
                 .unwrap()
                 .unwrap();

@@ -4,8 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use hako_container::runner::Runner;
-use hako_container::{base_env, ContainerLauncher};
+use hako_container::base_env;
 use hako_core::{
     Capabilities, Error, Isolation, LimitKind, LimitMechanism, LimitReport, NetworkAccess, Result,
     SandboxSpec,
@@ -15,14 +14,40 @@ use hako_driver::LaunchOptions;
 
 use crate::accel::{self, Accelerator};
 use crate::image;
+use crate::launcher::{Held, ShareSpec, StartReport, VmLauncher};
 use crate::{NAME, QEMU_VAR};
 
 /// The guest's memory when `--memory` is not given, MiB.
 pub const DEFAULT_MEMORY_MIB: u64 = 512;
 /// The least memory a VM boots with, MiB (the kernel and the initramfs).
 pub const MIN_MEMORY_MIB: u64 = 128;
-/// Where the workspace is inside the guest.
-pub const WORKSPACE_INSIDE: &str = "/workspace";
+/// What a share may not cover inside the guest (be, or be above): the
+/// initramfs's programs and the guest's own files, and the kernel's
+/// filesystems.
+const COVERED_NEVER: &[&str] = &[
+    "/bin",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib64",
+    "/proc",
+    "/sbin",
+    "/sys",
+    "/usr",
+    "/.hako-guest",
+];
+/// Where a share may not be mounted at all (the kernel's filesystems).
+const BENEATH_NEVER: &[&str] = &["/dev", "/proc", "/sys"];
+
+/// Whether `inside` may be a share's mount point in the guest (it is the
+/// host path: the workspace and binds are where they are on the host).
+fn mountable_inside(inside: &Path) -> bool {
+    inside != Path::new("/")
+        && !COVERED_NEVER
+            .iter()
+            .any(|r| Path::new(r).starts_with(inside))
+        && !BENEATH_NEVER.iter().any(|r| inside.starts_with(r))
+}
 
 /// How a vm sandbox is set up.
 #[derive(Debug, Clone)]
@@ -36,8 +61,9 @@ pub struct VmConfig {
     pub image: Option<PathBuf>,
     /// The QEMU binary; `None` is `$HAKO_QEMU`, else `qemu-system-x86_64`.
     pub qemu: Option<PathBuf>,
-    /// Runs QEMU (tests may record instead).
-    pub runner: Arc<dyn Runner>,
+    /// Start from (and keep) a snapshot of an idle VM of the same shape
+    /// (see [`snapshot_path`]); `false` boots every VM.
+    pub snapshots: bool,
 }
 
 impl VmConfig {
@@ -48,7 +74,7 @@ impl VmConfig {
             launch: LaunchOptions::default(),
             image: None,
             qemu: None,
-            runner: Arc::new(crate::QemuRunner),
+            snapshots: true,
         }
     }
 }
@@ -114,32 +140,27 @@ pub struct QemuPlan {
     pub cpus: u64,
 }
 
-/// The machine and the virtio-serial device for an accelerator: with KVM,
-/// the `microvm` machine (no PCI bus, no firmware beyond qboot, virtio
-/// over MMIO; the guest's clock is kvmclock). With TCG, the `pc` machine
-/// (virtio over PCI): `microvm` has neither HPET nor the ACPI PM timer, and
-/// on a loaded host the emulated kernel's calibration of its TSC against
-/// the PIT fails, after which its clock stands still and the boot hangs;
-/// `pc`'s HPET gives it a reference.
-pub fn machine(accel: Accelerator) -> (&'static str, &'static str) {
-    match accel {
-        Accelerator::Kvm => ("microvm,rtc=on", "virtio-serial-device"),
-        Accelerator::Tcg => ("pc", "virtio-serial-pci"),
-    }
-}
-
-/// QEMU's command line: the [`machine`], no default device (no VGA,
-/// floppy, CD-ROM, parallel port or monitor), no NIC, no display; the
-/// guest's link a virtio-serial port on QEMU's stdio; the console (the
+/// QEMU's command line: the `pc` machine under either accelerator (its
+/// PCI bus takes the shares' virtio-fs devices once the VM runs, which is
+/// what lets a VM start from a snapshot; `microvm` has no hotplug, and
+/// under TCG neither HPET nor the ACPI PM timer, without which the emulated
+/// kernel's clock calibration fails on a loaded host); guest memory a
+/// shared memfd (virtio-fs's daemon maps it); no default device (no VGA,
+/// floppy, CD-ROM, parallel port or monitor), no NIC, no display; QMP on
+/// descriptor 3 (one end of a socket pair hako holds the other end of);
+/// the guest's link a virtio-serial port on QEMU's stdio; the console (the
 /// kernel's messages) on QEMU's stderr; QEMU's own seccomp sandbox with
 /// every optional denial on.
 pub fn qemu_argv(plan: &QemuPlan) -> Vec<String> {
     let mut argv: Vec<String> = vec![plan.qemu.display().to_string()];
     let mut push = |items: &[&str]| argv.extend(items.iter().map(|s| s.to_string()));
-    let (machine, serial) = machine(plan.accel);
+    let memory = format!("{}M", plan.memory_mib);
+    let backend = format!("memory-backend-memfd,id=mem,size={memory},share=on");
     push(&[
         "-M",
-        machine,
+        "pc,memory-backend=mem",
+        "-object",
+        &backend,
         "-accel",
         plan.accel.name(),
         "-cpu",
@@ -149,7 +170,6 @@ pub fn qemu_argv(plan: &QemuPlan) -> Vec<String> {
             "max"
         },
     ]);
-    let memory = format!("{}M", plan.memory_mib);
     let cpus = plan.cpus.to_string();
     push(&["-m", &memory, "-smp", &cpus]);
     push(&[
@@ -172,17 +192,56 @@ pub fn qemu_argv(plan: &QemuPlan) -> Vec<String> {
     ]);
     push(&[
         "-chardev",
+        "socket,id=qmp,fd=3",
+        "-mon",
+        "chardev=qmp,mode=control",
+        "-chardev",
         "file,id=console,path=/dev/stderr",
         "-serial",
         "chardev:console",
         "-chardev",
         "stdio,id=hako,signal=off",
         "-device",
-        serial,
+        "virtio-serial-pci",
         "-device",
-        "virtserialport,chardev=hako,name=hako",
+        "virtserialport,chardev=hako,name=hako,id=hako",
     ]);
     argv
+}
+
+/// Where the snapshot of an idle VM of this command line is kept: under
+/// the image's directory, named after a hash of the command line, the
+/// kernel's, initramfs's and QEMU's identity (size and modification
+/// time), so that a new image or QEMU never restores an old state.
+pub fn snapshot_path(image: &Path, argv: &[String], plan: &QemuPlan) -> Option<PathBuf> {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    argv.hash(&mut hasher);
+    let qemu = which(&plan.qemu)?;
+    for file in [&plan.kernel, &plan.initrd, &qemu] {
+        let meta = std::fs::metadata(file).ok()?;
+        file.hash(&mut hasher);
+        meta.len().hash(&mut hasher);
+        meta.modified().ok()?.hash(&mut hasher);
+    }
+    Some(
+        image
+            .join(SNAPSHOTS_DIR)
+            .join(format!("{:016x}.state", hasher.finish())),
+    )
+}
+
+/// The directory of an image's snapshots.
+pub const SNAPSHOTS_DIR: &str = "snapshots";
+
+/// A program's path, looked up in `PATH` when it has no directory.
+fn which(program: &Path) -> Option<PathBuf> {
+    if program.components().count() > 1 {
+        return Some(program.to_path_buf());
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
 }
 
 /// A sandbox whose commands run in a virtual machine of their own.
@@ -190,6 +249,7 @@ pub fn qemu_argv(plan: &QemuPlan) -> Vec<String> {
 pub struct VmSandbox {
     inner: GuestSandbox,
     accel: Accelerator,
+    held: Arc<Mutex<Held>>,
 }
 
 hako_driver::delegate_sandbox!(VmSandbox, inner);
@@ -209,7 +269,6 @@ impl VmSandbox {
         for (flag, given) in [
             ("--cow", spec.cow.is_some()),
             ("--image", spec.image.is_some()),
-            ("--ro/--rw", !spec.ro.is_empty() || !spec.rw.is_empty()),
         ] {
             if given {
                 return Err(backend_err(
@@ -267,6 +326,60 @@ impl VmSandbox {
             memory_mib,
             cpus,
         };
+        let virtiofsd = crate::virtiofs::find().ok_or_else(|| {
+            backend_err(
+                "share the workspace",
+                format!(
+                    "virtiofsd is not installed (the vm backend shares the workspace with it); install it (`cargo install virtiofsd`, or your distribution's package) beside hako or on PATH, or set {}",
+                    crate::virtiofs::VIRTIOFSD_VAR
+                ),
+            )
+        })?;
+        let workspace = fence.workdir().to_path_buf();
+        if !mountable_inside(&workspace) {
+            return Err(backend_err(
+                "share the workspace",
+                format!(
+                    "{} cannot be the workspace of a vm sandbox: it is shared at the same path inside, where it would cover the guest's system directories",
+                    workspace.display()
+                ),
+            ));
+        }
+        let mut shares = vec![ShareSpec {
+            host: workspace.clone(),
+            inside: workspace.clone(),
+            read_only: false,
+        }];
+        for (list, read_only) in [(&spec.ro, true), (&spec.rw, false)] {
+            for dir in list {
+                let host = dir.canonicalize().map_err(|e| {
+                    backend_err("share a directory", format!("{}: {e}", dir.display()))
+                })?;
+                if !host.is_dir() {
+                    return Err(backend_err(
+                        "share a directory",
+                        format!(
+                            "{} is not a directory (the vm backend shares directories)",
+                            host.display()
+                        ),
+                    ));
+                }
+                if !mountable_inside(&host)
+                    || workspace.starts_with(&host)
+                    || host.starts_with(&workspace)
+                {
+                    return Err(backend_err(
+                        "share a directory",
+                        format!("{} cannot be shared with a vm sandbox: it would cover the guest's system directories or the workspace, or lie inside it", host.display()),
+                    ));
+                }
+                shares.push(ShareSpec {
+                    inside: host.clone(),
+                    host,
+                    read_only,
+                });
+            }
+        }
         let mut defects = Vec::new();
         if !detected.accel.is_hardware() {
             defects.push(format!(
@@ -301,25 +414,27 @@ impl VmSandbox {
             env_sanitised: true,
             fds_closed: true,
             landlock_abi: None,
+            accelerator: Some(detected.accel.name().to_string()),
             seccomp: true,
             shared: Vec::new(),
             defects,
             optional: OPTIONAL,
         };
-        let launcher = ContainerLauncher {
-            backend: NAME,
-            program: "qemu",
-            runner: Arc::clone(&config.runner),
-            name: hako_container::unique_name("hako-vm"),
-            argv: qemu_argv(&plan),
-            workspace: PathBuf::from(WORKSPACE_INSIDE),
-            cleanup: Vec::new(),
-            keep: Mutex::new(Vec::new()),
-            network: None,
-            seal: None,
-            memory: None,
-            self_cleaning: false,
+        let argv = qemu_argv(&plan);
+        let snapshot = if config.snapshots {
+            snapshot_path(&dir, &argv, &plan)
+        } else {
+            None
         };
+        let held = Arc::new(Mutex::new(Held::default()));
+        let launcher = Box::new(VmLauncher {
+            argv,
+            snapshot,
+            shares,
+            virtiofsd,
+            workspace,
+            held: Arc::clone(&held),
+        });
         let inner = GuestSandbox::new(GuestConfig {
             backend: NAME,
             fence,
@@ -329,17 +444,23 @@ impl VmSandbox {
             max_output: spec.max_output,
             idle_timeout: config.launch.idle_timeout,
             driver: config.launch.driver.clone(),
-            launcher: Box::new(launcher),
+            launcher,
             proxy: None,
         })?;
         Ok(VmSandbox {
             inner,
             accel: detected.accel,
+            held,
         })
     }
 
     /// The accelerator the VM runs on.
     pub fn accelerator(&self) -> Accelerator {
         self.accel
+    }
+
+    /// How the VM was started (booted or restored) and how long it took.
+    pub fn start_report(&self) -> Option<StartReport> {
+        self.held.lock().ok()?.started
     }
 }

@@ -66,6 +66,9 @@ struct JsonResult<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     backend_choice: Option<String>,
     isolation: Isolation,
+    /// A `vm` sandbox's accelerator (`kvm`, `tcg`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    accelerator: Option<&'a str>,
     /// What the sandbox could reach (`none`, `allowlist`, `host`), as
     /// enforced.
     network_access: NetworkAccess,
@@ -265,6 +268,7 @@ pub fn run(args: RunArgs) -> u8 {
             backend: &caps.backend,
             backend_choice,
             isolation: caps.isolation,
+            accelerator: caps.accelerator.as_deref(),
             network_access: caps.network,
             network_dropped: network.as_ref().map(|(_, d)| *d).filter(|&d| d > 0),
             network: network.map(|(events, _)| events),

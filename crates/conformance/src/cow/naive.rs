@@ -63,6 +63,7 @@ impl NaiveCow {
                 env_sanitised: false,
                 fds_closed: false,
                 landlock_abi: None,
+                accelerator: None,
                 seccomp: false,
                 shared: Vec::new(),
                 defects: Vec::new(),

@@ -15,6 +15,10 @@ pub struct Link {
     input: OwnedFd,
     output: OwnedFd,
     socket: bool,
+    /// A virtio-serial port: a write to it blocks for ever once the host
+    /// has gone (the kernel holds it until the host comes back), so each
+    /// write waits for room first and fails on a hang-up.
+    port: bool,
 }
 
 impl Link {
@@ -25,6 +29,7 @@ impl Link {
             input: OwnedFd::from(stream),
             output,
             socket: true,
+            port: false,
         })
     }
 
@@ -34,6 +39,41 @@ impl Link {
             input,
             output,
             socket: false,
+            port: false,
+        }
+    }
+
+    /// Over a virtio-serial port (a `vm` sandbox's link), open twice.
+    pub fn port(input: OwnedFd, output: OwnedFd) -> Link {
+        Link {
+            input,
+            output,
+            socket: false,
+            port: true,
+        }
+    }
+
+    /// For a port: waits until a write would not block, or fails if the
+    /// host has hung up.
+    fn wait_for_room(&self) -> io::Result<()> {
+        use hako_sys::rustix::event::{poll, PollFd, PollFlags};
+        loop {
+            let mut fds = [PollFd::new(&self.output, PollFlags::OUT)];
+            match poll(&mut fds, None) {
+                Ok(_) => {}
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+            let ready = fds[0].revents();
+            if ready.contains(PollFlags::OUT) {
+                return Ok(());
+            }
+            if ready.intersects(PollFlags::HUP | PollFlags::ERR) {
+                return Err(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    "hako has closed the port",
+                ));
+            }
         }
     }
 
@@ -45,6 +85,9 @@ impl Link {
     /// Writes all of `bytes`, blocking.
     pub fn write_all(&self, mut bytes: &[u8]) -> io::Result<()> {
         while !bytes.is_empty() {
+            if self.port {
+                self.wait_for_room()?;
+            }
             match hako_sys::rustix::io::write(&self.output, bytes) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => bytes = &bytes[n..],

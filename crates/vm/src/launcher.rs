@@ -1,0 +1,465 @@
+//! Starting a VM: from a snapshot of an idle one when there is one for
+//! this machine's shape, else by booting it (and then taking that
+//! snapshot, for the next VM); then adding its virtio-fs shares and
+//! telling its init the rest ([`hako_proto::VmBoot`]).
+//!
+//! A snapshot is QEMU's migration stream, written to a file while the
+//! guest waits for hako's boot line: its kernel booted, its modules
+//! loaded, the link open, nothing of any sandbox in it yet (no share is
+//! mounted, no command has run, no variable was given). What differs
+//! between VMs comes after the restore: fresh randomness for the kernel,
+//! then the shares' devices, added over QMP, and the guest's mounts.
+
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hako_container::StderrTail;
+use hako_core::{Error, Result};
+use hako_driver::sandbox::{GuestStart, Launcher};
+use hako_proto::{VmBoot, VmMount, VM_BOOT_PREFIX};
+use serde_json::json;
+
+use crate::qmp::Qmp;
+use crate::virtiofs::{self, Share};
+use crate::NAME;
+
+/// How long a cold boot may take to open the guest's link (TCG on a
+/// loaded machine has needed tens of seconds).
+const BOOT_WAIT: Duration = Duration::from_secs(300);
+/// How long restoring or saving a snapshot may take.
+const SNAPSHOT_WAIT: Duration = Duration::from_secs(120);
+
+/// A directory shared with the guest.
+#[derive(Debug, Clone)]
+pub struct ShareSpec {
+    /// On the host.
+    pub host: PathBuf,
+    /// Inside the guest.
+    pub inside: PathBuf,
+    /// Read-only.
+    pub read_only: bool,
+}
+
+/// How a VM is started (see [`crate::QemuPlan`] for its command line).
+#[derive(Debug)]
+pub struct VmLauncher {
+    /// QEMU's command line, without `-incoming`.
+    pub argv: Vec<String>,
+    /// Where this machine shape's snapshot is kept; `None`: always boot.
+    pub snapshot: Option<PathBuf>,
+    /// The shares, the workspace first.
+    pub shares: Vec<ShareSpec>,
+    /// The `virtiofsd` binary.
+    pub virtiofsd: PathBuf,
+    /// The workspace inside.
+    pub workspace: PathBuf,
+    /// What the sandbox holds while it lives: the shares' daemons, QMP.
+    pub held: Arc<Mutex<Held>>,
+}
+
+/// What a running VM's launcher holds.
+#[derive(Debug, Default)]
+pub struct Held {
+    shares: Vec<Share>,
+    qmp: Option<Qmp>,
+    /// How the last start went (for `hako bench` and tests).
+    pub started: Option<StartReport>,
+}
+
+/// How a VM was started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartKind {
+    /// Booted, and its snapshot taken.
+    ColdSaved,
+    /// Booted (no snapshot could be kept).
+    Cold,
+    /// Restored from a snapshot.
+    Restored,
+}
+
+/// How long a start took, and which kind it was.
+#[derive(Debug, Clone, Copy)]
+pub struct StartReport {
+    /// Which.
+    pub kind: StartKind,
+    /// From QEMU's start to the guest waiting for its boot line (restored
+    /// or booted), snapshot saving not counted.
+    pub ready_after: Duration,
+}
+
+fn failed(op: &'static str, message: impl Into<String>) -> Error {
+    Error::Backend {
+        backend: NAME.into(),
+        op,
+        message: message.into(),
+    }
+}
+
+impl VmLauncher {
+    fn spawn_qemu(&self, restore: bool) -> Result<Running> {
+        let (ours, qemus) = UnixStream::pair().map_err(|source| Error::Io {
+            op: "make QEMU's control socket",
+            source,
+        })?;
+        let mut argv = self.argv.clone();
+        if restore {
+            argv.extend(["-incoming".into(), "defer".into()]);
+        }
+        let mut child =
+            crate::runner::spawn_tied(&argv, Some(OwnedFd::from(qemus))).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    failed("start QEMU", format!("{} is not installed", argv[0]))
+                } else {
+                    failed("start QEMU", format!("cannot run {}: {e}", argv[0]))
+                }
+            })?;
+        // Read from now on: a console that fills its pipe would stall QEMU.
+        let tail = child
+            .stderr
+            .take()
+            .map(StderrTail::follow)
+            .unwrap_or_default();
+        match Qmp::connect(ours) {
+            Ok(qmp) => Ok(Running { child, qmp, tail }),
+            Err(e) => {
+                let said = qemu_said(&mut child, &tail);
+                Err(failed("start QEMU", format!("{e}{said}")))
+            }
+        }
+    }
+
+    /// Restores the snapshot into a new QEMU, running.
+    fn restore(&self, snapshot: &Path) -> std::io::Result<Running> {
+        let file = std::fs::File::open(snapshot)?;
+        let Running {
+            mut child,
+            mut qmp,
+            tail,
+        } = self
+            .spawn_qemu(true)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let restored = (|| {
+            qmp.execute_with_fd(
+                "getfd",
+                Some(json!({"fdname": "snapshot"})),
+                Some(file.as_fd()),
+            )?;
+            qmp.execute("migrate-incoming", Some(json!({"uri": "fd:snapshot"})))?;
+            qmp.poll("query-migrate", SNAPSHOT_WAIT, migration_done)?;
+            qmp.execute("cont", None)
+        })();
+        match restored {
+            Ok(_) => Ok(Running { child, qmp, tail }),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(e)
+            }
+        }
+    }
+
+    /// Boots a new QEMU until its guest waits for the boot line; then, if
+    /// a snapshot is to be kept, saves it and lets the VM go on.
+    fn boot(&self) -> Result<(Running, StartKind, Duration)> {
+        let start = Instant::now();
+        let Running {
+            mut child,
+            mut qmp,
+            tail,
+        } = self.spawn_qemu(false)?;
+        let opened = qmp.wait_event(BOOT_WAIT, |e| {
+            e["event"] == "VSERPORT_CHANGE"
+                && e["data"]["id"] == "hako"
+                && e["data"]["open"] == true
+        });
+        if let Err(e) = opened {
+            let said = qemu_said(&mut child, &tail);
+            return Err(failed(
+                "boot the VM",
+                format!("the guest did not open its link: {e}{said}"),
+            ));
+        }
+        let ready_after = start.elapsed();
+        let mut kind = StartKind::Cold;
+        if let Some(path) = &self.snapshot {
+            match save(&mut qmp, path) {
+                Ok(()) => kind = StartKind::ColdSaved,
+                Err(e) => tracing::debug!("vm: no snapshot kept at {}: {e}", path.display()),
+            }
+            // Saved or not, the VM goes on (it is paused for the save).
+            if let Err(e) = qmp.execute("cont", None) {
+                let _ = child.kill();
+                return Err(failed(
+                    "boot the VM",
+                    format!("resume after the snapshot: {e}"),
+                ));
+            }
+        }
+        Ok((Running { child, qmp, tail }, kind, ready_after))
+    }
+
+    /// Adds the shares' devices to the running VM.
+    fn add_shares(&self, qmp: &mut Qmp, held: &mut Held) -> Result<()> {
+        for (i, spec) in self.shares.iter().enumerate() {
+            let tag = if i == 0 {
+                "workspace".to_string()
+            } else {
+                format!("bind-{i}")
+            };
+            let mut share = virtiofs::start(&self.virtiofsd, &spec.host, spec.read_only, tag)
+                .map_err(|e| {
+                    failed(
+                        "share a directory",
+                        format!(
+                            "cannot start {} for {}: {e}",
+                            self.virtiofsd.display(),
+                            spec.host.display()
+                        ),
+                    )
+                })?;
+            let socket = share
+                .socket
+                .take()
+                .ok_or_else(|| failed("share a directory", "virtiofsd's socket is gone"))?;
+            let id = format!("fs{i}");
+            let added = (|| {
+                qmp.execute_with_fd("getfd", Some(json!({"fdname": id})), Some(socket.as_fd()))?;
+                qmp.execute(
+                    "chardev-add",
+                    Some(json!({
+                        "id": id,
+                        "backend": {"type": "socket", "data": {
+                            "addr": {"type": "fd", "data": {"str": id}},
+                            "server": false
+                        }}
+                    })),
+                )?;
+                qmp.execute(
+                    "device_add",
+                    Some(json!({
+                        "driver": "vhost-user-fs-pci",
+                        "id": format!("{id}-dev"),
+                        "chardev": id,
+                        "tag": share.tag,
+                    })),
+                )
+            })();
+            drop(socket);
+            if let Err(e) = added {
+                let said = daemon_said(&mut share);
+                return Err(failed(
+                    "share a directory",
+                    format!("add {}'s device: {e}{said}", spec.host.display()),
+                ));
+            }
+            held.shares.push(share);
+        }
+        Ok(())
+    }
+
+    fn boot_line(&self, held: &Held) -> Result<Vec<u8>> {
+        let mut seed = [0u8; 64];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut seed))
+            .map_err(|source| Error::Io {
+                op: "read randomness for the VM",
+                source,
+            })?;
+        let boot = VmBoot {
+            seed: seed.iter().map(|b| format!("{b:02x}")).collect(),
+            mounts: held
+                .shares
+                .iter()
+                .zip(&self.shares)
+                .map(|(share, spec)| VmMount {
+                    tag: share.tag.clone(),
+                    path: spec.inside.clone(),
+                    read_only: spec.read_only,
+                })
+                .collect(),
+        };
+        let mut line = VM_BOOT_PREFIX.as_bytes().to_vec();
+        line.extend(serde_json::to_vec(&boot).map_err(|e| failed("start the VM", e.to_string()))?);
+        line.push(b'\n');
+        Ok(line)
+    }
+}
+
+/// A QEMU started, its QMP connected, its stderr followed.
+struct Running {
+    child: std::process::Child,
+    qmp: Qmp,
+    tail: StderrTail,
+}
+
+/// Whether a `query-migrate` answer says the migration is over.
+fn migration_done(answer: &serde_json::Value) -> std::result::Result<bool, String> {
+    match answer["status"].as_str() {
+        Some("completed") => Ok(true),
+        Some(s @ ("failed" | "cancelled")) => Err(format!(
+            "the migration {s}: {}",
+            answer["error-desc"].as_str().unwrap_or("no reason given")
+        )),
+        _ => Ok(false),
+    }
+}
+
+/// Pauses the VM and writes its state to `path`: to an unnamed file in
+/// the same directory first, named only once complete (a crash leaves no
+/// partial snapshot, and no file at all); a snapshot someone else named
+/// first is kept.
+fn save(qmp: &mut Qmp, path: &Path) -> std::io::Result<()> {
+    use hako_sys::rustix::fs::{linkat, openat, AtFlags, Mode, OFlags, CWD};
+    let dir = path
+        .parent()
+        .ok_or_else(|| std::io::Error::other("a snapshot path with no directory"))?;
+    std::fs::create_dir_all(dir)?;
+    let file = openat(
+        CWD,
+        dir,
+        OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )?;
+    qmp.execute("stop", None)?;
+    qmp.execute(
+        "migrate-set-parameters",
+        Some(json!({"max-bandwidth": 1u64 << 40})),
+    )?;
+    qmp.execute_with_fd(
+        "getfd",
+        Some(json!({"fdname": "snapshot"})),
+        Some(file.as_fd()),
+    )?;
+    qmp.execute("migrate", Some(json!({"uri": "fd:snapshot"})))?;
+    qmp.poll("query-migrate", SNAPSHOT_WAIT, migration_done)?;
+    let fd_path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file));
+    match linkat(CWD, fd_path.as_str(), CWD, path, AtFlags::SYMLINK_FOLLOW) {
+        Ok(()) => Ok(()),
+        Err(hako_sys::rustix::io::Errno::EXIST) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Kills a QEMU that failed, and returns what it said on stderr (its
+/// console), last lines.
+fn qemu_said(child: &mut std::process::Child, tail: &StderrTail) -> String {
+    let _ = child.kill();
+    let _ = child.wait();
+    let said = tail.text(Duration::from_secs(1));
+    let lines: Vec<&str> = said.lines().rev().take(5).collect();
+    if lines.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; QEMU said: {}",
+            lines.into_iter().rev().collect::<Vec<_>>().join("; ")
+        )
+    }
+}
+
+fn daemon_said(share: &mut Share) -> String {
+    let _ = share.child.kill();
+    let tail = share
+        .child
+        .stderr
+        .take()
+        .map(StderrTail::follow)
+        .unwrap_or_default();
+    let said = tail.text(Duration::from_secs(1));
+    if said.trim().is_empty() {
+        String::new()
+    } else {
+        format!("; virtiofsd said: {}", said.trim())
+    }
+}
+
+impl Launcher for VmLauncher {
+    fn start(&self) -> Result<GuestStart> {
+        let start = Instant::now();
+        let restored = self
+            .snapshot
+            .as_deref()
+            .filter(|p| p.is_file())
+            .and_then(|p| match self.restore(p) {
+                Ok(running) => Some(running),
+                Err(e) => {
+                    // A snapshot this QEMU cannot load (another version):
+                    // boot, and keep a new one.
+                    tracing::debug!("vm: snapshot {} not restored: {e}", p.display());
+                    let _ = std::fs::remove_file(p);
+                    None
+                }
+            });
+        let (running, kind, ready_after) = match restored {
+            Some(running) => (running, StartKind::Restored, start.elapsed()),
+            None => self.boot()?,
+        };
+        let Running {
+            mut child,
+            mut qmp,
+            tail,
+        } = running;
+        let mut held = self
+            .held
+            .lock()
+            .map_err(|_| failed("start the VM", "the launcher's lock is poisoned"))?;
+        let line = self
+            .add_shares(&mut qmp, &mut held)
+            .and_then(|()| self.boot_line(&held))
+            .and_then(|line| {
+                let stdin = child
+                    .stdin
+                    .as_mut()
+                    .ok_or_else(|| failed("start the VM", "QEMU's stdin is gone"))?;
+                stdin.write_all(&line).map_err(|source| Error::Io {
+                    op: "tell the VM's guest its boot line",
+                    source,
+                })
+            });
+        if let Err(e) = line {
+            let _ = child.kill();
+            let _ = child.wait();
+            held.shares.clear();
+            return Err(e);
+        }
+        held.qmp = Some(qmp);
+        held.started = Some(StartReport { kind, ready_after });
+        let describe = Box::new(move || {
+            let said = tail.text(Duration::from_secs(3));
+            let said: Vec<&str> = said
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            let said = said[said.len().saturating_sub(40)..].join("\n");
+            if said.is_empty() {
+                "the VM ended (QEMU said nothing)".to_string()
+            } else {
+                format!("the VM ended; its console and QEMU said: {said}")
+            }
+        });
+        Ok(GuestStart::Piped {
+            child,
+            describe,
+            network: None,
+            seal: None,
+            memory: None,
+        })
+    }
+
+    fn cwd_inside(&self, rel: &Path) -> Option<PathBuf> {
+        Some(self.workspace.join(rel))
+    }
+
+    fn close(&self, _guest_exited_cleanly: bool) {
+        if let Ok(mut held) = self.held.lock() {
+            held.qmp = None;
+            // Each daemon is killed and reaped as it is dropped.
+            held.shares.clear();
+        }
+    }
+}
