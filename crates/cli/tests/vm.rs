@@ -55,9 +55,32 @@ fn comm(pid: u32) -> Option<String> {
         .map(|c| c.trim().to_string())
 }
 
+/// Every process whose command line names `needle` (the workspace, which
+/// QEMU's virtiofsd has on its own).
+fn processes_naming(needle: &str) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if cmdline.contains(needle) && pid != std::process::id() {
+            found.push((pid, cmdline));
+        }
+    }
+    found
+}
+
 #[test]
-fn hako_run_on_vm_prints_the_guest_kernel_s_release() {
-    if !ready("hako_run_on_vm_prints_the_guest_kernel_s_release") {
+fn hako_run_on_vm_prints_the_guest_kernel_s_release_and_reports_its_accelerator() {
+    if !ready("hako_run_on_vm_prints_the_guest_kernel_s_release_and_reports_its_accelerator") {
         return;
     }
     let ws = tempfile::tempdir().unwrap();
@@ -71,14 +94,94 @@ fn hako_run_on_vm_prints_the_guest_kernel_s_release() {
     let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     assert!(!inside.is_empty());
     assert_ne!(inside, host.trim());
+    let image = hako_vm::image_dir(None).unwrap();
+    let release = std::fs::read_to_string(image.join(hako_vm::image::RELEASE_FILE)).unwrap();
+    assert_eq!(inside, release.trim());
+    // --json names the isolation and the accelerator.
+    let out = Command::new(env!("CARGO_BIN_EXE_hako"))
+        .args(["run", "--backend", "vm", "--json", "--", "true"])
+        .current_dir(ws.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["isolation"], "vm", "{json}");
+    let accel = hako_vm::accel::detect().accel.name();
+    assert_eq!(json["accelerator"], accel, "{json}");
 }
 
 #[test]
-fn kill_9_of_hako_leaves_no_qemu_behind() {
-    if !ready("kill_9_of_hako_leaves_no_qemu_behind") {
+fn a_write_from_either_side_of_the_workspace_is_seen_by_the_other_at_once() {
+    if !ready("a_write_from_either_side_of_the_workspace_is_seen_by_the_other_at_once") {
         return;
     }
     let ws = tempfile::tempdir().unwrap();
+    // One sandbox, kept open by `hako shell`-less means: a command that
+    // writes, waits for the host's answer, and reads it; `hako fs` reads
+    // and writes from the host while it waits.
+    let mut run = Command::new(env!("CARGO_BIN_EXE_hako"))
+        .args([
+            "run",
+            "--backend",
+            "vm",
+            "--",
+            "sh",
+            "-c",
+            "echo from-inside > in.txt; echo written; \
+             while [ ! -e out.txt ]; do sleep 0.05; done; cat out.txt",
+        ])
+        .current_dir(ws.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(run.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "written\n");
+    // The host's file API sees the guest's write at once.
+    let read = Command::new(env!("CARGO_BIN_EXE_hako"))
+        .args(["fs", "read", "in.txt"])
+        .current_dir(ws.path())
+        .output()
+        .unwrap();
+    assert!(read.status.success(), "{read:?}");
+    assert_eq!(read.stdout, b"from-inside\n");
+    // And the guest sees the host's.
+    let write = Command::new(env!("CARGO_BIN_EXE_hako"))
+        .args(["fs", "write", "out.txt"])
+        .current_dir(ws.path())
+        .stdin(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(b"from-the-host\n")?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert!(write.status.success(), "{write:?}");
+    line.clear();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "from-the-host\n");
+    let status = run.wait().unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn kill_9_of_hako_leaves_no_qemu_virtiofsd_or_temporary_file_behind() {
+    if !ready("kill_9_of_hako_leaves_no_qemu_virtiofsd_or_temporary_file_behind") {
+        return;
+    }
+    let ws = tempfile::tempdir().unwrap();
+    let ws_path = ws.path().canonicalize().unwrap();
+    // A temporary directory of this run's own: whatever hako made there
+    // and left would show.
+    let tmp = tempfile::tempdir().unwrap();
+    let image = hako_vm::image_dir(None).unwrap();
+    let snapshots = image.join(hako_vm::SNAPSHOTS_DIR);
+    let before: Vec<_> = std::fs::read_dir(&snapshots)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
     let mut hako = Command::new(env!("CARGO_BIN_EXE_hako"))
         .args([
             "run",
@@ -89,12 +192,13 @@ fn kill_9_of_hako_leaves_no_qemu_behind() {
             "-c",
             "echo up; exec sleep 1000",
         ])
-        .current_dir(ws.path())
+        .current_dir(&ws_path)
+        .env("TMPDIR", tmp.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // Once the command runs, the VM is up.
+    // Once the command runs, the VM is up and its workspace shared.
     let mut line = String::new();
     BufReader::new(hako.stdout.take().unwrap())
         .read_line(&mut line)
@@ -105,24 +209,48 @@ fn kill_9_of_hako_leaves_no_qemu_behind() {
         .filter(|p| comm(*p).is_some_and(|c| c.starts_with("qemu")))
         .collect();
     assert_eq!(qemu.len(), 1, "hako's children: {:?}", children(hako.id()));
+    let needle = format!("--shared-dir={}", ws_path.display());
+    assert!(
+        !processes_naming(&needle).is_empty(),
+        "no virtiofsd shares the workspace"
+    );
     hako.kill().unwrap();
     hako.wait().unwrap();
-    // Gone, whatever became of it; a bound only so a failure does not hang.
+    // Gone, whatever became of them; a bound only so a failure does not
+    // hang.
     let start = Instant::now();
-    while std::path::Path::new(&format!("/proc/{}", qemu[0])).exists()
-        && comm(qemu[0]).is_some_and(|c| c.starts_with("qemu"))
-    {
+    loop {
+        let qemu_left = std::path::Path::new(&format!("/proc/{}", qemu[0])).exists()
+            && comm(qemu[0]).is_some_and(|c| c.starts_with("qemu"));
+        let daemons = processes_naming(&needle);
+        if !qemu_left && daemons.is_empty() {
+            break;
+        }
         assert!(
             start.elapsed() < Duration::from_secs(60),
-            "qemu {} outlived hako",
-            qemu[0]
+            "outlived hako: qemu {qemu_left}, virtiofsd {daemons:?}"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    // And hako still works afterwards: the next sandbox boots.
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "left in TMPDIR: {left:?}");
+    let after: Vec<_> = std::fs::read_dir(&snapshots)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    for name in &after {
+        assert!(
+            before.contains(name) || name.to_string_lossy().ends_with(".state"),
+            "a stray file among the snapshots: {name:?}"
+        );
+    }
+    // And hako still works afterwards: the next sandbox starts.
     let out = Command::new(env!("CARGO_BIN_EXE_hako"))
         .args(["run", "--backend", "vm", "--", "true"])
-        .current_dir(ws.path())
+        .current_dir(&ws_path)
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");

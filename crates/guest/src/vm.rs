@@ -230,6 +230,24 @@ fn apply_boot(boot: &VmBoot) -> Result<(), String> {
         return Err("the boot line's seed is under 32 bytes".into());
     }
     hako_sys::random::reseed(&seed).map_err(|e| format!("reseed the kernel's randomness: {e}"))?;
+    // Set on pid 1 before anything is forked: every supervisor and
+    // command inherits them, and none can raise a hard limit.
+    use hako_sys::rustix::process::{setrlimit, Resource, Rlimit};
+    for (resource, value, name) in [
+        (Resource::Fsize, boot.file_size, "--max-file-size"),
+        (Resource::Nofile, boot.open_files, "--max-open-files"),
+    ] {
+        if let Some(v) = value {
+            setrlimit(
+                resource,
+                Rlimit {
+                    current: Some(v),
+                    maximum: Some(v),
+                },
+            )
+            .map_err(|e| format!("apply {name} {v}: {e}"))?;
+        }
+    }
     use hako_sys::mount::{mount, MS_NODEV, MS_NOSUID, MS_RDONLY};
     for share in &boot.mounts {
         std::fs::create_dir_all(&share.path)

@@ -442,6 +442,12 @@ pub struct VmBoot {
     pub seed: String,
     /// The virtio-fs shares to mount, in order.
     pub mounts: Vec<VmMount>,
+    /// `RLIMIT_FSIZE` for every process of the guest's (`--max-file-size`).
+    #[serde(default)]
+    pub file_size: Option<u64>,
+    /// `RLIMIT_NOFILE` likewise (`--max-open-files`).
+    #[serde(default)]
+    pub open_files: Option<u64>,
 }
 
 /// One virtio-fs share of a `vm` sandbox.

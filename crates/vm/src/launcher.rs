@@ -57,6 +57,14 @@ pub struct VmLauncher {
     pub virtiofsd: PathBuf,
     /// The workspace inside.
     pub workspace: PathBuf,
+    /// `--max-file-size`, set on the guest's pid 1 (so on everything).
+    pub file_size: Option<u64>,
+    /// `--max-open-files` likewise.
+    pub open_files: Option<u64>,
+    /// What the guest does to itself before it serves.
+    pub seal: Option<hako_proto::Seal>,
+    /// How the guest tells that the memory limit killed a command.
+    pub memory: Option<hako_proto::MemoryWatch>,
     /// What the sandbox holds while it lives: the shares' daemons, QMP.
     pub held: Arc<Mutex<Held>>,
 }
@@ -281,6 +289,8 @@ impl VmLauncher {
                     read_only: spec.read_only,
                 })
                 .collect(),
+            file_size: self.file_size,
+            open_files: self.open_files,
         };
         let mut line = VM_BOOT_PREFIX.as_bytes().to_vec();
         line.extend(serde_json::to_vec(&boot).map_err(|e| failed("start the VM", e.to_string()))?);
@@ -446,8 +456,8 @@ impl Launcher for VmLauncher {
             child,
             describe,
             network: None,
-            seal: None,
-            memory: None,
+            seal: self.seal.clone(),
+            memory: self.memory.clone(),
         })
     }
 

@@ -16,6 +16,7 @@ use crate::accel::{self, Accelerator};
 use crate::image;
 use crate::launcher::{Held, ShareSpec, StartReport, VmLauncher};
 use crate::{NAME, QEMU_VAR};
+use hako_proto::{MemoryWatch, Seal};
 
 /// The guest's memory when `--memory` is not given, MiB.
 pub const DEFAULT_MEMORY_MIB: u64 = 512;
@@ -291,23 +292,6 @@ impl VmSandbox {
             ));
         }
         let limits = spec.limits;
-        let unenforced: Vec<&str> = [
-            ("--pids", limits.pids.is_some()),
-            ("--max-file-size", limits.file_size.is_some()),
-            ("--max-open-files", limits.open_files.is_some()),
-        ]
-        .into_iter()
-        .filter_map(|(flag, given)| given.then_some(flag))
-        .collect();
-        if !unenforced.is_empty() && !spec.best_effort {
-            return Err(backend_err(
-                "apply limits",
-                format!(
-                    "{} not enforced by the vm backend yet (--memory and --cpus size the VM); drop them or pass --best-effort",
-                    unenforced.join(", ")
-                ),
-            ));
-        }
         let fence = open_workspace(&spec.workspace, &config.launch.fence)?;
         let dir = image_dir(config.image.as_deref())?;
         let memory_mib = limits
@@ -394,10 +378,19 @@ impl VmSandbox {
             fence: fence.resolver(),
             limits: {
                 let mut reports = common_limits(spec.max_output, &fence);
-                // The VM's size bounds the whole guest; the others are
-                // refused above, or dropped with --best-effort.
-                // What the VM gets, which may be more than asked (its
-                // least memory, whole virtual CPUs).
+                // The VM's size bounds the whole guest: what the VM gets,
+                // which may be more than asked (its least memory, whole
+                // virtual CPUs). Processes are counted by a cgroup of the
+                // guest's kernel (the seal's), file sizes and descriptors
+                // by rlimits set on the guest's pid 1.
+                reports.extend(
+                    hako_driver::sandbox::resource_limit_reports(
+                        &limits,
+                        LimitMechanism::SandboxKernel,
+                    )
+                    .into_iter()
+                    .filter(|r| !matches!(r.kind, LimitKind::Memory | LimitKind::Cpus)),
+                );
                 let sized = [
                     (LimitKind::Memory, limits.memory.map(|_| memory_mib << 20)),
                     (LimitKind::Cpus, limits.cpus_milli.map(|_| cpus * 1000)),
@@ -433,6 +426,25 @@ impl VmSandbox {
             shares,
             virtiofsd,
             workspace,
+            file_size: limits.file_size,
+            open_files: limits.open_files,
+            seal: Some(Seal {
+                mask_files: Vec::new(),
+                // The guest's descriptors (its port among them), as under
+                // gVisor; a second open of the port itself is refused by
+                // the kernel (one opener a port).
+                mask_dirs: hako_proto::GUEST_FD_DIRS
+                    .iter()
+                    .map(PathBuf::from)
+                    .collect(),
+                seccomp: true,
+                guard: true,
+                pids_max: limits.pids,
+            }),
+            // The guest's kernel kills past the VM's memory and counts it.
+            memory: limits
+                .memory
+                .map(|_| MemoryWatch::Counter(vec![PathBuf::from("/proc/vmstat")])),
             held: Arc::clone(&held),
         });
         let inner = GuestSandbox::new(GuestConfig {

@@ -102,7 +102,9 @@ impl Oom {
     pub(crate) fn count(&self) -> Option<u64> {
         match self {
             Oom::Counter(file) => {
-                let mut buf = [0u8; 512];
+                // A cgroup's file is short; a VM kernel's /proc/vmstat
+                // has its oom_kill line some 4 KiB in.
+                let mut buf = [0u8; 16 << 10];
                 let n = file.read_at(&mut buf, 0).ok()?;
                 parse_oom_kill(&String::from_utf8_lossy(&buf[..n]))
             }
@@ -165,8 +167,8 @@ impl Oom {
     }
 }
 
-/// The `oom_kill N` line of a v1 `memory.oom_control` or a v2
-/// `memory.events`.
+/// The `oom_kill N` line of a v1 `memory.oom_control`, a v2
+/// `memory.events` or a VM kernel's `/proc/vmstat`.
 fn parse_oom_kill(text: &str) -> Option<u64> {
     text.lines().find_map(|line| {
         let mut words = line.split_whitespace();
