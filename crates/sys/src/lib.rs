@@ -12,6 +12,7 @@ pub use rustix;
 
 pub mod confine;
 pub mod exhaust;
+pub mod jail;
 pub mod module;
 pub mod mount;
 pub mod netif;

@@ -65,6 +65,8 @@ pub struct VmLauncher {
     pub seal: Option<hako_proto::Seal>,
     /// How the guest tells that the memory limit killed a command.
     pub memory: Option<hako_proto::MemoryWatch>,
+    /// Where QEMU runs (see [`crate::jail`]).
+    pub jail: Arc<hako_sys::jail::Jail>,
     /// What the sandbox holds while it lives: the shares' daemons, QMP.
     pub held: Arc<Mutex<Held>>,
 }
@@ -113,24 +115,36 @@ impl VmLauncher {
             op: "make QEMU's control socket",
             source,
         })?;
+        let (console, console_qemus) = UnixStream::pair().map_err(|source| Error::Io {
+            op: "make the VM's console socket",
+            source,
+        })?;
         let mut argv = self.argv.clone();
         if restore {
             argv.extend(["-incoming".into(), "defer".into()]);
         }
-        let mut child =
-            crate::runner::spawn_tied(&argv, Some(OwnedFd::from(qemus))).map_err(|e| {
-                if e.kind() == std::io::ErrorKind::NotFound {
-                    failed("start QEMU", format!("{} is not installed", argv[0]))
-                } else {
-                    failed("start QEMU", format!("cannot run {}: {e}", argv[0]))
-                }
-            })?;
-        // Read from now on: a console that fills its pipe would stall QEMU.
-        let tail = child
-            .stderr
-            .take()
-            .map(StderrTail::follow)
-            .unwrap_or_default();
+        let mut child = crate::runner::spawn_tied(
+            &argv,
+            Some(OwnedFd::from(qemus)),
+            Some((Arc::clone(&self.jail), OwnedFd::from(console_qemus))),
+        )
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                failed("start QEMU", format!("{} is not installed", argv[0]))
+            } else {
+                failed("start QEMU", format!("cannot run {}: {e}", argv[0]))
+            }
+        })?;
+        // Read from now on: a console that fills its socket would stall
+        // QEMU. QEMU's own complaints come on its stderr.
+        let tail = Tails {
+            console: StderrTail::follow(console),
+            qemu: child
+                .stderr
+                .take()
+                .map(StderrTail::follow)
+                .unwrap_or_default(),
+        };
         match Qmp::connect(ours) {
             Ok(qmp) => Ok(Running { child, qmp, tail }),
             Err(e) => {
@@ -303,7 +317,27 @@ impl VmLauncher {
 struct Running {
     child: std::process::Child,
     qmp: Qmp,
-    tail: StderrTail,
+    tail: Tails,
+}
+
+/// What a VM says: its console (the kernel's and the guest's messages),
+/// and QEMU's own stderr.
+struct Tails {
+    console: StderrTail,
+    qemu: StderrTail,
+}
+
+impl Tails {
+    /// Both, QEMU's first, waiting at most `wait` for each to end.
+    fn text(&self, wait: Duration) -> String {
+        let qemu = self.qemu.text(wait);
+        let console = self.console.text(wait);
+        match (qemu.trim().is_empty(), console.trim().is_empty()) {
+            (true, _) => console,
+            (false, true) => qemu,
+            (false, false) => format!("{}\n{}", qemu.trim_end(), console),
+        }
+    }
 }
 
 /// Whether a `query-migrate` answer says the migration is over.
@@ -348,15 +382,39 @@ fn save(qmp: &mut Qmp, path: &Path) -> std::io::Result<()> {
     qmp.poll("query-migrate", SNAPSHOT_WAIT, migration_done)?;
     let fd_path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file));
     match linkat(CWD, fd_path.as_str(), CWD, path, AtFlags::SYMLINK_FOLLOW) {
-        Ok(()) => Ok(()),
-        Err(hako_sys::rustix::io::Errno::EXIST) => Ok(()),
-        Err(e) => Err(e.into()),
+        Ok(()) => {}
+        Err(hako_sys::rustix::io::Errno::EXIST) => {}
+        Err(e) => return Err(e.into()),
+    }
+    prune(dir, path);
+    Ok(())
+}
+
+/// The most snapshots an image keeps (one a machine shape: memory, CPUs,
+/// accelerator), about 100 MiB each.
+const KEEP_SNAPSHOTS: usize = 6;
+
+/// Removes the least recently written snapshots past [`KEEP_SNAPSHOTS`],
+/// never `keep`.
+fn prune(dir: &Path, keep: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut found: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "state") && e.path() != keep)
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    found.sort();
+    let over = (found.len() + 1).saturating_sub(KEEP_SNAPSHOTS);
+    for (_, path) in found.into_iter().take(over) {
+        let _ = std::fs::remove_file(path);
     }
 }
 
 /// Kills a QEMU that failed, and returns what it said on stderr (its
 /// console), last lines.
-fn qemu_said(child: &mut std::process::Child, tail: &StderrTail) -> String {
+fn qemu_said(child: &mut std::process::Child, tail: &Tails) -> String {
     let _ = child.kill();
     let _ = child.wait();
     let said = tail.text(Duration::from_secs(1));

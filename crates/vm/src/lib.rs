@@ -18,6 +18,7 @@
 
 pub mod accel;
 pub mod image;
+pub mod jail;
 mod launcher;
 mod qmp;
 mod runner;

@@ -13,9 +13,16 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Sender};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
-type Request = (Vec<String>, Option<OwnedFd>, Sender<io::Result<Child>>);
+use hako_sys::jail::Jail;
+
+type Request = (
+    Vec<String>,
+    Option<OwnedFd>,
+    Option<(Arc<Jail>, OwnedFd)>,
+    Sender<io::Result<Child>>,
+);
 
 /// The thread that forks every QEMU and `virtiofsd`, started on first use
 /// and never ended.
@@ -31,8 +38,8 @@ fn spawner() -> io::Result<Sender<Request>> {
     std::thread::Builder::new()
         .name("hako-vm-spawner".into())
         .spawn(move || {
-            for (argv, fd3, reply) in rx {
-                let _ = reply.send(spawn_here(&argv, fd3));
+            for (argv, fd3, jail, reply) in rx {
+                let _ = reply.send(spawn_here(&argv, fd3, jail));
             }
             // Every sender is gone only when the process ends; stay alive
             // regardless, since a child's death signal follows this thread.
@@ -46,7 +53,11 @@ fn spawner() -> io::Result<Sender<Request>> {
         .map_err(|_| io::Error::other("the VM spawner's lock is poisoned"))
 }
 
-fn spawn_here(argv: &[String], fd3: Option<OwnedFd>) -> io::Result<Child> {
+fn spawn_here(
+    argv: &[String],
+    fd3: Option<OwnedFd>,
+    jail: Option<(Arc<Jail>, OwnedFd)>,
+) -> io::Result<Child> {
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty command"))?;
@@ -63,6 +74,9 @@ fn spawn_here(argv: &[String], fd3: Option<OwnedFd>) -> io::Result<Child> {
             parent_death_kill: true,
             new_process_group: true,
             fd3,
+            confine: jail.map(|(jail, fd4)| -> hako_sys::spawn::ConfineHook {
+                Box::new(move || jail.enter(Some(std::os::fd::AsRawFd::as_raw_fd(&fd4))))
+            }),
             ..Default::default()
         },
     );
@@ -71,11 +85,15 @@ fn spawn_here(argv: &[String], fd3: Option<OwnedFd>) -> io::Result<Child> {
 
 /// Starts `argv` (stdio piped, a clean environment, `fd3` at descriptor 3
 /// and every other descriptor closed), killed by the kernel when hako
-/// ends.
-pub fn spawn_tied(argv: &[String], fd3: Option<OwnedFd>) -> io::Result<Child> {
+/// ends; with `jail`, in that jail with its descriptor at 4.
+pub fn spawn_tied(
+    argv: &[String],
+    fd3: Option<OwnedFd>,
+    jail: Option<(Arc<Jail>, OwnedFd)>,
+) -> io::Result<Child> {
     let (reply, answer) = channel();
     spawner()?
-        .send((argv.to_vec(), fd3, reply))
+        .send((argv.to_vec(), fd3, jail, reply))
         .map_err(|_| io::Error::other("the VM spawner has ended"))?;
     answer
         .recv()
@@ -90,7 +108,7 @@ mod tests {
     #[test]
     fn a_child_outlives_the_thread_that_asked_for_it() {
         let child =
-            std::thread::spawn(|| spawn_tied(&["sleep".to_string(), "30".to_string()], None))
+            std::thread::spawn(|| spawn_tied(&["sleep".to_string(), "30".to_string()], None, None))
                 .join()
                 .unwrap()
                 .unwrap();

@@ -150,8 +150,8 @@ pub struct QemuPlan {
 /// floppy, CD-ROM, parallel port or monitor), no NIC, no display; QMP on
 /// descriptor 3 (one end of a socket pair hako holds the other end of);
 /// the guest's link a virtio-serial port on QEMU's stdio; the console (the
-/// kernel's messages) on QEMU's stderr; QEMU's own seccomp sandbox with
-/// every optional denial on.
+/// kernel's messages) on a socket at descriptor 4; QEMU's own seccomp sandbox with
+/// every optional denial on. QEMU itself runs in [`crate::jail`].
 pub fn qemu_argv(plan: &QemuPlan) -> Vec<String> {
     let mut argv: Vec<String> = vec![plan.qemu.display().to_string()];
     let mut push = |items: &[&str]| argv.extend(items.iter().map(|s| s.to_string()));
@@ -196,8 +196,11 @@ pub fn qemu_argv(plan: &QemuPlan) -> Vec<String> {
         "socket,id=qmp,fd=3",
         "-mon",
         "chardev=qmp,mode=control",
+        // The console on a socket at descriptor 4, hako's to read (the
+        // jail has no /proc to find /dev/stderr through, and QEMU takes
+        // no standard stream as a descriptor of its own).
         "-chardev",
-        "file,id=console,path=/dev/stderr",
+        "socket,id=console,fd=4",
         "-serial",
         "chardev:console",
         "-chardev",
@@ -414,6 +417,8 @@ impl VmSandbox {
             optional: OPTIONAL,
         };
         let argv = qemu_argv(&plan);
+        let jail = crate::jail::for_qemu(&plan)
+            .map_err(|e| backend_err("jail QEMU", format!("cannot work out QEMU's jail: {e}")))?;
         let snapshot = if config.snapshots {
             snapshot_path(&dir, &argv, &plan)
         } else {
@@ -426,6 +431,7 @@ impl VmSandbox {
             shares,
             virtiofsd,
             workspace,
+            jail: Arc::new(jail),
             file_size: limits.file_size,
             open_files: limits.open_files,
             seal: Some(Seal {

@@ -92,6 +92,7 @@ pub fn start(virtiofsd: &Path, dir: &Path, read_only: bool, tag: String) -> io::
     let child = crate::runner::spawn_tied(
         &argv(virtiofsd, dir, read_only),
         Some(std::os::fd::OwnedFd::from(listener)),
+        None,
     )?;
     let mut share = Share {
         child,

@@ -26,15 +26,17 @@ fn a_vm_sandbox_runs_its_commands_on_the_guest_s_kernel() {
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().canonicalize().unwrap();
     let mut spec = hako_core::SandboxSpec::new(ws);
-    spec.limits.memory = Some(256 << 20);
+    spec.limits.memory = Some(248 << 20);
     let sandbox = VmSandbox::new(VmConfig::from_spec(spec)).unwrap();
+    let mine = qemu_with_memory(248);
+    assert_eq!(mine.len(), 1, "{mine:?}");
     let caps = sandbox.capabilities();
     // --memory sizes the VM, and is reported as such.
     assert!(
         caps.limits
             .iter()
             .any(|l| l.kind == hako_core::LimitKind::Memory
-                && l.value == Some(256 << 20)
+                && l.value == Some(248 << 20)
                 && l.mechanism == hako_core::LimitMechanism::VmSize),
         "{:?}",
         caps.limits
@@ -71,8 +73,8 @@ fn a_vm_sandbox_runs_its_commands_on_the_guest_s_kernel() {
         .unwrap();
     let kib: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
     assert!(
-        kib > 0 && kib <= 256 << 10,
-        "MemTotal {kib} kB in a 256 MiB VM"
+        kib > 0 && kib <= 248 << 10,
+        "MemTotal {kib} kB in a 248 MiB VM"
     );
     // Still serving after a command that fails.
     let out = sandbox.exec(&Command::shell("echo hi; exit 3")).unwrap();
@@ -82,14 +84,27 @@ fn a_vm_sandbox_runs_its_commands_on_the_guest_s_kernel() {
     // Closed: no QEMU of this process is left (the guest, the VM's init,
     // exits when hako closes the link, and the VM ends with it).
     let start = std::time::Instant::now();
-    while !qemu_children().is_empty() {
+    while !qemu_with_memory(248).is_empty() {
         assert!(
             start.elapsed() < std::time::Duration::from_secs(60),
             "QEMU left after close: {:?}",
-            qemu_children()
+            qemu_with_memory(248)
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+}
+
+/// This process's QEMU children of a VM of `mib` MiB (each test gives its
+/// VM a size of its own when it looks for its QEMU: tests run at once).
+fn qemu_with_memory(mib: u64) -> Vec<u32> {
+    let size = format!("size={mib}M,");
+    qemu_children()
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&size))
+        })
+        .collect()
 }
 
 /// This process's children that are QEMU (not yet reaped included).
@@ -371,4 +386,74 @@ fn an_emulated_vm_does_not_stand_for_min_isolation_vm_unless_allowed() {
         .to_string();
     assert!(err.contains("--allow-emulated-vm"), "{err}");
     assert!(err.contains("accelerator tcg"), "{err}");
+}
+
+/// QEMU itself, should the code in the VM take it over, is jailed as
+/// Firecracker's jailer jails Firecracker: no capability, an unprivileged
+/// uid (as root), `no_new_privs` and seccomp, namespaces of its own, and a
+/// root holding no host file but what it reads (not the workspace, not
+/// /etc's secrets, no /proc).
+#[test]
+fn a_compromised_vmm_finds_no_capability_no_host_file_and_no_network() {
+    if !ready() {
+        return;
+    }
+    let (_d, ws) = workspace();
+    std::fs::write(ws.join("in-the-workspace"), "x").unwrap();
+    // A memory size no other test's VM has, to tell this QEMU apart.
+    let mut spec = hako_core::SandboxSpec::new(ws.clone());
+    spec.limits.memory = Some(232 << 20);
+    let sandbox = open(spec);
+    let qemu = qemu_with_memory(232);
+    assert_eq!(qemu.len(), 1, "{qemu:?}");
+    let pid = qemu[0];
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+            .unwrap_or_default()
+    };
+    assert_eq!(field("CapEff"), "0000000000000000", "{status}");
+    assert_eq!(field("CapPrm"), "0000000000000000", "{status}");
+    assert_eq!(field("NoNewPrivs"), "1", "{status}");
+    assert_eq!(field("Seccomp"), "2", "{status}");
+    if hako_sys::rustix::process::geteuid().is_root() {
+        assert_eq!(field("Uid"), "65534 65534 65534 65534", "{status}");
+        assert_eq!(field("Gid"), "65534 65534 65534 65534", "{status}");
+    }
+    for ns in ["mnt", "net", "ipc", "uts"] {
+        let theirs = std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).unwrap();
+        let ours = std::fs::read_link(format!("/proc/self/ns/{ns}")).unwrap();
+        assert_ne!(theirs, ours, "QEMU shares the {ns} namespace");
+    }
+    let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
+    for absent in [
+        ws.join("in-the-workspace"),
+        std::path::PathBuf::from("/etc/passwd"),
+        std::path::PathBuf::from("/etc/shadow"),
+        std::path::PathBuf::from("/proc/self"),
+        std::path::PathBuf::from("/sys/kernel"),
+        std::path::PathBuf::from("/root"),
+        std::path::PathBuf::from("/home"),
+        std::path::PathBuf::from("/var/run/docker.sock"),
+    ] {
+        let inside = root.join(absent.strip_prefix("/").unwrap());
+        assert!(!inside.exists(), "{} is in QEMU's root", absent.display());
+    }
+    let devices: Vec<String> = std::fs::read_dir(root.join("dev"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    for device in &devices {
+        assert!(
+            ["null", "urandom", "kvm"].contains(&device.as_str()),
+            "/dev/{device} in QEMU's root"
+        );
+    }
+    // The sandbox works all the same.
+    assert_eq!(text(&sh(&sandbox, "cat in-the-workspace").stdout), "x");
+    sandbox.close().unwrap();
 }
