@@ -59,6 +59,7 @@ mod report;
 mod runs;
 mod sdk;
 mod trees;
+mod vm;
 
 use std::path::PathBuf;
 

@@ -51,75 +51,83 @@ pub(crate) fn bench_backend(
                 .args(["--", "true"]),
         )
     };
-    // Each backend against the tool it replaces, measured alternately.
-    let (reference_name, reference_key, (cold, reference)) = match kind {
-        BackendKind::Linux => {
-            let bwrap = find_in_path("bwrap")
-                .ok_or("bwrap is not installed (apt-get install bubblewrap)")?;
-            (
-                bwrap_line(),
-                "bwrap",
-                measure_pair(n, hako_run, || bwrap_true(&bwrap))?,
-            )
-        }
-        BackendKind::Docker => {
-            let image = default_image();
-            let docker_run = || {
-                status_ok(
-                    std::process::Command::new("docker")
-                        .args(["run", "--rm", "--network", "none"])
-                        .args(&runtime_args)
-                        .args([&image, "true"]),
+    // A VM's start-up is measured against a bare boot of its own image
+    // and against a start from a snapshot (see `crate::vm`).
+    let per_call = if kind == BackendKind::Vm {
+        crate::vm::bench_starts(n, workspace, out)?;
+        None
+    } else {
+        // Each backend against the tool it replaces, measured alternately.
+        let (reference_name, reference_key, (cold, reference)) = match kind {
+            BackendKind::Linux => {
+                let bwrap = find_in_path("bwrap")
+                    .ok_or("bwrap is not installed (apt-get install bubblewrap)")?;
+                (
+                    bwrap_line(),
+                    "bwrap",
+                    measure_pair(n, hako_run, || bwrap_true(&bwrap))?,
                 )
-            };
-            (
-                format!(
-                    "docker run --rm --network none {}{image} true",
-                    runtime
-                        .map(|r| format!("--runtime {r} "))
-                        .unwrap_or_default()
-                ),
-                "docker_run",
-                measure_pair(n, hako_run, docker_run)?,
-            )
-        }
-        BackendKind::Gvisor => {
-            let runsc = hako_gvisor::runsc_path(None);
-            let root = workspace.join(".runsc-bench");
-            let runsc_do = || {
-                status_ok(
-                    std::process::Command::new(&runsc)
-                        .arg("--root")
-                        .arg(&root)
-                        .args(["--network=none", "do", "true"]),
-                )
-            };
-            (
-                format!("{} --network=none do true", runsc.display()),
-                "runsc_do",
-                measure_pair(n, hako_run, runsc_do)?,
-            )
-        }
-        _ => (
-            "fork/exec true".to_string(),
-            "fork_exec",
-            measure_pair(n, hako_run, fork_exec_true)?,
-        ),
-    };
-    out.push(compare(
-        format!("cold_run.ratio_vs_{reference_key}"),
-        format!(
-            "hako run --backend {} -- true (cold, whole process)",
-            match runtime {
-                Some(r) => format!("docker --runtime {r}"),
-                None => label.to_string(),
             }
-        ),
-        Some(label),
-        cold,
-        &reference_name,
-        reference,
-    ));
+            BackendKind::Docker => {
+                let image = default_image();
+                let docker_run = || {
+                    status_ok(
+                        std::process::Command::new("docker")
+                            .args(["run", "--rm", "--network", "none"])
+                            .args(&runtime_args)
+                            .args([&image, "true"]),
+                    )
+                };
+                (
+                    format!(
+                        "docker run --rm --network none {}{image} true",
+                        runtime
+                            .map(|r| format!("--runtime {r} "))
+                            .unwrap_or_default()
+                    ),
+                    "docker_run",
+                    measure_pair(n, hako_run, docker_run)?,
+                )
+            }
+            BackendKind::Gvisor => {
+                let runsc = hako_gvisor::runsc_path(None);
+                let root = workspace.join(".runsc-bench");
+                let runsc_do = || {
+                    status_ok(
+                        std::process::Command::new(&runsc)
+                            .arg("--root")
+                            .arg(&root)
+                            .args(["--network=none", "do", "true"]),
+                    )
+                };
+                (
+                    format!("{} --network=none do true", runsc.display()),
+                    "runsc_do",
+                    measure_pair(n, hako_run, runsc_do)?,
+                )
+            }
+            _ => (
+                "fork/exec true".to_string(),
+                "fork_exec",
+                measure_pair(n, hako_run, fork_exec_true)?,
+            ),
+        };
+        out.push(compare(
+            format!("cold_run.ratio_vs_{reference_key}"),
+            format!(
+                "hako run --backend {} -- true (cold, whole process)",
+                match runtime {
+                    Some(r) => format!("docker --runtime {r}"),
+                    None => label.to_string(),
+                }
+            ),
+            Some(label),
+            cold,
+            &reference_name,
+            reference,
+        ));
+        Some((reference_name, reference))
+    };
     let mut spec = SandboxSpec::new(workspace.to_path_buf());
     spec.runtime = runtime.map(str::to_string);
     let sandbox = hako_runtime::open(kind, &spec).map_err(|e| e.to_string())?;
@@ -186,7 +194,7 @@ pub(crate) fn bench_backend(
             fallback,
         ));
     }
-    if kind == BackendKind::Linux {
+    if let (BackendKind::Linux, Some((reference_name, reference))) = (kind, per_call) {
         // What a harness that wraps each call in bubblewrap pays per call.
         out.push(compare(
             "warm_exec.ratio_vs_bwrap_per_call".into(),

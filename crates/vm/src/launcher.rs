@@ -110,7 +110,7 @@ fn failed(op: &'static str, message: impl Into<String>) -> Error {
 }
 
 impl VmLauncher {
-    fn spawn_qemu(&self, restore: bool) -> Result<Running> {
+    fn spawn_qemu(&self, restore: bool, paused: bool) -> Result<Running> {
         let (ours, qemus) = UnixStream::pair().map_err(|source| Error::Io {
             op: "make QEMU's control socket",
             source,
@@ -122,6 +122,9 @@ impl VmLauncher {
         let mut argv = self.argv.clone();
         if restore {
             argv.extend(["-incoming".into(), "defer".into()]);
+        }
+        if paused {
+            argv.push("-S".into());
         }
         let mut child = crate::runner::spawn_tied(
             &argv,
@@ -162,7 +165,7 @@ impl VmLauncher {
             mut qmp,
             tail,
         } = self
-            .spawn_qemu(true)
+            .spawn_qemu(true, false)
             .map_err(|e| std::io::Error::other(e.to_string()))?;
         let restored = (|| {
             qmp.execute_with_fd(
@@ -185,14 +188,31 @@ impl VmLauncher {
     }
 
     /// Boots a new QEMU until its guest waits for the boot line; then, if
-    /// a snapshot is to be kept, saves it and lets the VM go on.
-    fn boot(&self) -> Result<(Running, StartKind, Duration)> {
+    /// a snapshot is to be kept, saves it and lets the VM go on. With no
+    /// snapshot to keep, the shares' devices are added before the VM
+    /// starts (found at boot, not hot-plugged later); returns whether they
+    /// were.
+    fn boot(&self, shares: &mut [Share]) -> Result<(Running, StartKind, Duration, bool)> {
         let start = Instant::now();
+        let early = self.snapshot.is_none();
         let Running {
             mut child,
             mut qmp,
             tail,
-        } = self.spawn_qemu(false)?;
+        } = self.spawn_qemu(false, early)?;
+        if early {
+            let plugged = self
+                .plug(&mut qmp, shares)
+                .and_then(|()| {
+                    qmp.execute("cont", None)
+                        .map_err(|e| failed("boot the VM", format!("start it: {e}")))
+                });
+            if let Err(e) = plugged {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e);
+            }
+        }
         let opened = qmp.wait_event(BOOT_WAIT, |e| {
             e["event"] == "VSERPORT_CHANGE"
                 && e["data"]["id"] == "hako"
@@ -221,19 +241,17 @@ impl VmLauncher {
                 ));
             }
         }
-        Ok((Running { child, qmp, tail }, kind, ready_after))
+        Ok((Running { child, qmp, tail }, kind, ready_after, early))
     }
 
-    /// Adds the shares' devices to the running VM.
-    fn add_shares(&self, qmp: &mut Qmp, held: &mut Held) -> Result<()> {
-        for (i, spec) in self.shares.iter().enumerate() {
-            let tag = if i == 0 {
-                "workspace".to_string()
-            } else {
-                format!("bind-{i}")
-            };
-            let mut share = virtiofs::start(&self.virtiofsd, &spec.host, spec.read_only, tag)
-                .map_err(|e| {
+    /// Starts one `virtiofsd` a share (before QEMU, so that each is ready
+    /// by the time its device is added).
+    fn start_daemons(&self) -> Result<Vec<Share>> {
+        self.shares
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| {
+                virtiofs::start(&self.virtiofsd, &spec.host, spec.read_only, tag(i)).map_err(|e| {
                     failed(
                         "share a directory",
                         format!(
@@ -242,7 +260,15 @@ impl VmLauncher {
                             spec.host.display()
                         ),
                     )
-                })?;
+                })
+            })
+            .collect()
+    }
+
+    /// Adds the shares' devices to the VM (running, or paused before its
+    /// boot).
+    fn plug(&self, qmp: &mut Qmp, shares: &mut [Share]) -> Result<()> {
+        for (i, (share, spec)) in shares.iter_mut().zip(&self.shares).enumerate() {
             let socket = share
                 .socket
                 .take()
@@ -272,18 +298,17 @@ impl VmLauncher {
             })();
             drop(socket);
             if let Err(e) = added {
-                let said = daemon_said(&mut share);
+                let said = daemon_said(share);
                 return Err(failed(
                     "share a directory",
                     format!("add {}'s device: {e}{said}", spec.host.display()),
                 ));
             }
-            held.shares.push(share);
         }
         Ok(())
     }
 
-    fn boot_line(&self, held: &Held) -> Result<Vec<u8>> {
+    fn boot_line(&self) -> Result<Vec<u8>> {
         let mut seed = [0u8; 64];
         std::fs::File::open("/dev/urandom")
             .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut seed))
@@ -293,12 +318,12 @@ impl VmLauncher {
             })?;
         let boot = VmBoot {
             seed: seed.iter().map(|b| format!("{b:02x}")).collect(),
-            mounts: held
+            mounts: self
                 .shares
                 .iter()
-                .zip(&self.shares)
-                .map(|(share, spec)| VmMount {
-                    tag: share.tag.clone(),
+                .enumerate()
+                .map(|(i, spec)| VmMount {
+                    tag: tag(i),
                     path: spec.inside.clone(),
                     read_only: spec.read_only,
                 })
@@ -337,6 +362,15 @@ impl Tails {
             (false, true) => qemu,
             (false, false) => format!("{}\n{}", qemu.trim_end(), console),
         }
+    }
+}
+
+/// The device tag of share `i` (the workspace is the first).
+fn tag(i: usize) -> String {
+    if i == 0 {
+        "workspace".to_string()
+    } else {
+        format!("bind-{i}")
     }
 }
 
@@ -448,6 +482,7 @@ fn daemon_said(share: &mut Share) -> String {
 impl Launcher for VmLauncher {
     fn start(&self) -> Result<GuestStart> {
         let start = Instant::now();
+        let mut shares = self.start_daemons()?;
         let restored = self
             .snapshot
             .as_deref()
@@ -462,9 +497,9 @@ impl Launcher for VmLauncher {
                     None
                 }
             });
-        let (running, kind, ready_after) = match restored {
-            Some(running) => (running, StartKind::Restored, start.elapsed()),
-            None => self.boot()?,
+        let (running, kind, ready_after, plugged) = match restored {
+            Some(running) => (running, StartKind::Restored, start.elapsed(), false),
+            None => self.boot(&mut shares)?,
         };
         let Running {
             mut child,
@@ -475,9 +510,10 @@ impl Launcher for VmLauncher {
             .held
             .lock()
             .map_err(|_| failed("start the VM", "the launcher's lock is poisoned"))?;
+        // The boot line first: the guest reseeds and starts waiting for its
+        // shares while their devices are added.
         let line = self
-            .add_shares(&mut qmp, &mut held)
-            .and_then(|()| self.boot_line(&held))
+            .boot_line()
             .and_then(|line| {
                 let stdin = child
                     .stdin
@@ -487,13 +523,20 @@ impl Launcher for VmLauncher {
                     op: "tell the VM's guest its boot line",
                     source,
                 })
+            })
+            .and_then(|()| {
+                if plugged {
+                    Ok(())
+                } else {
+                    self.plug(&mut qmp, &mut shares)
+                }
             });
         if let Err(e) = line {
             let _ = child.kill();
             let _ = child.wait();
-            held.shares.clear();
             return Err(e);
         }
+        held.shares = shares;
         held.qmp = Some(qmp);
         held.started = Some(StartReport { kind, ready_after });
         let describe = Box::new(move || {

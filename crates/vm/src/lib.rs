@@ -27,8 +27,8 @@ pub mod virtiofs;
 
 pub use launcher::{StartKind, StartReport};
 pub use sandbox::{
-    image_dir, qemu_argv, qemu_path, snapshot_path, QemuPlan, VmConfig, VmSandbox,
-    DEFAULT_MEMORY_MIB, SNAPSHOTS_DIR,
+    bare_boot_argv, default_plan, image_dir, qemu_argv, qemu_path, snapshot_path, QemuPlan,
+    VmConfig, VmSandbox, DEFAULT_MEMORY_MIB, SNAPSHOTS_DIR,
 };
 
 /// The backend's name.

@@ -50,6 +50,20 @@ fn mountable_inside(inside: &Path) -> bool {
         && !BENEATH_NEVER.iter().any(|r| inside.starts_with(r))
 }
 
+/// The plan of a VM of the default size on `image`, as `hako bench`
+/// measures it.
+pub fn default_plan(image: Option<&Path>) -> Result<QemuPlan> {
+    let dir = image_dir(image)?;
+    Ok(QemuPlan {
+        qemu: qemu_path(None),
+        kernel: dir.join(image::KERNEL_FILE),
+        initrd: dir.join(image::INITRD_FILE),
+        accel: accel::detect().accel,
+        memory_mib: DEFAULT_MEMORY_MIB,
+        cpus: 1,
+    })
+}
+
 /// How a vm sandbox is set up.
 #[derive(Debug, Clone)]
 pub struct VmConfig {
@@ -210,6 +224,29 @@ pub fn qemu_argv(plan: &QemuPlan) -> Vec<String> {
         "-device",
         "virtserialport,chardev=hako,name=hako,id=hako",
     ]);
+    argv
+}
+
+/// The reference `hako bench` measures a cold start against: QEMU booting
+/// the same kernel and initramfs on the same machine, memory and
+/// accelerator to a trivial init (`/bin/true`, whose exit ends the VM),
+/// with no device of hako's.
+pub fn bare_boot_argv(plan: &QemuPlan) -> Vec<String> {
+    let mut argv = qemu_argv(plan);
+    // Up to the kernel's command line, which is the last thing in common.
+    let cut = argv
+        .iter()
+        .position(|a| a == "-append")
+        .map_or(argv.len(), |i| i + 1);
+    argv.truncate(cut);
+    argv.extend(
+        [
+            "console=ttyS0 quiet panic=-1 rdinit=/bin/true",
+            "-serial",
+            "none",
+        ]
+        .map(String::from),
+    );
     argv
 }
 
