@@ -72,7 +72,7 @@ pub(crate) fn bench_starts(
             plan.accel.name()
         ),
         Some("vm"),
-        cold.clone(),
+        cold,
         "QEMU booting the same kernel and initramfs to a trivial init (rdinit=/bin/true), start to exit",
         boot,
     ));

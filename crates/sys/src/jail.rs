@@ -34,7 +34,15 @@ pub struct JailSpec {
     /// (root's capabilities go with the uid). Ignored when not root (the
     /// program keeps the caller's uid, mapped into a user namespace).
     pub run_as: Option<(u32, u32, Vec<u32>)>,
+    /// A file of this many bytes at [`RAM_FILE`], on a tmpfs of the jail's
+    /// own (gone with its mount namespace), owned by the uid the program
+    /// runs as: a VM's memory, which [`Jail::enter`] may fill from a
+    /// snapshot.
+    pub ram: Option<u64>,
 }
+
+/// Where a jail's RAM file is ([`JailSpec::ram`]).
+pub const RAM_FILE: &str = "/ram/mem";
 
 /// One path bound into the jail.
 #[derive(Debug, Clone)]
@@ -73,6 +81,7 @@ pub struct Jail {
     groups: Vec<libc::gid_t>,
     uid_map: CString,
     gid_map: CString,
+    ram: Option<(u64, CString)>,
 }
 
 fn c(bytes: &[u8]) -> io::Result<CString> {
@@ -209,13 +218,24 @@ impl Jail {
             groups,
             uid_map: c(format!("{euid} {euid} 1\n").as_bytes())?,
             gid_map: c(format!("{egid} {egid} 1\n").as_bytes())?,
+            ram: spec
+                .ram
+                .map(|size| {
+                    Ok::<_, io::Error>((size, c(format!("size={size},mode=0755").as_bytes())?))
+                })
+                .transpose()?,
         })
     }
 
     /// Builds the jail around the calling process (a forked child, just
     /// before exec): system calls only. `fd4`, if given, is first placed at
-    /// descriptor 4 (kept across exec).
-    pub fn enter(&self, fd4: Option<std::os::fd::RawFd>) -> io::Result<()> {
+    /// descriptor 4 (kept across exec). `ram_from`: a file whose data the
+    /// RAM file gets (its holes stay holes).
+    pub fn enter(
+        &self,
+        fd4: Option<std::os::fd::RawFd>,
+        ram_from: Option<std::os::fd::RawFd>,
+    ) -> io::Result<()> {
         fn check(ret: libc::c_int) -> io::Result<()> {
             if ret < 0 {
                 Err(io::Error::last_os_error())
@@ -321,6 +341,25 @@ impl Jail {
                     }
                 }
             }
+            if let Some((size, options)) = &self.ram {
+                check(libc::mkdir(c"/newroot/ram".as_ptr(), 0o755))?;
+                check(libc::mount(
+                    c"tmpfs".as_ptr(),
+                    c"/newroot/ram".as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    options.as_ptr().cast(),
+                ))?;
+                let fd = libc::open(
+                    c"/newroot/ram/mem".as_ptr(),
+                    libc::O_CREAT | libc::O_RDWR | libc::O_CLOEXEC,
+                    0o600,
+                );
+                check(fd)?;
+                let filled = fill_ram(fd, *size, ram_from, self.uid, self.gid);
+                libc::close(fd);
+                filled?;
+            }
             check(libc::chdir(c"/newroot".as_ptr()))?;
             check(
                 libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) as libc::c_int,
@@ -349,6 +388,64 @@ impl Jail {
         }
         Ok(())
     }
+}
+
+/// Sizes the RAM file `fd`, hands it to `uid`/`gid`, and copies into it
+/// the data of `from` (extent by extent: its holes stay holes), with
+/// system calls only.
+fn fill_ram(
+    fd: libc::c_int,
+    size: u64,
+    from: Option<libc::c_int>,
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+) -> io::Result<()> {
+    let size =
+        libc::off_t::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+    // SAFETY: system calls on descriptors open for the call's length, and
+    // on a local offset.
+    unsafe {
+        if libc::ftruncate(fd, size) != 0 || libc::fchown(fd, uid, gid) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let Some(from) = from else {
+            return Ok(());
+        };
+        let mut at: libc::off_t = 0;
+        while at < size {
+            let data = libc::lseek(from, at, libc::SEEK_DATA);
+            if data < 0 {
+                // ENXIO: no data past `at`.
+                if io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO) {
+                    break;
+                }
+                return Err(io::Error::last_os_error());
+            }
+            let hole = libc::lseek(from, data, libc::SEEK_HOLE);
+            if hole < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let end = hole.min(size);
+            if libc::lseek(fd, data, libc::SEEK_SET) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let mut offset = data;
+            while offset < end {
+                let n = libc::sendfile(fd, from, &mut offset, (end - offset) as usize);
+                if n < 0 {
+                    if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                        continue;
+                    }
+                    return Err(io::Error::last_os_error());
+                }
+                if n == 0 {
+                    return Err(io::Error::from_raw_os_error(libc::EIO));
+                }
+            }
+            at = end;
+        }
+    }
+    Ok(())
 }
 
 /// Writes `data` to `path` with system calls only.

@@ -58,6 +58,9 @@ pub fn for_qemu(plan: &QemuPlan) -> std::io::Result<Jail> {
         groups.push(std::fs::metadata(kvm)?.gid());
     }
     spec.run_as = Some((NOBODY, NOBODY, groups));
+    // The VM's memory: a file on a tmpfs of the jail's own (a snapshot's
+    // memory is copied into it), shared so that virtiofsd can map it.
+    spec.ram = Some(plan.memory_mib << 20);
     Jail::new(&spec)
 }
 

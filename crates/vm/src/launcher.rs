@@ -3,8 +3,11 @@
 //! snapshot, for the next VM); then adding its virtio-fs shares and
 //! telling its init the rest ([`hako_proto::VmBoot`]).
 //!
-//! A snapshot is QEMU's migration stream, written to a file while the
-//! guest waits for hako's boot line: its kernel booted, its modules
+//! A snapshot is QEMU's migration stream (the devices' state) and the VM's
+//! memory (a file, copied into the jail's RAM file before the restored
+//! QEMU starts: QEMU would otherwise page through the whole of a stream's
+//! memory, zeroed pages included), written while the guest waits for
+//! hako's boot line: its kernel booted, its modules
 //! loaded, the link open, nothing of any sandbox in it yet (no share is
 //! mounted, no command has run, no variable was given). What differs
 //! between VMs comes after the restore: fresh randomness for the kernel,
@@ -110,7 +113,11 @@ fn failed(op: &'static str, message: impl Into<String>) -> Error {
 }
 
 impl VmLauncher {
-    fn spawn_qemu(&self, restore: bool, paused: bool) -> Result<Running> {
+    /// Starts QEMU in its jail; with `ram_from` (a snapshot's memory), the
+    /// jail's RAM file is filled from it, and QEMU waits for the rest of
+    /// the snapshot.
+    fn spawn_qemu(&self, ram_from: Option<OwnedFd>, paused: bool) -> Result<Running> {
+        let restore = ram_from.is_some();
         let (ours, qemus) = UnixStream::pair().map_err(|source| Error::Io {
             op: "make QEMU's control socket",
             source,
@@ -129,7 +136,11 @@ impl VmLauncher {
         let mut child = crate::runner::spawn_tied(
             &argv,
             Some(OwnedFd::from(qemus)),
-            Some((Arc::clone(&self.jail), OwnedFd::from(console_qemus))),
+            Some(crate::runner::Jailed {
+                jail: Arc::clone(&self.jail),
+                fd4: OwnedFd::from(console_qemus),
+                ram_from,
+            }),
         )
         .map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
@@ -157,17 +168,21 @@ impl VmLauncher {
         }
     }
 
-    /// Restores the snapshot into a new QEMU, running.
+    /// Restores the snapshot into a new QEMU, running: its memory copied
+    /// into the jail's RAM file before QEMU starts, its devices' state
+    /// loaded over QMP.
     fn restore(&self, snapshot: &Path) -> std::io::Result<Running> {
         let file = std::fs::File::open(snapshot)?;
+        let ram = std::fs::File::open(ram_path(snapshot))?;
         let Running {
             mut child,
             mut qmp,
             tail,
         } = self
-            .spawn_qemu(true, false)
+            .spawn_qemu(Some(OwnedFd::from(ram)), false)
             .map_err(|e| std::io::Error::other(e.to_string()))?;
         let restored = (|| {
+            ignore_shared(&mut qmp)?;
             qmp.execute_with_fd(
                 "getfd",
                 Some(json!({"fdname": "snapshot"})),
@@ -199,14 +214,12 @@ impl VmLauncher {
             mut child,
             mut qmp,
             tail,
-        } = self.spawn_qemu(false, early)?;
+        } = self.spawn_qemu(None, early)?;
         if early {
-            let plugged = self
-                .plug(&mut qmp, shares)
-                .and_then(|()| {
-                    qmp.execute("cont", None)
-                        .map_err(|e| failed("boot the VM", format!("start it: {e}")))
-                });
+            let plugged = self.plug(&mut qmp, shares).and_then(|()| {
+                qmp.execute("cont", None)
+                    .map_err(|e| failed("boot the VM", format!("start it: {e}")))
+            });
             if let Err(e) = plugged {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -228,7 +241,7 @@ impl VmLauncher {
         let ready_after = start.elapsed();
         let mut kind = StartKind::Cold;
         if let Some(path) = &self.snapshot {
-            match save(&mut qmp, path) {
+            match save(&mut qmp, child.id(), path) {
                 Ok(()) => kind = StartKind::ColdSaved,
                 Err(e) => tracing::debug!("vm: no snapshot kept at {}: {e}", path.display()),
             }
@@ -386,23 +399,83 @@ fn migration_done(answer: &serde_json::Value) -> std::result::Result<bool, Strin
     }
 }
 
-/// Pauses the VM and writes its state to `path`: to an unnamed file in
-/// the same directory first, named only once complete (a crash leaves no
-/// partial snapshot, and no file at all); a snapshot someone else named
-/// first is kept.
-fn save(qmp: &mut Qmp, path: &Path) -> std::io::Result<()> {
-    use hako_sys::rustix::fs::{linkat, openat, AtFlags, Mode, OFlags, CWD};
+/// The file of a snapshot's memory, beside its state.
+fn ram_path(state: &Path) -> PathBuf {
+    state.with_extension("ram")
+}
+
+/// Leaves the VM's memory out of the migration stream: it is a shared file
+/// (the jail's RAM file), saved and restored as a file of its own.
+fn ignore_shared(qmp: &mut Qmp) -> std::io::Result<()> {
+    qmp.execute(
+        "migrate-set-capabilities",
+        Some(json!({"capabilities": [{"capability": "x-ignore-shared", "state": true}]})),
+    )
+    .map(drop)
+}
+
+/// An unnamed file in `dir` (named by [`name`] once complete).
+fn unnamed(dir: &Path) -> std::io::Result<OwnedFd> {
+    use hako_sys::rustix::fs::{openat, Mode, OFlags, CWD};
+    Ok(openat(
+        CWD,
+        dir,
+        OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )?)
+}
+
+/// Names the unnamed `file` `path`; a file someone else named so first is
+/// kept (returns whether this one was named).
+fn name(file: &OwnedFd, path: &Path) -> std::io::Result<bool> {
+    use hako_sys::rustix::fs::{linkat, AtFlags, CWD};
+    let fd_path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(file));
+    match linkat(CWD, fd_path.as_str(), CWD, path, AtFlags::SYMLINK_FOLLOW) {
+        Ok(()) => Ok(true),
+        Err(hako_sys::rustix::io::Errno::EXIST) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Copies `from` into `to`, leaving holes where `from` has holes or
+/// zeroed pages (a fresh VM's memory is mostly never written).
+fn copy_sparse(from: &std::fs::File, to: &std::fs::File) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let size = from.metadata()?.len();
+    to.set_len(size)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    while at < size {
+        let n = from.read_at(&mut buf, at)?;
+        if n == 0 {
+            break;
+        }
+        for (i, page) in buf[..n].chunks(4096).enumerate() {
+            if page.iter().any(|&b| b != 0) {
+                to.write_all_at(page, at + (i * 4096) as u64)?;
+            }
+        }
+        at += n as u64;
+    }
+    Ok(())
+}
+
+/// Pauses the VM and keeps a snapshot of it at `path`: its devices' state
+/// (QEMU's migration stream, the memory left out) and beside it its
+/// memory, read from the jail's RAM file of QEMU `pid`. Both are written
+/// to unnamed files in the same directory first, named only once complete
+/// (a crash leaves no partial snapshot, and no file at all), the memory
+/// first; a snapshot someone else named first is kept. The caller resumes
+/// the VM.
+fn save(qmp: &mut Qmp, pid: u32, path: &Path) -> std::io::Result<()> {
     let dir = path
         .parent()
         .ok_or_else(|| std::io::Error::other("a snapshot path with no directory"))?;
     std::fs::create_dir_all(dir)?;
-    let file = openat(
-        CWD,
-        dir,
-        OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o600),
-    )?;
+    let state = unnamed(dir)?;
+    let memory = unnamed(dir)?;
     qmp.execute("stop", None)?;
+    ignore_shared(qmp)?;
     qmp.execute(
         "migrate-set-parameters",
         Some(json!({"max-bandwidth": 1u64 << 40})),
@@ -410,22 +483,22 @@ fn save(qmp: &mut Qmp, path: &Path) -> std::io::Result<()> {
     qmp.execute_with_fd(
         "getfd",
         Some(json!({"fdname": "snapshot"})),
-        Some(file.as_fd()),
+        Some(state.as_fd()),
     )?;
     qmp.execute("migrate", Some(json!({"uri": "fd:snapshot"})))?;
     qmp.poll("query-migrate", SNAPSHOT_WAIT, migration_done)?;
-    let fd_path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file));
-    match linkat(CWD, fd_path.as_str(), CWD, path, AtFlags::SYMLINK_FOLLOW) {
-        Ok(()) => {}
-        Err(hako_sys::rustix::io::Errno::EXIST) => {}
-        Err(e) => return Err(e.into()),
-    }
+    // The VM is paused: its memory is what the state was taken with.
+    let ram = std::fs::File::open(format!("/proc/{pid}/root{}", hako_sys::jail::RAM_FILE))?;
+    let memory = std::fs::File::from(memory);
+    copy_sparse(&ram, &memory)?;
+    name(&OwnedFd::from(memory), &ram_path(path))?;
+    name(&state, path)?;
     prune(dir, path);
     Ok(())
 }
 
 /// The most snapshots an image keeps (one a machine shape: memory, CPUs,
-/// accelerator), about 100 MiB each.
+/// accelerator), about 100 MiB of memory each.
 const KEEP_SNAPSHOTS: usize = 6;
 
 /// Removes the least recently written snapshots past [`KEEP_SNAPSHOTS`],
@@ -442,6 +515,7 @@ fn prune(dir: &Path, keep: &Path) {
     found.sort();
     let over = (found.len() + 1).saturating_sub(KEEP_SNAPSHOTS);
     for (_, path) in found.into_iter().take(over) {
+        let _ = std::fs::remove_file(ram_path(&path));
         let _ = std::fs::remove_file(path);
     }
 }
@@ -494,6 +568,7 @@ impl Launcher for VmLauncher {
                     // boot, and keep a new one.
                     tracing::debug!("vm: snapshot {} not restored: {e}", p.display());
                     let _ = std::fs::remove_file(p);
+                    let _ = std::fs::remove_file(ram_path(p));
                     None
                 }
             });

@@ -20,9 +20,20 @@ use hako_sys::jail::Jail;
 type Request = (
     Vec<String>,
     Option<OwnedFd>,
-    Option<(Arc<Jail>, OwnedFd)>,
+    Option<Jailed>,
     Sender<io::Result<Child>>,
 );
+
+/// How a jailed child is started.
+#[derive(Debug)]
+pub struct Jailed {
+    /// The jail.
+    pub jail: Arc<Jail>,
+    /// Placed at descriptor 4.
+    pub fd4: OwnedFd,
+    /// What the jail's RAM file is filled from.
+    pub ram_from: Option<OwnedFd>,
+}
 
 /// The thread that forks every QEMU and `virtiofsd`, started on first use
 /// and never ended.
@@ -53,11 +64,7 @@ fn spawner() -> io::Result<Sender<Request>> {
         .map_err(|_| io::Error::other("the VM spawner's lock is poisoned"))
 }
 
-fn spawn_here(
-    argv: &[String],
-    fd3: Option<OwnedFd>,
-    jail: Option<(Arc<Jail>, OwnedFd)>,
-) -> io::Result<Child> {
+fn spawn_here(argv: &[String], fd3: Option<OwnedFd>, jail: Option<Jailed>) -> io::Result<Child> {
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty command"))?;
@@ -74,8 +81,14 @@ fn spawn_here(
             parent_death_kill: true,
             new_process_group: true,
             fd3,
-            confine: jail.map(|(jail, fd4)| -> hako_sys::spawn::ConfineHook {
-                Box::new(move || jail.enter(Some(std::os::fd::AsRawFd::as_raw_fd(&fd4))))
+            confine: jail.map(|jailed| -> hako_sys::spawn::ConfineHook {
+                Box::new(move || {
+                    use std::os::fd::AsRawFd;
+                    jailed.jail.enter(
+                        Some(jailed.fd4.as_raw_fd()),
+                        jailed.ram_from.as_ref().map(AsRawFd::as_raw_fd),
+                    )
+                })
             }),
             ..Default::default()
         },
@@ -89,7 +102,7 @@ fn spawn_here(
 pub fn spawn_tied(
     argv: &[String],
     fd3: Option<OwnedFd>,
-    jail: Option<(Arc<Jail>, OwnedFd)>,
+    jail: Option<Jailed>,
 ) -> io::Result<Child> {
     let (reply, answer) = channel();
     spawner()?

@@ -159,8 +159,8 @@ pub struct QemuPlan {
 /// PCI bus takes the shares' virtio-fs devices once the VM runs, which is
 /// what lets a VM start from a snapshot; `microvm` has no hotplug, and
 /// under TCG neither HPET nor the ACPI PM timer, without which the emulated
-/// kernel's clock calibration fails on a loaded host); guest memory a
-/// shared memfd (virtio-fs's daemon maps it); no default device (no VGA,
+/// kernel's clock calibration fails on a loaded host); guest memory the
+/// jail's RAM file, shared (virtio-fs's daemon maps it); no default device (no VGA,
 /// floppy, CD-ROM, parallel port or monitor), no NIC, no display; QMP on
 /// descriptor 3 (one end of a socket pair hako holds the other end of);
 /// the guest's link a virtio-serial port on QEMU's stdio; the console (the
@@ -170,7 +170,10 @@ pub fn qemu_argv(plan: &QemuPlan) -> Vec<String> {
     let mut argv: Vec<String> = vec![plan.qemu.display().to_string()];
     let mut push = |items: &[&str]| argv.extend(items.iter().map(|s| s.to_string()));
     let memory = format!("{}M", plan.memory_mib);
-    let backend = format!("memory-backend-memfd,id=mem,size={memory},share=on");
+    let backend = format!(
+        "memory-backend-file,id=mem,size={memory},share=on,mem-path={}",
+        hako_sys::jail::RAM_FILE
+    );
     push(&[
         "-M",
         "pc,memory-backend=mem",
@@ -233,6 +236,15 @@ pub fn qemu_argv(plan: &QemuPlan) -> Vec<String> {
 /// with no device of hako's.
 pub fn bare_boot_argv(plan: &QemuPlan) -> Vec<String> {
     let mut argv = qemu_argv(plan);
+    // Not jailed: the same memory, as a memfd rather than the jail's file.
+    for arg in argv.iter_mut() {
+        if arg.starts_with("memory-backend-file,") {
+            *arg = format!(
+                "memory-backend-memfd,id=mem,size={}M,share=on",
+                plan.memory_mib
+            );
+        }
+    }
     // Up to the kernel's command line, which is the last thing in common.
     let cut = argv
         .iter()
