@@ -42,7 +42,7 @@ pub fn for_qemu(plan: &QemuPlan) -> std::io::Result<Jail> {
     if cache.is_file() {
         spec.binds.push(ro(cache));
     }
-    let qemu = which(&plan.qemu).unwrap_or_else(|| plan.qemu.clone());
+    let qemu = crate::sandbox::which(&plan.qemu).unwrap_or_else(|| plan.qemu.clone());
     if let Some(dir) = qemu.parent().filter(|d| !d.starts_with("/usr")) {
         spec.binds.push(ro(dir));
     }
@@ -62,13 +62,4 @@ pub fn for_qemu(plan: &QemuPlan) -> std::io::Result<Jail> {
     // memory is copied into it), shared so that virtiofsd can map it.
     spec.ram = Some(plan.memory_mib << 20);
     Jail::new(&spec)
-}
-
-fn which(program: &Path) -> Option<PathBuf> {
-    if program.components().count() > 1 {
-        return Some(program.to_path_buf());
-    }
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join(program))
-        .find(|p| p.is_file())
 }

@@ -3,19 +3,16 @@
 //! snapshot, for the next VM); then adding its virtio-fs shares and
 //! telling its init the rest ([`hako_proto::VmBoot`]).
 //!
-//! A snapshot is QEMU's migration stream (the devices' state) and the VM's
-//! memory (a file, copied into the jail's RAM file before the restored
-//! QEMU starts: QEMU would otherwise page through the whole of a stream's
-//! memory, zeroed pages included), written while the guest waits for
-//! hako's boot line: its kernel booted, its modules
-//! loaded, the link open, nothing of any sandbox in it yet (no share is
-//! mounted, no command has run, no variable was given). What differs
-//! between VMs comes after the restore: fresh randomness for the kernel,
-//! then the shares' devices, added over QMP, and the guest's mounts.
+//! The VMM is a driver behind [`crate::vmm::Vmm`] (QEMU's: [`crate::qemu`]).
+//! A snapshot (the VMM's state, and the VM's memory beside it) is taken
+//! while the guest waits for hako's boot line: its kernel booted, its
+//! modules loaded, the link open, nothing of any sandbox in it yet (no
+//! share is mounted, no command has run, no variable was given). What
+//! differs between VMs comes after the restore: fresh randomness for the
+//! kernel, then the shares' devices and the guest's mounts.
 
 use std::io::Write;
-use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::net::UnixStream;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,17 +21,14 @@ use hako_container::StderrTail;
 use hako_core::{Error, Result};
 use hako_driver::sandbox::{GuestStart, Launcher};
 use hako_proto::{VmBoot, VmMount, VM_BOOT_PREFIX};
-use serde_json::json;
 
-use crate::qmp::Qmp;
 use crate::virtiofs::{self, Share};
+use crate::vmm::{VmProcess, Vmm, VmmControl};
 use crate::NAME;
 
 /// How long a cold boot may take to open the guest's link (TCG on a
 /// loaded machine has needed tens of seconds).
 const BOOT_WAIT: Duration = Duration::from_secs(300);
-/// How long restoring or saving a snapshot may take.
-const SNAPSHOT_WAIT: Duration = Duration::from_secs(120);
 
 /// A directory shared with the guest.
 #[derive(Debug, Clone)]
@@ -47,11 +41,11 @@ pub struct ShareSpec {
     pub read_only: bool,
 }
 
-/// How a VM is started (see [`crate::QemuPlan`] for its command line).
+/// How a VM is started.
 #[derive(Debug)]
 pub struct VmLauncher {
-    /// QEMU's command line, without `-incoming`.
-    pub argv: Vec<String>,
+    /// The VMM.
+    pub vmm: Box<dyn Vmm>,
     /// Where this machine shape's snapshot is kept; `None`: always boot.
     pub snapshot: Option<PathBuf>,
     /// The shares, the workspace first.
@@ -68,9 +62,8 @@ pub struct VmLauncher {
     pub seal: Option<hako_proto::Seal>,
     /// How the guest tells that the memory limit killed a command.
     pub memory: Option<hako_proto::MemoryWatch>,
-    /// Where QEMU runs (see [`crate::jail`]).
-    pub jail: Arc<hako_sys::jail::Jail>,
-    /// What the sandbox holds while it lives: the shares' daemons, QMP.
+    /// What the sandbox holds while it lives: the shares' daemons, the
+    /// VMM's control.
     pub held: Arc<Mutex<Held>>,
 }
 
@@ -78,7 +71,7 @@ pub struct VmLauncher {
 #[derive(Debug, Default)]
 pub struct Held {
     shares: Vec<Share>,
-    qmp: Option<Qmp>,
+    control: Option<Box<dyn VmmControl>>,
     /// How the last start went (for `hako bench` and tests).
     pub started: Option<StartReport>,
 }
@@ -113,126 +106,47 @@ fn failed(op: &'static str, message: impl Into<String>) -> Error {
 }
 
 impl VmLauncher {
-    /// Starts QEMU in its jail; with `ram_from` (a snapshot's memory), the
-    /// jail's RAM file is filled from it, and QEMU waits for the rest of
-    /// the snapshot.
-    fn spawn_qemu(&self, ram_from: Option<OwnedFd>, paused: bool) -> Result<Running> {
-        let restore = ram_from.is_some();
-        let (ours, qemus) = UnixStream::pair().map_err(|source| Error::Io {
-            op: "make QEMU's control socket",
-            source,
-        })?;
-        let (console, console_qemus) = UnixStream::pair().map_err(|source| Error::Io {
-            op: "make the VM's console socket",
-            source,
-        })?;
-        let mut argv = self.argv.clone();
-        if restore {
-            argv.extend(["-incoming".into(), "defer".into()]);
-        }
-        if paused {
-            argv.push("-S".into());
-        }
-        let mut child = crate::runner::spawn_tied(
-            &argv,
-            Some(OwnedFd::from(qemus)),
-            Some(crate::runner::Jailed {
-                jail: Arc::clone(&self.jail),
-                fd4: OwnedFd::from(console_qemus),
-                ram_from,
-            }),
-        )
-        .map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                failed("start QEMU", format!("{} is not installed", argv[0]))
-            } else {
-                failed("start QEMU", format!("cannot run {}: {e}", argv[0]))
-            }
-        })?;
-        // Read from now on: a console that fills its socket would stall
-        // QEMU. QEMU's own complaints come on its stderr.
-        let tail = Tails {
-            console: StderrTail::follow(console),
-            qemu: child
-                .stderr
-                .take()
-                .map(StderrTail::follow)
-                .unwrap_or_default(),
-        };
-        match Qmp::connect(ours) {
-            Ok(qmp) => Ok(Running { child, qmp, tail }),
-            Err(e) => {
-                let said = qemu_said(&mut child, &tail);
-                Err(failed("start QEMU", format!("{e}{said}")))
-            }
-        }
-    }
-
-    /// Restores the snapshot into a new QEMU, running: its memory copied
-    /// into the jail's RAM file before QEMU starts, its devices' state
-    /// loaded over QMP.
-    fn restore(&self, snapshot: &Path) -> std::io::Result<Running> {
-        let file = std::fs::File::open(snapshot)?;
-        let ram = std::fs::File::open(ram_path(snapshot))?;
-        let Running {
-            mut child,
-            mut qmp,
-            tail,
-        } = self
-            .spawn_qemu(Some(OwnedFd::from(ram)), false)
+    /// Starts a new VMM from the snapshot at `state` (its memory beside it).
+    fn restore(&self, state: &Path) -> std::io::Result<VmProcess> {
+        let file = std::fs::File::open(state)?;
+        let memory = std::fs::File::open(ram_path(state))?;
+        let mut vm = self
+            .vmm
+            .spawn(Some(OwnedFd::from(memory)), false)
             .map_err(|e| std::io::Error::other(e.to_string()))?;
-        let restored = (|| {
-            ignore_shared(&mut qmp)?;
-            qmp.execute_with_fd(
-                "getfd",
-                Some(json!({"fdname": "snapshot"})),
-                Some(file.as_fd()),
-            )?;
-            qmp.execute("migrate-incoming", Some(json!({"uri": "fd:snapshot"})))?;
-            qmp.poll("query-migrate", SNAPSHOT_WAIT, migration_done)?;
-            qmp.execute("cont", None)
-        })();
-        match restored {
-            Ok(_) => Ok(Running { child, qmp, tail }),
+        match vm.control.restore(&file) {
+            Ok(()) => Ok(vm),
             Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
+                let _ = vm.child.kill();
+                let _ = vm.child.wait();
                 Err(e)
             }
         }
     }
 
-    /// Boots a new QEMU until its guest waits for the boot line; then, if
+    /// Boots a new VM until its guest waits for the boot line; then, if
     /// a snapshot is to be kept, saves it and lets the VM go on. With no
     /// snapshot to keep, the shares' devices are added before the VM
     /// starts (found at boot, not hot-plugged later); returns whether they
     /// were.
-    fn boot(&self, shares: &mut [Share]) -> Result<(Running, StartKind, Duration, bool)> {
+    fn boot(&self, shares: &mut [Share]) -> Result<(VmProcess, StartKind, Duration, bool)> {
         let start = Instant::now();
         let early = self.snapshot.is_none();
-        let Running {
-            mut child,
-            mut qmp,
-            tail,
-        } = self.spawn_qemu(None, early)?;
+        let mut vm = self.vmm.spawn(None, early)?;
         if early {
-            let plugged = self.plug(&mut qmp, shares).and_then(|()| {
-                qmp.execute("cont", None)
+            let plugged = self.plug(vm.control.as_mut(), shares).and_then(|()| {
+                vm.control
+                    .resume()
                     .map_err(|e| failed("boot the VM", format!("start it: {e}")))
             });
             if let Err(e) = plugged {
-                let _ = child.kill();
-                let _ = child.wait();
+                let _ = vm.child.kill();
+                let _ = vm.child.wait();
                 return Err(e);
             }
         }
-        let opened = qmp.wait_event(BOOT_WAIT, |e| {
-            e["event"] == "VSERPORT_CHANGE"
-                && e["data"]["id"] == "hako"
-                && e["data"]["open"] == true
-        });
-        if let Err(e) = opened {
-            let said = qemu_said(&mut child, &tail);
+        if let Err(e) = vm.control.wait_guest_ready(BOOT_WAIT) {
+            let said = ended(&mut vm);
             return Err(failed(
                 "boot the VM",
                 format!("the guest did not open its link: {e}{said}"),
@@ -241,20 +155,24 @@ impl VmLauncher {
         let ready_after = start.elapsed();
         let mut kind = StartKind::Cold;
         if let Some(path) = &self.snapshot {
-            match save(&mut qmp, child.id(), path) {
-                Ok(()) => kind = StartKind::ColdSaved,
+            match vm.control.save(path) {
+                Ok(()) => {
+                    kind = StartKind::ColdSaved;
+                    prune(path);
+                }
                 Err(e) => tracing::debug!("vm: no snapshot kept at {}: {e}", path.display()),
             }
             // Saved or not, the VM goes on (it is paused for the save).
-            if let Err(e) = qmp.execute("cont", None) {
-                let _ = child.kill();
+            if let Err(e) = vm.control.resume() {
+                let _ = vm.child.kill();
+                let _ = vm.child.wait();
                 return Err(failed(
                     "boot the VM",
                     format!("resume after the snapshot: {e}"),
                 ));
             }
         }
-        Ok((Running { child, qmp, tail }, kind, ready_after, early))
+        Ok((vm, kind, ready_after, early))
     }
 
     /// Starts one `virtiofsd` a share (before QEMU, so that each is ready
@@ -280,35 +198,13 @@ impl VmLauncher {
 
     /// Adds the shares' devices to the VM (running, or paused before its
     /// boot).
-    fn plug(&self, qmp: &mut Qmp, shares: &mut [Share]) -> Result<()> {
+    fn plug(&self, control: &mut dyn VmmControl, shares: &mut [Share]) -> Result<()> {
         for (i, (share, spec)) in shares.iter_mut().zip(&self.shares).enumerate() {
             let socket = share
                 .socket
                 .take()
                 .ok_or_else(|| failed("share a directory", "virtiofsd's socket is gone"))?;
-            let id = format!("fs{i}");
-            let added = (|| {
-                qmp.execute_with_fd("getfd", Some(json!({"fdname": id})), Some(socket.as_fd()))?;
-                qmp.execute(
-                    "chardev-add",
-                    Some(json!({
-                        "id": id,
-                        "backend": {"type": "socket", "data": {
-                            "addr": {"type": "fd", "data": {"str": id}},
-                            "server": false
-                        }}
-                    })),
-                )?;
-                qmp.execute(
-                    "device_add",
-                    Some(json!({
-                        "driver": "vhost-user-fs-pci",
-                        "id": format!("{id}-dev"),
-                        "chardev": id,
-                        "tag": share.tag,
-                    })),
-                )
-            })();
+            let added = control.add_share(i, &share.tag, &socket);
             drop(socket);
             if let Err(e) = added {
                 let said = daemon_said(share);
@@ -351,30 +247,25 @@ impl VmLauncher {
     }
 }
 
-/// A QEMU started, its QMP connected, its stderr followed.
-struct Running {
-    child: std::process::Child,
-    qmp: Qmp,
-    tail: Tails,
+/// The file of a snapshot's memory, beside its state.
+pub(crate) fn ram_path(state: &Path) -> PathBuf {
+    state.with_extension("ram")
 }
 
-/// What a VM says: its console (the kernel's and the guest's messages),
-/// and QEMU's own stderr.
-struct Tails {
-    console: StderrTail,
-    qemu: StderrTail,
-}
-
-impl Tails {
-    /// Both, QEMU's first, waiting at most `wait` for each to end.
-    fn text(&self, wait: Duration) -> String {
-        let qemu = self.qemu.text(wait);
-        let console = self.console.text(wait);
-        match (qemu.trim().is_empty(), console.trim().is_empty()) {
-            (true, _) => console,
-            (false, true) => qemu,
-            (false, false) => format!("{}\n{}", qemu.trim_end(), console),
-        }
+/// Kills a VM that failed, and returns what it and its console said,
+/// last lines.
+fn ended(vm: &mut VmProcess) -> String {
+    let _ = vm.child.kill();
+    let _ = vm.child.wait();
+    let said = vm.tail.text(Duration::from_secs(1));
+    let lines: Vec<&str> = said.lines().rev().take(5).collect();
+    if lines.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; the VM said: {}",
+            lines.into_iter().rev().collect::<Vec<_>>().join("; ")
+        )
     }
 }
 
@@ -387,123 +278,16 @@ fn tag(i: usize) -> String {
     }
 }
 
-/// Whether a `query-migrate` answer says the migration is over.
-fn migration_done(answer: &serde_json::Value) -> std::result::Result<bool, String> {
-    match answer["status"].as_str() {
-        Some("completed") => Ok(true),
-        Some(s @ ("failed" | "cancelled")) => Err(format!(
-            "the migration {s}: {}",
-            answer["error-desc"].as_str().unwrap_or("no reason given")
-        )),
-        _ => Ok(false),
-    }
-}
-
-/// The file of a snapshot's memory, beside its state.
-fn ram_path(state: &Path) -> PathBuf {
-    state.with_extension("ram")
-}
-
-/// Leaves the VM's memory out of the migration stream: it is a shared file
-/// (the jail's RAM file), saved and restored as a file of its own.
-fn ignore_shared(qmp: &mut Qmp) -> std::io::Result<()> {
-    qmp.execute(
-        "migrate-set-capabilities",
-        Some(json!({"capabilities": [{"capability": "x-ignore-shared", "state": true}]})),
-    )
-    .map(drop)
-}
-
-/// An unnamed file in `dir` (named by [`name`] once complete).
-fn unnamed(dir: &Path) -> std::io::Result<OwnedFd> {
-    use hako_sys::rustix::fs::{openat, Mode, OFlags, CWD};
-    Ok(openat(
-        CWD,
-        dir,
-        OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o600),
-    )?)
-}
-
-/// Names the unnamed `file` `path`; a file someone else named so first is
-/// kept (returns whether this one was named).
-fn name(file: &OwnedFd, path: &Path) -> std::io::Result<bool> {
-    use hako_sys::rustix::fs::{linkat, AtFlags, CWD};
-    let fd_path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(file));
-    match linkat(CWD, fd_path.as_str(), CWD, path, AtFlags::SYMLINK_FOLLOW) {
-        Ok(()) => Ok(true),
-        Err(hako_sys::rustix::io::Errno::EXIST) => Ok(false),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Copies `from` into `to`, leaving holes where `from` has holes or
-/// zeroed pages (a fresh VM's memory is mostly never written).
-fn copy_sparse(from: &std::fs::File, to: &std::fs::File) -> std::io::Result<()> {
-    use std::os::unix::fs::FileExt;
-    let size = from.metadata()?.len();
-    to.set_len(size)?;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut at = 0u64;
-    while at < size {
-        let n = from.read_at(&mut buf, at)?;
-        if n == 0 {
-            break;
-        }
-        for (i, page) in buf[..n].chunks(4096).enumerate() {
-            if page.iter().any(|&b| b != 0) {
-                to.write_all_at(page, at + (i * 4096) as u64)?;
-            }
-        }
-        at += n as u64;
-    }
-    Ok(())
-}
-
-/// Pauses the VM and keeps a snapshot of it at `path`: its devices' state
-/// (QEMU's migration stream, the memory left out) and beside it its
-/// memory, read from the jail's RAM file of QEMU `pid`. Both are written
-/// to unnamed files in the same directory first, named only once complete
-/// (a crash leaves no partial snapshot, and no file at all), the memory
-/// first; a snapshot someone else named first is kept. The caller resumes
-/// the VM.
-fn save(qmp: &mut Qmp, pid: u32, path: &Path) -> std::io::Result<()> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| std::io::Error::other("a snapshot path with no directory"))?;
-    std::fs::create_dir_all(dir)?;
-    let state = unnamed(dir)?;
-    let memory = unnamed(dir)?;
-    qmp.execute("stop", None)?;
-    ignore_shared(qmp)?;
-    qmp.execute(
-        "migrate-set-parameters",
-        Some(json!({"max-bandwidth": 1u64 << 40})),
-    )?;
-    qmp.execute_with_fd(
-        "getfd",
-        Some(json!({"fdname": "snapshot"})),
-        Some(state.as_fd()),
-    )?;
-    qmp.execute("migrate", Some(json!({"uri": "fd:snapshot"})))?;
-    qmp.poll("query-migrate", SNAPSHOT_WAIT, migration_done)?;
-    // The VM is paused: its memory is what the state was taken with.
-    let ram = std::fs::File::open(format!("/proc/{pid}/root{}", hako_sys::jail::RAM_FILE))?;
-    let memory = std::fs::File::from(memory);
-    copy_sparse(&ram, &memory)?;
-    name(&OwnedFd::from(memory), &ram_path(path))?;
-    name(&state, path)?;
-    prune(dir, path);
-    Ok(())
-}
-
 /// The most snapshots an image keeps (one a machine shape: memory, CPUs,
 /// accelerator), about 100 MiB of memory each.
 const KEEP_SNAPSHOTS: usize = 6;
 
-/// Removes the least recently written snapshots past [`KEEP_SNAPSHOTS`],
-/// never `keep`.
-fn prune(dir: &Path, keep: &Path) {
+/// Removes the least recently written snapshots past [`KEEP_SNAPSHOTS`]
+/// from `keep`'s directory, never `keep`.
+fn prune(keep: &Path) {
+    let Some(dir) = keep.parent() else {
+        return;
+    };
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -517,23 +301,6 @@ fn prune(dir: &Path, keep: &Path) {
     for (_, path) in found.into_iter().take(over) {
         let _ = std::fs::remove_file(ram_path(&path));
         let _ = std::fs::remove_file(path);
-    }
-}
-
-/// Kills a QEMU that failed, and returns what it said on stderr (its
-/// console), last lines.
-fn qemu_said(child: &mut std::process::Child, tail: &Tails) -> String {
-    let _ = child.kill();
-    let _ = child.wait();
-    let said = tail.text(Duration::from_secs(1));
-    let lines: Vec<&str> = said.lines().rev().take(5).collect();
-    if lines.is_empty() {
-        String::new()
-    } else {
-        format!(
-            "; QEMU said: {}",
-            lines.into_iter().rev().collect::<Vec<_>>().join("; ")
-        )
     }
 }
 
@@ -576,9 +343,9 @@ impl Launcher for VmLauncher {
             Some(running) => (running, StartKind::Restored, start.elapsed(), false),
             None => self.boot(&mut shares)?,
         };
-        let Running {
+        let VmProcess {
             mut child,
-            mut qmp,
+            mut control,
             tail,
         } = running;
         let mut held = self
@@ -603,7 +370,7 @@ impl Launcher for VmLauncher {
                 if plugged {
                     Ok(())
                 } else {
-                    self.plug(&mut qmp, &mut shares)
+                    self.plug(control.as_mut(), &mut shares)
                 }
             });
         if let Err(e) = line {
@@ -612,7 +379,7 @@ impl Launcher for VmLauncher {
             return Err(e);
         }
         held.shares = shares;
-        held.qmp = Some(qmp);
+        held.control = Some(control);
         held.started = Some(StartReport { kind, ready_after });
         let describe = Box::new(move || {
             let said = tail.text(Duration::from_secs(3));
@@ -643,7 +410,7 @@ impl Launcher for VmLauncher {
 
     fn close(&self, _guest_exited_cleanly: bool) {
         if let Ok(mut held) = self.held.lock() {
-            held.qmp = None;
+            held.control = None;
             // Each daemon is killed and reaped as it is dropped.
             held.shares.clear();
         }

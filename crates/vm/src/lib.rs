@@ -20,10 +20,12 @@ pub mod accel;
 pub mod image;
 pub mod jail;
 mod launcher;
+mod qemu;
 mod qmp;
 mod runner;
 mod sandbox;
 pub mod virtiofs;
+pub mod vmm;
 
 pub use launcher::{StartKind, StartReport};
 pub use sandbox::{

@@ -288,7 +288,7 @@ pub fn snapshot_path(image: &Path, argv: &[String], plan: &QemuPlan) -> Option<P
 pub const SNAPSHOTS_DIR: &str = "snapshots";
 
 /// A program's path, looked up in `PATH` when it has no directory.
-fn which(program: &Path) -> Option<PathBuf> {
+pub(crate) fn which(program: &Path) -> Option<PathBuf> {
     if program.components().count() > 1 {
         return Some(program.to_path_buf());
     }
@@ -475,12 +475,14 @@ impl VmSandbox {
         };
         let held = Arc::new(Mutex::new(Held::default()));
         let launcher = Box::new(VmLauncher {
-            argv,
+            vmm: Box::new(crate::qemu::Qemu {
+                argv,
+                jail: Arc::new(jail),
+            }),
             snapshot,
             shares,
             virtiofsd,
             workspace,
-            jail: Arc::new(jail),
             file_size: limits.file_size,
             open_files: limits.open_files,
             seal: Some(Seal {
