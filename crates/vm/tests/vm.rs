@@ -284,6 +284,7 @@ fn stealing_the_guests_port_is_refused_and_the_sandbox_goes_on() {
          cat /proc/1/fd/0 >/dev/null 2>&1 && echo read; echo checked",
     );
     assert_eq!(text(&out.stdout), "checked\n", "{out:?}");
+    hako_conformance::attacks::writing_on_the_guests_link_through_proc(&sandbox).unwrap();
     assert_eq!(text(&sh(&sandbox, "echo fine").stdout), "fine\n");
     sandbox.close().unwrap();
 }
@@ -455,5 +456,52 @@ fn a_compromised_vmm_finds_no_capability_no_host_file_and_no_network() {
     }
     // The sandbox works all the same.
     assert_eq!(text(&sh(&sandbox, "cat in-the-workspace").stdout), "x");
+    sandbox.close().unwrap();
+}
+
+/// What a command inside may try against the host and the guest: a
+/// service on the host's loopback is out of reach (the VM has no NIC);
+/// the command holds no capability, has `no_new_privs` and a seccomp
+/// filter; signalling every process it can, the guest's pid 1 included,
+/// ends neither the sandbox nor its next command.
+#[test]
+fn the_host_loopback_capabilities_and_signalling_the_guest_are_out_of_reach() {
+    if !ready() {
+        return;
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    let (_d, ws) = workspace();
+    let sandbox = open(hako_core::SandboxSpec::new(ws));
+    let out = sh(
+        &sandbox,
+        &format!(
+            "echo x | nc -w 2 127.0.0.1 {port} && echo reached; ls /sys/class/net; \
+             grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status"
+        ),
+    );
+    let said = text(&out.stdout);
+    assert!(!said.contains("reached"), "{said}");
+    assert!(
+        listener.accept().is_err(),
+        "a connection reached the host's loopback"
+    );
+    // Only the guest's own loopback.
+    assert!(said.starts_with("lo\n"), "{said}");
+    assert!(said.contains("CapEff:\t0000000000000000"), "{said}");
+    assert!(said.contains("CapBnd:\t0000000000000000"), "{said}");
+    assert!(said.contains("NoNewPrivs:\t1"), "{said}");
+    assert!(said.contains("Seccomp:\t2"), "{said}");
+    let out = sh(
+        &sandbox,
+        "for s in KILL TERM INT HUP QUIT USR1 USR2 ALRM; do kill -$s 1; done; echo sent",
+    );
+    assert_eq!(text(&out.stdout), "sent\n", "{out:?}");
+    assert_eq!(text(&sh(&sandbox, "echo still here").stdout), "still here\n");
+    // Every process it may signal: its own supervisor among them, so this
+    // command may be reported lost; the sandbox is not.
+    let _ = sandbox.exec(&Command::shell("kill -9 -1"));
+    assert_eq!(text(&sh(&sandbox, "echo and here").stdout), "and here\n");
     sandbox.close().unwrap();
 }
