@@ -26,6 +26,7 @@ mod seal;
 mod server;
 mod supervise;
 pub mod vm;
+mod vm_net;
 mod zygote;
 
 pub use error::{GuestError, Source};

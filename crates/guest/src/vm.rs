@@ -43,6 +43,9 @@ pub fn main_vm() -> GuestExit {
     match boot().and_then(|port| {
         let line = read_boot_line(&port)?;
         apply_boot(&line)?;
+        if let Some(socket) = &line.net {
+            crate::vm_net::start(socket)?;
+        }
         Ok(port)
     }) {
         Ok(port) => {
@@ -115,7 +118,7 @@ fn boot() -> Result<OwnedFd, String> {
     std::os::unix::fs::symlink("pts/ptmx", "/dev/ptmx")
         .map_err(|e| format!("link /dev/ptmx: {e}"))?;
     load_modules()?;
-    let port = wait_for_port()?;
+    let port = wait_for_port(PORT_NAME)?;
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -226,6 +229,13 @@ fn check_mount(mount: &VmMount) -> Result<(), String> {
 /// device has appeared (hako adds them after the VM starts).
 fn apply_boot(boot: &VmBoot) -> Result<(), String> {
     let seed = decode_hex(&boot.seed).ok_or("the boot line's seed is not hex")?;
+    if let Some(net) = &boot.net {
+        check_mount(&VmMount {
+            tag: "net".into(),
+            path: net.clone(),
+            read_only: false,
+        })?;
+    }
     if seed.len() < 32 {
         return Err("the boot line's seed is under 32 bytes".into());
     }
@@ -295,22 +305,23 @@ fn decode_hex(text: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// The device of the port named [`PORT_NAME`], once its driver made it.
-fn wait_for_port() -> Result<PathBuf, String> {
+/// The device of the port named `wanted`, once its driver made it (or
+/// hako added it).
+pub(crate) fn wait_for_port(wanted: &str) -> Result<PathBuf, String> {
     let start = Instant::now();
     loop {
         if let Ok(entries) = std::fs::read_dir("/sys/class/virtio-ports") {
             for entry in entries.flatten() {
                 let name = std::fs::read_to_string(entry.path().join("name")).unwrap_or_default();
                 let dev = Path::new("/dev").join(entry.file_name());
-                if name.trim() == PORT_NAME && dev.exists() {
+                if name.trim() == wanted && dev.exists() {
                     return Ok(dev);
                 }
             }
         }
         if start.elapsed() > PORT_WAIT {
             return Err(format!(
-                "no virtio-serial port named {PORT_NAME} after {}s",
+                "no virtio-serial port named {wanted} after {}s",
                 PORT_WAIT.as_secs()
             ));
         }

@@ -448,6 +448,11 @@ pub struct VmBoot {
     /// `RLIMIT_NOFILE` likewise (`--max-open-files`).
     #[serde(default)]
     pub open_files: Option<u64>,
+    /// Network mode `allow`: where the guest's bridge listens for the
+    /// forwarder (the proxy's socket as the sandbox sees it); it carries
+    /// each connection over the `hako-net` port to hako's bridge.
+    #[serde(default)]
+    pub net: Option<PathBuf>,
 }
 
 /// One virtio-fs share of a `vm` sandbox.

@@ -6,6 +6,7 @@
 //! the proxy so that the guest links this and nothing of the proxy.
 
 pub mod handover;
+pub mod mux;
 pub mod relay;
 
 pub use handover::{announce_forward, hand_over};

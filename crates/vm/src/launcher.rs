@@ -54,6 +54,8 @@ pub struct VmLauncher {
     pub virtiofsd: PathBuf,
     /// The workspace inside.
     pub workspace: PathBuf,
+    /// Network mode `allow`: the way to the egress proxy.
+    pub net: Option<NetLink>,
     /// `--max-file-size`, set on the guest's pid 1 (so on everything).
     pub file_size: Option<u64>,
     /// `--max-open-files` likewise.
@@ -65,6 +67,18 @@ pub struct VmLauncher {
     /// What the sandbox holds while it lives: the shares' daemons, the
     /// VMM's control.
     pub held: Arc<Mutex<Held>>,
+}
+
+/// A vm sandbox's way to the egress proxy: the guest's bridge carries
+/// the forwarder's connections over a second port (see
+/// [`hako_relay::mux`]) to hako's, which connects each to the proxy.
+#[derive(Debug, Clone)]
+pub struct NetLink {
+    /// The proxy's socket on the host.
+    pub proxy: PathBuf,
+    /// The guest's listeners, and the socket path the forwarder uses
+    /// inside (the guest's bridge listens there).
+    pub spec: hako_proto::NetSpec,
 }
 
 /// What a running VM's launcher holds.
@@ -239,6 +253,7 @@ impl VmLauncher {
                 .collect(),
             file_size: self.file_size,
             open_files: self.open_files,
+            net: self.net.as_ref().map(|n| n.spec.socket.clone()),
         };
         let mut line = VM_BOOT_PREFIX.as_bytes().to_vec();
         line.extend(serde_json::to_vec(&boot).map_err(|e| failed("start the VM", e.to_string()))?);
@@ -246,6 +261,42 @@ impl VmLauncher {
         Ok(line)
     }
 }
+
+/// Adds the guest's network port and serves hako's end of it: each stream
+/// the guest opens is a new connection to the proxy at `proxy`. The
+/// bridge's thread ends with the VM (its end of the port closes).
+fn bridge(control: &mut dyn VmmControl, proxy: &Path) -> Result<()> {
+    let (ours, vmm) = std::os::unix::net::UnixStream::pair().map_err(|source| Error::Io {
+        op: "make the VM's network port",
+        source,
+    })?;
+    control
+        .add_port(NET_PORT, &vmm)
+        .map_err(|e| failed("set up the network", format!("add the network port: {e}")))?;
+    drop(vmm);
+    let out = ours.try_clone().map_err(|source| Error::Io {
+        op: "make the VM's network port",
+        source,
+    })?;
+    let mux = hako_relay::mux::Mux::new(Box::new(out));
+    let proxy = proxy.to_path_buf();
+    std::thread::Builder::new()
+        .name("hako-vm-net".into())
+        .spawn(move || {
+            let connect = || std::os::unix::net::UnixStream::connect(&proxy);
+            if let Err(e) = mux.serve(ours, Some(&connect)) {
+                tracing::debug!("vm: the network bridge ended: {e}");
+            }
+        })
+        .map_err(|source| Error::Io {
+            op: "start the VM's network bridge",
+            source,
+        })?;
+    Ok(())
+}
+
+/// The guest's network port (its bridge's).
+const NET_PORT: &str = "hako-net";
 
 /// The file of a snapshot's memory, beside its state.
 pub(crate) fn ram_path(state: &Path) -> PathBuf {
@@ -372,6 +423,10 @@ impl Launcher for VmLauncher {
                 } else {
                     self.plug(control.as_mut(), &mut shares)
                 }
+            })
+            .and_then(|()| match &self.net {
+                Some(net) => bridge(control.as_mut(), &net.proxy),
+                None => Ok(()),
             });
         if let Err(e) = line {
             let _ = child.kill();
@@ -398,7 +453,7 @@ impl Launcher for VmLauncher {
         Ok(GuestStart::Piped {
             child,
             describe,
-            network: None,
+            network: self.net.as_ref().map(|n| n.spec.clone()),
             seal: self.seal.clone(),
             memory: self.memory.clone(),
         })

@@ -118,6 +118,33 @@ struct QemuControl {
 }
 
 impl VmmControl for QemuControl {
+    fn add_port(&mut self, name: &str, socket: &UnixStream) -> std::io::Result<()> {
+        let qmp = &mut self.qmp;
+        let id = format!("port-{name}");
+        qmp.execute_with_fd("getfd", Some(json!({"fdname": id})), Some(socket.as_fd()))?;
+        qmp.execute(
+            "chardev-add",
+            Some(json!({
+                "id": id,
+                "backend": {"type": "socket", "data": {
+                    "addr": {"type": "fd", "data": {"str": id}},
+                    "server": false
+                }}
+            })),
+        )?;
+        qmp.execute(
+            "device_add",
+            Some(json!({
+                "driver": "virtserialport",
+                "bus": "vser.0",
+                "id": format!("{id}-dev"),
+                "chardev": id,
+                "name": name,
+            })),
+        )
+        .map(drop)
+    }
+
     fn wait_guest_ready(&mut self, within: Duration) -> std::io::Result<()> {
         self.qmp
             .wait_event(within, |e| {

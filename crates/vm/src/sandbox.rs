@@ -6,8 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use hako_container::base_env;
 use hako_core::{
-    Capabilities, Error, Isolation, LimitKind, LimitMechanism, LimitReport, NetworkAccess, Result,
-    SandboxSpec,
+    Capabilities, Error, Isolation, LimitKind, LimitMechanism, LimitReport, Result, SandboxSpec,
 };
 use hako_driver::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
 use hako_driver::LaunchOptions;
@@ -223,7 +222,7 @@ pub fn qemu_argv(plan: &QemuPlan) -> Vec<String> {
         "-chardev",
         "stdio,id=hako,signal=off",
         "-device",
-        "virtio-serial-pci",
+        "virtio-serial-pci,id=vser",
         "-device",
         "virtserialport,chardev=hako,name=hako,id=hako",
     ]);
@@ -311,13 +310,17 @@ impl VmSandbox {
     /// Boots the VM and waits for its guest.
     pub fn new(config: VmConfig) -> Result<Self> {
         let spec = &config.spec;
-        if let Some(policy) = &spec.network {
-            if policy.mode != hako_core::NetMode::None {
-                return Err(backend_err(
-                    "set up the network",
-                    "the vm backend has no network yet (no NIC); use --net none",
-                ));
-            }
+        let network = hako_driver::network::NetworkSetup::new(
+            &spec
+                .network
+                .clone()
+                .unwrap_or_else(hako_core::NetworkPolicy::none),
+        )?;
+        if network.mode == hako_core::NetMode::Host {
+            return Err(network.unavailable(
+                NAME,
+                "a vm sandbox has no NIC; use --net allow (through the egress proxy) or --net none",
+            ));
         }
         for (flag, given) in [
             ("--cow", spec.cow.is_some()),
@@ -426,7 +429,7 @@ impl VmSandbox {
         let caps = Capabilities {
             backend: NAME.into(),
             isolation: Isolation::Vm,
-            network: NetworkAccess::None,
+            network: network.access,
             fence: fence.resolver(),
             limits: {
                 let mut reports = common_limits(spec.max_output, &fence);
@@ -483,6 +486,13 @@ impl VmSandbox {
             shares,
             virtiofsd,
             workspace,
+            net: match (network.socket_dir(), &network.spec) {
+                (Some(dir), Some(spec)) => Some(crate::launcher::NetLink {
+                    proxy: dir.join(hako_net::SOCKET_NAME),
+                    spec: spec.clone(),
+                }),
+                _ => None,
+            },
             file_size: limits.file_size,
             open_files: limits.open_files,
             seal: Some(Seal {
@@ -504,17 +514,19 @@ impl VmSandbox {
                 .map(|_| MemoryWatch::Counter(vec![PathBuf::from("/proc/vmstat")])),
             held: Arc::clone(&held),
         });
+        let mut env = base_env(&spec.env);
+        network.apply_env(&mut env);
         let inner = GuestSandbox::new(GuestConfig {
             backend: NAME,
             fence,
             caps,
-            base_env: base_env(&spec.env),
+            base_env: env,
             guest: None,
             max_output: spec.max_output,
             idle_timeout: config.launch.idle_timeout,
             driver: config.launch.driver.clone(),
             launcher,
-            proxy: None,
+            proxy: network.proxy,
         })?;
         Ok(VmSandbox {
             inner,

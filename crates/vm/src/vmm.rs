@@ -40,6 +40,9 @@ pub trait VmmControl: Send + std::fmt::Debug {
     /// Adds the virtio-fs device of share `index`, with `tag`, served by
     /// the daemon at the other end of `socket`.
     fn add_share(&mut self, index: usize, tag: &str, socket: &UnixStream) -> io::Result<()>;
+    /// Adds a second link to the guest, named `name` (a virtio-serial
+    /// port, or what the VMM has in its place), its host end `socket`.
+    fn add_port(&mut self, name: &str, socket: &UnixStream) -> io::Result<()>;
 }
 
 /// A VMM started.

@@ -498,7 +498,10 @@ fn the_host_loopback_capabilities_and_signalling_the_guest_are_out_of_reach() {
         "for s in KILL TERM INT HUP QUIT USR1 USR2 ALRM; do kill -$s 1; done; echo sent",
     );
     assert_eq!(text(&out.stdout), "sent\n", "{out:?}");
-    assert_eq!(text(&sh(&sandbox, "echo still here").stdout), "still here\n");
+    assert_eq!(
+        text(&sh(&sandbox, "echo still here").stdout),
+        "still here\n"
+    );
     // Every process it may signal: its own supervisor among them, so this
     // command may be reported lost; the sandbox is not.
     let _ = sandbox.exec(&Command::shell("kill -9 -1"));
