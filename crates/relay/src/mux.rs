@@ -11,8 +11,9 @@
 //! [`CLOSE`]) and a length (`u32`, at most [`MAX_PAYLOAD`]), big-endian,
 //! then the payload. Only the inside opens streams. Each side bounds what
 //! it holds: at most [`MAX_STREAMS`] streams, and for each a queue of
-//! [`QUEUE`] frames towards its socket; a stream whose socket does not
-//! keep up is closed rather than let stall the others.
+//! [`QUEUE`] frames towards its socket (8 MiB at most in all); a stream
+//! whose socket does not keep up is closed rather than let stall the
+//! others.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -29,9 +30,9 @@ pub const CLOSE: u8 = 2;
 /// The most bytes one frame carries.
 pub const MAX_PAYLOAD: usize = 64 << 10;
 /// The most streams open at once.
-pub const MAX_STREAMS: usize = 256;
+pub const MAX_STREAMS: usize = 128;
 /// Frames queued towards one stream's socket before the stream is closed.
-pub const QUEUE: usize = 64;
+pub const QUEUE: usize = 8;
 
 const HEADER: usize = 9;
 
