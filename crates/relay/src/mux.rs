@@ -11,7 +11,7 @@
 //! [`CLOSE`]) and a length (`u32`, at most [`MAX_PAYLOAD`]), big-endian,
 //! then the payload. Only the inside opens streams. Each side bounds what
 //! it holds: at most [`MAX_STREAMS`] streams, and for each a queue of
-//! [`QUEUE`] frames towards its socket (8 MiB at most in all); a stream
+//! [`QUEUE`] frames towards its socket (64 MiB at most in all); a stream
 //! whose socket does not keep up is closed rather than let stall the
 //! others.
 
