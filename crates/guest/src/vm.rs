@@ -118,6 +118,9 @@ fn boot() -> Result<OwnedFd, String> {
     std::os::unix::fs::symlink("pts/ptmx", "/dev/ptmx")
         .map_err(|e| format!("link /dev/ptmx: {e}"))?;
     load_modules()?;
+    // The VM's only interface: its own loopback (the forwarder listens
+    // there in network mode allow; programs expect it in any mode).
+    hako_sys::ns::loopback_up().map_err(|e| format!("bring up the loopback: {e}"))?;
     let port = wait_for_port(PORT_NAME)?;
     std::fs::OpenOptions::new()
         .read(true)

@@ -8,7 +8,7 @@
 //! unchanged); the multiplexer only carries them.
 //!
 //! A frame is a stream id (`u32`), a kind (`u8`: [`OPEN`], [`DATA`],
-//! [`CLOSE`]) and a length (`u32`, at most [`MAX_PAYLOAD`]), big-endian,
+//! [`CLOSE`], [`RESET`]) and a length (`u32`, at most [`MAX_PAYLOAD`]), big-endian,
 //! then the payload. Only the inside opens streams. Each side bounds what
 //! it holds: at most [`MAX_STREAMS`] streams, and for each a queue of
 //! [`QUEUE`] frames towards its socket (64 MiB at most in all); a stream
@@ -25,8 +25,13 @@ use std::sync::{Arc, Mutex};
 pub const OPEN: u8 = 0;
 /// Bytes of a stream.
 pub const DATA: u8 = 1;
-/// The end of a stream (either way).
+/// The end of one direction of a stream: the sender's socket has no more
+/// to say (the receiver shuts its socket's writing side, and may still
+/// send the other way).
 pub const CLOSE: u8 = 2;
+/// A stream ended both ways at once (its socket failed, or did not keep
+/// up).
+pub const RESET: u8 = 3;
 /// The most bytes one frame carries.
 pub const MAX_PAYLOAD: usize = 64 << 10;
 /// The most streams open at once.
@@ -63,7 +68,7 @@ pub fn read_frame(input: &mut impl Read) -> io::Result<Option<(u32, u8, Vec<u8>)
     let stream = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
     let kind = header[4];
     let len = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) as usize;
-    if len > MAX_PAYLOAD || kind > CLOSE {
+    if len > MAX_PAYLOAD || kind > RESET {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!("a multiplexer frame of kind {kind} and {len} bytes"),
@@ -74,11 +79,18 @@ pub fn read_frame(input: &mut impl Read) -> io::Result<Option<(u32, u8, Vec<u8>)
     Ok(Some((stream, kind, payload)))
 }
 
+/// A stream as one side holds it: the queue towards its socket, and the
+/// socket itself (to reset it).
+struct Entry {
+    tx: SyncSender<Vec<u8>>,
+    socket: UnixStream,
+}
+
 /// One side of the multiplexer.
 #[derive(Clone)]
 pub struct Mux {
     out: Arc<Mutex<Box<dyn Write + Send>>>,
-    streams: Arc<Mutex<HashMap<u32, SyncSender<Vec<u8>>>>>,
+    streams: Arc<Mutex<HashMap<u32, Entry>>>,
     next: Arc<Mutex<u32>>,
 }
 
@@ -108,15 +120,9 @@ impl Mux {
         out.flush()
     }
 
-    fn forget(&self, stream: u32) {
-        if let Ok(mut streams) = self.streams.lock() {
-            streams.remove(&stream);
-        }
-    }
-
     /// Carries `socket` as a new stream (the inside's side): announces it
     /// with the bytes already read from it (`first`), and relays both ways
-    /// until either end closes.
+    /// until both ends have closed.
     pub fn open(&self, socket: UnixStream, first: &[u8]) -> io::Result<()> {
         let stream = {
             let mut next = self
@@ -127,33 +133,44 @@ impl Mux {
             *next = next.wrapping_add(1).max(1);
             id
         };
-        let rx = self.register(stream)?;
-        self.send(stream, OPEN, &[])?;
-        for chunk in first.chunks(MAX_PAYLOAD) {
-            self.send(stream, DATA, chunk)?;
+        let rx = self.register(stream, &socket)?;
+        let announced = self.send(stream, OPEN, &[]).and_then(|()| {
+            first
+                .chunks(MAX_PAYLOAD)
+                .try_for_each(|chunk| self.send(stream, DATA, chunk))
+        });
+        match announced.and_then(|()| self.start(stream, socket, rx)) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.reset_here(stream);
+                Err(e)
+            }
         }
-        self.start(stream, socket, rx)
     }
 
     /// Registers `socket` as `stream` and starts its two relaying threads.
     fn attach(&self, stream: u32, socket: UnixStream) -> io::Result<()> {
-        let rx = self.register(stream)?;
+        let rx = self.register(stream, &socket)?;
         self.start(stream, socket, rx)
+            .inspect_err(|_| self.reset_here(stream))
     }
 
     /// Makes room for `stream`: its queue towards its socket.
-    fn register(&self, stream: u32) -> io::Result<std::sync::mpsc::Receiver<Vec<u8>>> {
+    fn register(
+        &self,
+        stream: u32,
+        socket: &UnixStream,
+    ) -> io::Result<std::sync::mpsc::Receiver<Vec<u8>>> {
         let (tx, rx) = sync_channel::<Vec<u8>>(QUEUE);
-        {
-            let mut streams = self
-                .streams
-                .lock()
-                .map_err(|_| io::Error::other("the multiplexer's lock is poisoned"))?;
-            if streams.len() >= MAX_STREAMS || streams.contains_key(&stream) {
-                return Err(io::Error::other("too many streams at once, or one reused"));
-            }
-            streams.insert(stream, tx);
+        let socket = socket.try_clone()?;
+        let mut streams = self
+            .streams
+            .lock()
+            .map_err(|_| io::Error::other("the multiplexer's lock is poisoned"))?;
+        if streams.len() >= MAX_STREAMS || streams.contains_key(&stream) {
+            return Err(io::Error::other("too many streams at once, or one reused"));
         }
+        streams.insert(stream, Entry { tx, socket });
         Ok(rx)
     }
 
@@ -168,13 +185,17 @@ impl Mux {
         std::thread::Builder::new()
             .name("hako-mux-write".into())
             .spawn(move || {
-                // An empty frame is the stream's end.
+                // An empty frame: the other side has no more to say.
                 for bytes in rx {
-                    if bytes.is_empty() || writer.write_all(&bytes).is_err() {
+                    if bytes.is_empty() {
+                        let _ = writer.shutdown(std::net::Shutdown::Write);
+                        break;
+                    }
+                    if writer.write_all(&bytes).is_err() {
+                        let _ = writer.shutdown(std::net::Shutdown::Both);
                         break;
                     }
                 }
-                let _ = writer.shutdown(std::net::Shutdown::Both);
             })?;
         let mux = self.clone();
         let mut reader = socket;
@@ -182,27 +203,42 @@ impl Mux {
             .name("hako-mux-read".into())
             .spawn(move || {
                 let mut buf = vec![0u8; MAX_PAYLOAD];
-                loop {
+                let ended = loop {
                     match reader.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
+                        Ok(0) => break CLOSE,
+                        Err(_) => break RESET,
                         Ok(n) => {
                             if mux.send(stream, DATA, &buf[..n]).is_err() {
-                                break;
+                                break RESET;
                             }
                         }
                     }
+                };
+                let _ = mux.send(stream, ended, &[]);
+                if ended == RESET {
+                    mux.reset_here(stream);
                 }
-                let _ = mux.send(stream, CLOSE, &[]);
-                mux.end(stream);
             })?;
         Ok(())
     }
 
-    /// Ends `stream` on this side (its writer shuts the socket).
-    fn end(&self, stream: u32) {
-        let tx = self.streams.lock().ok().and_then(|mut s| s.remove(&stream));
-        if let Some(tx) = tx {
-            let _ = tx.try_send(Vec::new());
+    /// Ends `stream` both ways on this side: forgotten, its socket shut.
+    fn reset_here(&self, stream: u32) {
+        let entry = self.streams.lock().ok().and_then(|mut s| s.remove(&stream));
+        if let Some(entry) = entry {
+            let _ = entry.socket.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// The other side has no more to say on `stream`: forgotten here (no
+    /// more frames come for it), its socket's writing side shut once what
+    /// is queued is written.
+    fn finish(&self, stream: u32) {
+        let entry = self.streams.lock().ok().and_then(|mut s| s.remove(&stream));
+        if let Some(entry) = entry {
+            if entry.tx.try_send(Vec::new()).is_err() {
+                let _ = entry.socket.shutdown(std::net::Shutdown::Both);
+            }
         }
     }
 
@@ -222,7 +258,7 @@ impl Mux {
                         None => Err(io::Error::other("this side opens no stream")),
                     };
                     if attached.is_err() {
-                        self.send(stream, CLOSE, &[])?;
+                        self.send(stream, RESET, &[])?;
                     }
                 }
                 DATA => {
@@ -230,25 +266,25 @@ impl Mux {
                         .streams
                         .lock()
                         .ok()
-                        .and_then(|s| s.get(&stream).cloned());
-                    if let Some(tx) = tx {
-                        if payload.is_empty() {
-                            continue;
-                        }
-                        match tx.try_send(payload) {
-                            Ok(()) => {}
-                            Err(TrySendError::Full(_)) => {
-                                // It does not keep up: closed, not let
-                                // stall every other stream.
-                                self.forget(stream);
-                                let _ = tx.try_send(Vec::new());
-                                self.send(stream, CLOSE, &[])?;
-                            }
-                            Err(TrySendError::Disconnected(_)) => self.forget(stream),
+                        .and_then(|s| s.get(&stream).map(|e| e.tx.clone()));
+                    let Some(tx) = tx else {
+                        continue;
+                    };
+                    if payload.is_empty() {
+                        continue;
+                    }
+                    match tx.try_send(payload) {
+                        Ok(()) => {}
+                        Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                            // Its socket does not keep up (or is gone):
+                            // reset, not let stall every other stream.
+                            self.reset_here(stream);
+                            self.send(stream, RESET, &[])?;
                         }
                     }
                 }
-                _ => self.end(stream),
+                CLOSE => self.finish(stream),
+                _ => self.reset_here(stream),
             }
         }
         // The carrier is gone: so is every stream.
@@ -258,7 +294,7 @@ impl Mux {
             .map(|s| s.keys().copied().collect())
             .unwrap_or_default();
         for stream in all {
-            self.end(stream);
+            self.reset_here(stream);
         }
         Ok(())
     }
@@ -320,5 +356,15 @@ mod tests {
             client.read_exact(&mut got).unwrap();
             assert_eq!(got, want.as_bytes());
         }
+        // A client that says all it has to say, then waits for the answer
+        // (what `printf ... | nc` does): its end of writing crosses, and
+        // the answer still comes back.
+        let (mut client, carried) = UnixStream::pair().unwrap();
+        inside.open(carried, b"half ").unwrap();
+        client.write_all(b"closed").unwrap();
+        client.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut answer = String::new();
+        client.read_to_string(&mut answer).unwrap();
+        assert_eq!(answer, "half closed");
     }
 }
