@@ -23,18 +23,23 @@ fn ready(test: &str) -> bool {
     }
 }
 
+/// Every process's pid and its directory in /proc.
+fn processes() -> Vec<(u32, std::path::PathBuf)> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            Some((pid, entry.path()))
+        })
+        .collect()
+}
+
 /// The pids of the processes whose parent is `parent`.
 fn children(parent: u32) -> Vec<u32> {
     let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+    for (pid, dir) in processes() {
+        let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
             continue;
         };
         // pid (comm) state ppid ...: comm may hold spaces, so after the last ')'.
@@ -59,15 +64,8 @@ fn comm(pid: u32) -> Option<String> {
 /// QEMU's virtiofsd has on its own).
 fn processes_naming(needle: &str) -> Vec<(u32, String)> {
     let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+    for (pid, dir) in processes() {
+        let Ok(raw) = std::fs::read(dir.join("cmdline")) else {
             continue;
         };
         let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");

@@ -111,32 +111,6 @@ fn checked(path: &Path) -> io::Result<&Path> {
     }
 }
 
-/// The flags of the mount holding `path` that a bind's remount must keep
-/// (`ST_*` read with `statvfs`, as `MS_*`).
-fn kept_flags(path: &Path) -> io::Result<libc::c_ulong> {
-    let c = c(path.as_os_str().as_bytes())?;
-    // SAFETY: a NUL-terminated path and a zeroed struct the call fills.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above; both outlive the call.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut flags = 0;
-    for (st_flag, ms_flag) in [
-        (libc::ST_NOSUID, libc::MS_NOSUID),
-        (libc::ST_NODEV, libc::MS_NODEV),
-        (libc::ST_NOEXEC, libc::MS_NOEXEC),
-        (libc::ST_NOATIME, libc::MS_NOATIME),
-        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
-        (libc::ST_RELATIME, libc::MS_RELATIME),
-    ] {
-        if st.f_flag & st_flag != 0 {
-            flags |= ms_flag;
-        }
-    }
-    Ok(flags)
-}
-
 impl Jail {
     /// Works out the steps for `spec`, checking each path on the host.
     pub fn new(spec: &JailSpec) -> io::Result<Jail> {
@@ -167,7 +141,7 @@ impl Jail {
             }
             let remount = bind
                 .read_only
-                .then(|| kept_flags(path))
+                .then(|| crate::mount::locked_flags(path))
                 .transpose()?
                 .map(|kept| {
                     libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | kept

@@ -68,7 +68,7 @@ pub fn mount(
 /// The flags of the mount at `path` that an unprivileged remount must keep
 /// (the kernel locks them on mounts inherited from a more privileged
 /// namespace).
-fn locked_flags(path: &Path) -> io::Result<libc::c_ulong> {
+pub(crate) fn locked_flags(path: &Path) -> io::Result<libc::c_ulong> {
     let c = c_path(path)?;
     // SAFETY: `statvfs` is plain data; zeroed is a valid value.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };

@@ -117,21 +117,31 @@ struct QemuControl {
     pid: u32,
 }
 
+/// Hands `socket` to QEMU as a character device named `id`, for a device
+/// added next to use.
+fn socket_chardev<'q>(
+    qmp: &'q mut Qmp,
+    id: &str,
+    socket: &UnixStream,
+) -> std::io::Result<&'q mut Qmp> {
+    qmp.execute_with_fd("getfd", Some(json!({"fdname": id})), Some(socket.as_fd()))?;
+    qmp.execute(
+        "chardev-add",
+        Some(json!({
+            "id": id,
+            "backend": {"type": "socket", "data": {
+                "addr": {"type": "fd", "data": {"str": id}},
+                "server": false
+            }}
+        })),
+    )?;
+    Ok(qmp)
+}
+
 impl VmmControl for QemuControl {
     fn add_port(&mut self, name: &str, socket: &UnixStream) -> std::io::Result<()> {
-        let qmp = &mut self.qmp;
         let id = format!("port-{name}");
-        qmp.execute_with_fd("getfd", Some(json!({"fdname": id})), Some(socket.as_fd()))?;
-        qmp.execute(
-            "chardev-add",
-            Some(json!({
-                "id": id,
-                "backend": {"type": "socket", "data": {
-                    "addr": {"type": "fd", "data": {"str": id}},
-                    "server": false
-                }}
-            })),
-        )?;
+        let qmp = socket_chardev(&mut self.qmp, &id, socket)?;
         qmp.execute(
             "device_add",
             Some(json!({
@@ -177,19 +187,8 @@ impl VmmControl for QemuControl {
     }
 
     fn add_share(&mut self, index: usize, tag: &str, socket: &UnixStream) -> std::io::Result<()> {
-        let qmp = &mut self.qmp;
         let id = format!("fs{index}");
-        qmp.execute_with_fd("getfd", Some(json!({"fdname": id})), Some(socket.as_fd()))?;
-        qmp.execute(
-            "chardev-add",
-            Some(json!({
-                "id": id,
-                "backend": {"type": "socket", "data": {
-                    "addr": {"type": "fd", "data": {"str": id}},
-                    "server": false
-                }}
-            })),
-        )?;
+        let qmp = socket_chardev(&mut self.qmp, &id, socket)?;
         qmp.execute(
             "device_add",
             Some(json!({
