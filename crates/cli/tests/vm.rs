@@ -253,3 +253,124 @@ fn kill_9_of_hako_leaves_no_qemu_virtiofsd_or_temporary_file_behind() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
 }
+
+/// The processes whose mount namespace holds a mount naming `needle`.
+fn mount_holders(needle: &str) -> Vec<u32> {
+    processes()
+        .into_iter()
+        .filter(|(_, dir)| {
+            std::fs::read_to_string(dir.join("mountinfo")).is_ok_and(|t| t.contains(needle))
+        })
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+#[test]
+fn run_cow_on_vm_leaves_the_workspace_untouched_until_commit_and_kill_9_leaves_no_mount() {
+    if !ready(
+        "run_cow_on_vm_leaves_the_workspace_untouched_until_commit_and_kill_9_leaves_no_mount",
+    ) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    std::fs::write(ws.join("a.txt"), "one\n").unwrap();
+    let state = tmp.path().join("state");
+    let hako = || {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hako"));
+        cmd.current_dir(&ws);
+        cmd
+    };
+    let run = |script: &str| {
+        hako()
+            .args([
+                "run",
+                "--backend",
+                "vm",
+                "--cow",
+                "--name",
+                "fix",
+                "--state",
+            ])
+            .arg(&state)
+            .args(["--", "sh", "-c", script])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = run("echo two >> a.txt && echo new > b.txt && cat a.txt");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "one\ntwo\n");
+    assert_eq!(std::fs::read_to_string(ws.join("a.txt")).unwrap(), "one\n");
+    assert!(!ws.join("b.txt").exists());
+    let diff = hako()
+        .args(["diff", "fix", "--state"])
+        .arg(&state)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&diff.stdout);
+    assert!(
+        text.contains("+two\n") && text.contains("+++ b/b.txt\n"),
+        "{diff:?}"
+    );
+    // A sandbox on the layers, its hako killed outright: the overlay
+    // (named in mount tables by its upper layer, beneath the state
+    // directory) is in no mount table afterwards, and the layers are
+    // free for the next sandbox and for review.
+    let needle = state.display().to_string();
+    let mut held = hako()
+        .args([
+            "run",
+            "--backend",
+            "vm",
+            "--cow",
+            "--name",
+            "fix",
+            "--state",
+        ])
+        .arg(&state)
+        .args(["--", "sh", "-c", "echo up; exec sleep 1000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(held.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "up\n");
+    assert!(
+        !mount_holders(&needle).is_empty(),
+        "the overlay is mounted nowhere"
+    );
+    let own = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !own.contains(&needle),
+        "the overlay is in the host's table: {own}"
+    );
+    held.kill().unwrap();
+    held.wait().unwrap();
+    let start = Instant::now();
+    while !mount_holders(&needle).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the overlay outlived hako: held by {:?}",
+            mount_holders(&needle)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = run("cat b.txt");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "new\n", "{out:?}");
+    let out = hako()
+        .args(["commit", "fix", "--state"])
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("a.txt")).unwrap(),
+        "one\ntwo\n"
+    );
+    assert_eq!(std::fs::read_to_string(ws.join("b.txt")).unwrap(), "new\n");
+}

@@ -119,7 +119,7 @@ impl SandboxSpec {
             Some(_) => Err(crate::Error::Unsupported {
                 backend: backend.into(),
                 capability:
-                    "--cow (a copy-on-write workspace; use --backend linux, docker or gvisor)",
+                    "--cow (a copy-on-write workspace; use --backend linux, docker, gvisor or vm)",
             }),
             None => Ok(()),
         }

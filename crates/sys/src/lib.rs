@@ -11,6 +11,7 @@
 pub use rustix;
 
 pub mod confine;
+pub mod detached;
 pub mod exhaust;
 pub mod jail;
 pub mod module;

@@ -21,6 +21,7 @@ use hako_container::StderrTail;
 use hako_core::{Error, Result};
 use hako_driver::sandbox::{GuestStart, Launcher};
 use hako_proto::{VmBoot, VmMount, VM_BOOT_PREFIX};
+use hako_sys::detached::DetachedMount;
 
 use crate::virtiofs::{self, Share};
 use crate::vmm::{VmProcess, Vmm, VmmControl};
@@ -29,6 +30,9 @@ use crate::NAME;
 /// How long a cold boot may take to open the guest's link (TCG on a
 /// loaded machine has needed tens of seconds).
 const BOOT_WAIT: Duration = Duration::from_secs(300);
+
+/// How long a share's daemon may take to end once its VM has.
+const DAEMON_GRACE: Duration = Duration::from_secs(2);
 
 /// A directory shared with the guest.
 #[derive(Debug, Clone)]
@@ -39,6 +43,9 @@ pub struct ShareSpec {
     pub inside: PathBuf,
     /// Read-only.
     pub read_only: bool,
+    /// A copy-on-write workspace's overlay, served in place of what is
+    /// at `host` (see [`virtiofs::start`]).
+    pub view: Option<Arc<DetachedMount>>,
 }
 
 /// How a VM is started.
@@ -196,7 +203,14 @@ impl VmLauncher {
             .iter()
             .enumerate()
             .map(|(i, spec)| {
-                virtiofs::start(&self.virtiofsd, &spec.host, spec.read_only, tag(i)).map_err(|e| {
+                virtiofs::start(
+                    &self.virtiofsd,
+                    &spec.host,
+                    spec.read_only,
+                    spec.view.as_ref(),
+                    tag(i),
+                )
+                .map_err(|e| {
                     failed(
                         "share a directory",
                         format!(
@@ -466,8 +480,23 @@ impl Launcher for VmLauncher {
     fn close(&self, _guest_exited_cleanly: bool) {
         if let Ok(mut held) = self.held.lock() {
             held.control = None;
-            // Each daemon is killed and reaped as it is dropped.
-            held.shares.clear();
+            let shares = std::mem::take(&mut held.shares);
+            if self.waits_for_guest() {
+                // QEMU has ended (its end was waited for): each daemon
+                // ends by itself, and with it the mount namespace that
+                // holds the overlay's clone, before the layers are let go.
+                for share in shares {
+                    share.finish(DAEMON_GRACE);
+                }
+            }
+            // Otherwise each daemon is killed and reaped as it is dropped.
         }
+    }
+
+    /// With a copy-on-write workspace: its overlay must be let go before
+    /// its layers are (reviewed, committed, or mounted by the next
+    /// sandbox), so the VM's end is waited for, then its daemons'.
+    fn waits_for_guest(&self) -> bool {
+        self.shares.iter().any(|s| s.view.is_some())
     }
 }

@@ -65,11 +65,11 @@ impl Vmm for Qemu {
         let mut child = crate::runner::spawn_tied(
             &argv,
             Some(OwnedFd::from(qemus)),
-            Some(crate::runner::Jailed {
+            Some(crate::runner::Prepare::Jail(crate::runner::Jailed {
                 jail: Arc::clone(&self.jail),
                 fd4: OwnedFd::from(console_qemus),
                 ram_from: memory,
-            }),
+            })),
         )
         .map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {

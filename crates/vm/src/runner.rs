@@ -20,9 +20,20 @@ use hako_sys::jail::Jail;
 type Request = (
     Vec<String>,
     Option<OwnedFd>,
-    Option<Jailed>,
+    Option<Prepare>,
     Sender<io::Result<Child>>,
 );
+
+/// What is done in a child last, between fork and exec.
+#[derive(Debug)]
+pub enum Prepare {
+    /// QEMU's jail.
+    Jail(Jailed),
+    /// A mount attached in a mount namespace of the child's own: a
+    /// copy-on-write workspace's overlay, at the workspace's path, for
+    /// the `virtiofsd` that serves it.
+    Attach(hako_sys::detached::Attach),
+}
 
 /// How a jailed child is started.
 #[derive(Debug)]
@@ -49,8 +60,8 @@ fn spawner() -> io::Result<Sender<Request>> {
     std::thread::Builder::new()
         .name("hako-vm-spawner".into())
         .spawn(move || {
-            for (argv, fd3, jail, reply) in rx {
-                let _ = reply.send(spawn_here(&argv, fd3, jail));
+            for (argv, fd3, prepare, reply) in rx {
+                let _ = reply.send(spawn_here(&argv, fd3, prepare));
             }
             // Every sender is gone only when the process ends; stay alive
             // regardless, since a child's death signal follows this thread.
@@ -64,7 +75,11 @@ fn spawner() -> io::Result<Sender<Request>> {
         .map_err(|_| io::Error::other("the VM spawner's lock is poisoned"))
 }
 
-fn spawn_here(argv: &[String], fd3: Option<OwnedFd>, jail: Option<Jailed>) -> io::Result<Child> {
+fn spawn_here(
+    argv: &[String],
+    fd3: Option<OwnedFd>,
+    prepare: Option<Prepare>,
+) -> io::Result<Child> {
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty command"))?;
@@ -81,13 +96,16 @@ fn spawn_here(argv: &[String], fd3: Option<OwnedFd>, jail: Option<Jailed>) -> io
             parent_death_kill: true,
             new_process_group: true,
             fd3,
-            confine: jail.map(|jailed| -> hako_sys::spawn::ConfineHook {
-                Box::new(move || {
-                    use std::os::fd::AsRawFd;
-                    jailed.jail.enter(
-                        Some(jailed.fd4.as_raw_fd()),
-                        jailed.ram_from.as_ref().map(AsRawFd::as_raw_fd),
-                    )
+            confine: prepare.map(|prepare| -> hako_sys::spawn::ConfineHook {
+                Box::new(move || match &prepare {
+                    Prepare::Jail(jailed) => {
+                        use std::os::fd::AsRawFd;
+                        jailed.jail.enter(
+                            Some(jailed.fd4.as_raw_fd()),
+                            jailed.ram_from.as_ref().map(AsRawFd::as_raw_fd),
+                        )
+                    }
+                    Prepare::Attach(attach) => attach.enter(),
                 })
             }),
             ..Default::default()
@@ -98,15 +116,16 @@ fn spawn_here(argv: &[String], fd3: Option<OwnedFd>, jail: Option<Jailed>) -> io
 
 /// Starts `argv` (stdio piped, a clean environment, `fd3` at descriptor 3
 /// and every other descriptor closed), killed by the kernel when hako
-/// ends; with `jail`, in that jail with its descriptor at 4.
+/// ends; `prepare`d last (in QEMU's jail with its descriptor at 4, or
+/// with a mount attached).
 pub fn spawn_tied(
     argv: &[String],
     fd3: Option<OwnedFd>,
-    jail: Option<Jailed>,
+    prepare: Option<Prepare>,
 ) -> io::Result<Child> {
     let (reply, answer) = channel();
     spawner()?
-        .send((argv.to_vec(), fd3, jail, reply))
+        .send((argv.to_vec(), fd3, prepare, reply))
         .map_err(|_| io::Error::other("the VM spawner has ended"))?;
     answer
         .recv()

@@ -6,10 +6,13 @@ use std::sync::{Arc, Mutex};
 
 use hako_container::base_env;
 use hako_core::{
-    Capabilities, Error, Isolation, LimitKind, LimitMechanism, LimitReport, Result, SandboxSpec,
+    Capabilities, CowLayers, Error, Isolation, LimitKind, LimitMechanism, LimitReport, Result,
+    SandboxSpec,
 };
 use hako_driver::sandbox::{common_limits, open_workspace, GuestConfig, GuestSandbox, OPTIONAL};
 use hako_driver::LaunchOptions;
+use hako_fence::Fence;
+use hako_sys::detached::DetachedMount;
 
 use crate::accel::{self, Accelerator};
 use crate::image;
@@ -47,6 +50,27 @@ fn mountable_inside(inside: &Path) -> bool {
             .iter()
             .any(|r| Path::new(r).starts_with(inside))
         && !BENEATH_NEVER.iter().any(|r| inside.starts_with(r))
+}
+
+/// The overlay a copy-on-write workspace is seen through, with the
+/// sandbox's layers (see [`hako_sys::detached`]).
+fn cow_view(workspace: &Path, cow: &CowLayers) -> Result<Arc<DetachedMount>> {
+    DetachedMount::overlay(workspace, &cow.upper, &cow.work)
+        .map(Arc::new)
+        .map_err(|e| {
+            let hint = if e.kind() == std::io::ErrorKind::PermissionDenied {
+                " (the vm backend mounts the overlay on the host, which needs root: run hako as root, or use --backend linux)"
+            } else {
+                ""
+            };
+            backend_err(
+                "mount the copy-on-write workspace",
+                format!(
+                    "cannot mount an overlay of {} and its layers: {e}{hint}",
+                    workspace.display()
+                ),
+            )
+        })
 }
 
 /// The plan of a VM of the default size on `image`, as `hako bench`
@@ -322,16 +346,11 @@ impl VmSandbox {
                 "a vm sandbox has no NIC; use --net allow (through the egress proxy) or --net none",
             ));
         }
-        for (flag, given) in [
-            ("--cow", spec.cow.is_some()),
-            ("--image", spec.image.is_some()),
-        ] {
-            if given {
-                return Err(backend_err(
-                    "open",
-                    format!("{flag} is not supported by the vm backend yet"),
-                ));
-            }
+        if spec.image.is_some() {
+            return Err(backend_err(
+                "open",
+                "--image applies only to --backend docker and gvisor; a vm sandbox's commands run on its guest image (`hako vm build`)",
+            ));
         }
         let detected = accel::detect();
         if !detected.accel.is_hardware()
@@ -384,10 +403,25 @@ impl VmSandbox {
                 ),
             ));
         }
+        // With --cow, the commands and the fence see the workspace through
+        // an overlay with the sandbox's upper layer, never the workspace
+        // itself: mounted apart from every namespace, its clone served by
+        // the workspace's virtiofsd, the fence on the original.
+        let view = spec
+            .cow
+            .as_ref()
+            .map(|cow| cow_view(&workspace, cow))
+            .transpose()?;
+        let fence = match &view {
+            None => fence,
+            Some(view) => Fence::open_as(&view.path(), &workspace, config.launch.fence.clone())
+                .map_err(|e| backend_err("open the layered view", e.to_string()))?,
+        };
         let mut shares = vec![ShareSpec {
             host: workspace.clone(),
             inside: workspace.clone(),
             read_only: false,
+            view,
         }];
         for (list, read_only) in [(&spec.ro, true), (&spec.rw, false)] {
             for dir in list {
@@ -416,6 +450,7 @@ impl VmSandbox {
                     inside: host.clone(),
                     host,
                     read_only,
+                    view: None,
                 });
             }
         }

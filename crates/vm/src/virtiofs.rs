@@ -15,6 +15,10 @@ use std::io;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::Child;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hako_sys::detached::DetachedMount;
 
 /// The variable naming the `virtiofsd` binary.
 pub const VIRTIOFSD_VAR: &str = "HAKO_VIRTIOFSD";
@@ -57,6 +61,24 @@ pub struct Share {
     pub tag: String,
 }
 
+impl Share {
+    /// Waits up to `grace` for the daemon to end by itself (it does once
+    /// its VM has: its socket closes), then kills it. Ended by itself, it
+    /// has also reaped its sandbox's process, whose mount namespace (with
+    /// a copy-on-write workspace's overlay in it) is then gone; killed,
+    /// that process follows it a moment later.
+    pub fn finish(mut self, grace: Duration) {
+        let until = Instant::now() + grace;
+        while Instant::now() < until {
+            match self.child.try_wait() {
+                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+                _ => break,
+            }
+        }
+        // Drop kills what is left and reaps it.
+    }
+}
+
 impl Drop for Share {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -83,16 +105,28 @@ pub fn argv(virtiofsd: &Path, dir: &Path, read_only: bool) -> Vec<String> {
     argv
 }
 
-/// Starts `virtiofsd` sharing `dir`, and connects to it.
-pub fn start(virtiofsd: &Path, dir: &Path, read_only: bool, tag: String) -> io::Result<Share> {
+/// Starts `virtiofsd` sharing `dir`, and connects to it. With `view`
+/// (a copy-on-write workspace's overlay), the daemon serves that in
+/// place of what is at `dir`: it is attached there in a mount namespace
+/// of the daemon's own before it starts, never in the host's.
+pub fn start(
+    virtiofsd: &Path,
+    dir: &Path,
+    read_only: bool,
+    view: Option<&Arc<DetachedMount>>,
+    tag: String,
+) -> io::Result<Share> {
     let private = tempfile::Builder::new().prefix("hako-vm-").tempdir()?;
     // tempfile makes the directory 0700.
     let path = private.path().join("fs.sock");
     let listener = UnixListener::bind(&path)?;
+    let prepare = view
+        .map(|view| view.attach_at(dir).map(crate::runner::Prepare::Attach))
+        .transpose()?;
     let child = crate::runner::spawn_tied(
         &argv(virtiofsd, dir, read_only),
         Some(std::os::fd::OwnedFd::from(listener)),
-        None,
+        prepare,
     )?;
     let mut share = Share {
         child,
