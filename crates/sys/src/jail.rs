@@ -39,6 +39,20 @@ pub struct JailSpec {
     /// runs as: a VM's memory, which [`Jail::enter`] may fill from a
     /// snapshot.
     pub ram: Option<u64>,
+    /// A seccomp filter installed last, after `no_new_privs`, just before
+    /// the program is executed (which may stack its own on it).
+    pub seccomp: Option<JailFilter>,
+}
+
+/// A compiled seccomp filter (classic-BPF instructions for this machine)
+/// for [`JailSpec::seccomp`].
+#[derive(Clone)]
+pub struct JailFilter(pub std::sync::Arc<[libc::sock_filter]>);
+
+impl std::fmt::Debug for JailFilter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "JailFilter({} instructions)", self.0.len())
+    }
 }
 
 /// Where a jail's RAM file is ([`JailSpec::ram`]).
@@ -82,6 +96,7 @@ pub struct Jail {
     uid_map: CString,
     gid_map: CString,
     ram: Option<(u64, CString)>,
+    seccomp: Option<JailFilter>,
 }
 
 fn c(bytes: &[u8]) -> io::Result<CString> {
@@ -198,6 +213,7 @@ impl Jail {
                     Ok::<_, io::Error>((size, c(format!("size={size},mode=0755").as_bytes())?))
                 })
                 .transpose()?,
+            seccomp: spec.seccomp.clone(),
         })
     }
 
@@ -359,6 +375,9 @@ impl Jail {
                 check(libc::setresuid(self.uid, self.uid, self.uid))?;
             }
             check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+        }
+        if let Some(filter) = &self.seccomp {
+            crate::raw::seccomp_set_mode_filter(&filter.0)?;
         }
         Ok(())
     }

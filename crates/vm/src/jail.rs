@@ -5,15 +5,15 @@
 //! nodes it needs (`/dev/null`, `/dev/urandom`, `/dev/kvm` with KVM); no
 //! `/proc`, no `/sys`, no home, no workspace (the shares reach it as
 //! descriptors, from `virtiofsd`); as root, uid and gid `nobody`
-//! (65534) and with them no capability; `no_new_privs`; then QEMU's own
-//! seccomp filter (`-sandbox on`). What it needs beyond that (the QMP
+//! (65534) and with them no capability; `no_new_privs`; hako's seccomp
+//! filter (its default policy), then QEMU's own on it (`-sandbox on`). What it needs beyond that (the QMP
 //! socket, the snapshot file, the shares' sockets) are descriptors hako
 //! hands it.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use hako_sys::jail::{Jail, JailBind, JailSpec};
+use hako_sys::jail::{Jail, JailBind, JailFilter, JailSpec};
 
 use crate::QemuPlan;
 
@@ -61,5 +61,12 @@ pub fn for_qemu(plan: &QemuPlan) -> std::io::Result<Jail> {
     // The VM's memory: a file on a tmpfs of the jail's own (a snapshot's
     // memory is copied into it), shared so that virtiofsd can map it.
     spec.ram = Some(plan.memory_mib << 20);
+    // hako's own filter under QEMU's: the default policy every sandbox's
+    // commands run under (no mount, namespace, module, kexec, keyring,
+    // bpf, perf, ptrace, io_uring, userfaultfd, clock...), none of which
+    // a VMM needs once its jail is built.
+    let program = hako_seccomp::compile(&hako_seccomp::default_policy())
+        .map_err(|e| std::io::Error::other(format!("hako's seccomp filter for QEMU: {e}")))?;
+    spec.seccomp = Some(JailFilter(program.instructions().into()));
     Jail::new(&spec)
 }

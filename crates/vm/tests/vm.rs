@@ -420,6 +420,9 @@ fn a_compromised_vmm_finds_no_capability_no_host_file_and_no_network() {
     assert_eq!(field("CapPrm"), "0000000000000000", "{status}");
     assert_eq!(field("NoNewPrivs"), "1", "{status}");
     assert_eq!(field("Seccomp"), "2", "{status}");
+    // Two filters: hako's (its default policy: no mount, namespace,
+    // module, keyring, bpf, ptrace, io_uring...) and QEMU's own on it.
+    assert_eq!(field("Seccomp_filters"), "2", "{status}");
     if hako_sys::rustix::process::geteuid().is_root() {
         assert_eq!(field("Uid"), "65534 65534 65534 65534", "{status}");
         assert_eq!(field("Gid"), "65534 65534 65534 65534", "{status}");
