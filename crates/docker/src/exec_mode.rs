@@ -68,20 +68,21 @@ fn backend_err(op: &'static str, message: impl Into<String>) -> Error {
 
 /// The `docker exec` argv for one command: environment variables by name
 /// only (their values travel in the client's environment, never on a
-/// command line other users can read).
+/// command line other users can read); stdin always attached (hako closes
+/// it at once when the command has no input). Without `--interactive`
+/// the command's stdin would be the host's `/dev/null`, which some engine
+/// versions hand to the exec'd user by changing the owner of the host's
+/// own `/dev/null` (Podman 4.3 with runc, as Debian 12 ships them; runc
+/// 1.1.3 and 1.1.4 under Docker).
 pub fn exec_argv(
     engine: &Engine,
     container: &str,
     cwd: &Path,
     user: (u32, u32),
     env_names: &[&str],
-    interactive: bool,
     argv: &[String],
 ) -> Vec<String> {
-    let mut a: Vec<String> = vec!["exec".into()];
-    if interactive {
-        a.push("--interactive".into());
-    }
+    let mut a: Vec<String> = vec!["exec".into(), "--interactive".into()];
     a.extend([
         "--workdir".into(),
         cwd.display().to_string(),
@@ -154,15 +155,7 @@ impl Sandbox for DockerExecSandbox {
         let cwd = self.workspace.join(self.fence.relative(cwd_given)?);
         let env = hako_core::env::merge(&self.base_env, &command.env);
         let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
-        let docker_argv = exec_argv(
-            &self.engine,
-            &self.name,
-            &cwd,
-            self.user,
-            &names,
-            command.stdin.is_some(),
-            &argv,
-        );
+        let docker_argv = exec_argv(&self.engine, &self.name, &cwd, self.user, &names, &argv);
         let start = Instant::now();
         let mut child = self
             .runner
@@ -170,13 +163,18 @@ impl Sandbox for DockerExecSandbox {
             .map_err(|e| backend_err("run command", format!("cannot run docker exec: {e}")))?;
         let cap = command.max_output.unwrap_or(self.max_output);
         let stdin = child.stdin.take();
-        let feeder = command.stdin.clone().map(|data| {
-            std::thread::spawn(move || {
+        // With no input the command reads end of file at once.
+        let feeder = match command.stdin.clone() {
+            Some(data) => Some(std::thread::spawn(move || {
                 if let Some(mut stdin) = stdin {
                     let _ = stdin.write_all(&data);
                 }
-            })
-        });
+            })),
+            None => {
+                drop(stdin);
+                None
+            }
+        };
         let out_reader = child
             .stdout
             .take()
@@ -328,7 +326,6 @@ mod tests {
             Path::new("/w/sub"),
             (1000, 100),
             &["PATH", "TOKEN"],
-            true,
             &["sh".into(), "-c".into(), "echo hi".into()],
         );
         assert_eq!(

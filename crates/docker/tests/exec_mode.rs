@@ -114,3 +114,41 @@ fn docker_exec_mode_deadline_kills_everything_and_the_sandbox_goes_on() {
     );
     sb.close().unwrap();
 }
+
+/// `docker exec` without `--interactive` hands the command the host's
+/// `/dev/null` as its stdin, and some engine versions then give that
+/// device to the exec'd user by changing its owner on the host (Podman
+/// 4.3 with runc, as Debian 12 ships them; runc 1.1.3 and 1.1.4): hako
+/// always attaches stdin and closes it when the command has none. The
+/// host's `/dev/null` keeps its owner and mode, a command with no input
+/// reads end of file at once, and the sandbox goes on.
+#[test]
+fn exec_mode_leaves_the_host_s_dev_null_owner_and_mode_as_they_were() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().canonicalize().unwrap();
+    let Some(sb) = open(&ws) else { return };
+    let before = std::fs::metadata("/dev/null").unwrap();
+    for script in [
+        "true",
+        "cat",
+        "id -u >/dev/null; exec 0<&-; true",
+        "ls -l /dev/null",
+    ] {
+        let out = sb
+            .exec(&Command::shell(script).timeout(Duration::from_secs(60)))
+            .unwrap();
+        assert!(out.status.success() && !out.timed_out, "{script}: {out:?}");
+    }
+    let after = std::fs::metadata("/dev/null").unwrap();
+    assert_eq!(
+        (after.uid(), after.gid(), after.mode()),
+        (before.uid(), before.gid(), before.mode()),
+        "the host's /dev/null changed"
+    );
+    let out = sb
+        .exec(&Command::shell("cat").stdin(b"still here".to_vec()))
+        .unwrap();
+    assert_eq!(out.stdout, b"still here");
+    sb.close().unwrap();
+}
