@@ -282,23 +282,23 @@ fn run_cow_on_vm_leaves_the_workspace_untouched_until_commit_and_kill_9_leaves_n
         cmd.current_dir(&ws);
         cmd
     };
-    let run = |script: &str| {
-        hako()
-            .args([
-                "run",
-                "--backend",
-                "vm",
-                "--cow",
-                "--name",
-                "fix",
-                "--state",
-            ])
-            .arg(&state)
-            .args(["--", "sh", "-c", script])
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
+    // `hako run --backend vm --cow` on the named layers, running `script`.
+    let on_layers = |script: &str| {
+        let mut cmd = hako();
+        cmd.args([
+            "run",
+            "--backend",
+            "vm",
+            "--cow",
+            "--name",
+            "fix",
+            "--state",
+        ])
+        .arg(&state)
+        .args(["--", "sh", "-c", script]);
+        cmd
     };
+    let run = |script: &str| on_layers(script).stdin(Stdio::null()).output().unwrap();
     let out = run("echo two >> a.txt && echo new > b.txt && cat a.txt");
     assert!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "one\ntwo\n");
@@ -319,18 +319,7 @@ fn run_cow_on_vm_leaves_the_workspace_untouched_until_commit_and_kill_9_leaves_n
     // directory) is in no mount table afterwards, and the layers are
     // free for the next sandbox and for review.
     let needle = state.display().to_string();
-    let mut held = hako()
-        .args([
-            "run",
-            "--backend",
-            "vm",
-            "--cow",
-            "--name",
-            "fix",
-            "--state",
-        ])
-        .arg(&state)
-        .args(["--", "sh", "-c", "echo up; exec sleep 1000"])
+    let mut held = on_layers("echo up; exec sleep 1000")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

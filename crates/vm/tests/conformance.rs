@@ -8,19 +8,12 @@
 
 use std::path::Path;
 
-use hako_core::Error;
 use hako_vm::{VmConfig, VmSandbox};
 
-fn skip(reason: &str) -> Error {
-    eprintln!("vm backend unavailable: {reason}");
-    Error::Unsupported {
-        backend: "vm".into(),
-        capability: "running on this host (see the reason printed above)",
-    }
-}
+mod support;
 
 hako_conformance::conformance_tests!(vm, |ws: &Path| {
-    hako_vm::readiness().map_err(|reason| skip(&reason.to_string()))?;
+    support::readiness()?;
     let spec = hako_core::SandboxSpec::new(ws.to_path_buf());
     Ok(Box::new(VmSandbox::new(VmConfig::from_spec(spec))?))
 });

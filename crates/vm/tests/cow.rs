@@ -17,16 +17,11 @@ use hako_core::{Command, CowLayers, Error, Sandbox};
 use hako_layers::state::State;
 use hako_vm::{VmConfig, VmSandbox};
 
-fn skip(reason: &str) -> Error {
-    eprintln!("vm backend unavailable: {reason}");
-    Error::Unsupported {
-        backend: "vm".into(),
-        capability: "running on this host (see the reason printed above)",
-    }
-}
+mod support;
+use support::ready;
 
 fn open(ws: &Path, layers: CowLayers) -> Result<VmSandbox, Error> {
-    hako_vm::readiness().map_err(|reason| skip(&reason.to_string()))?;
+    support::readiness()?;
     let mut spec = hako_core::SandboxSpec::new(ws.to_path_buf());
     spec.cow = Some(layers);
     VmSandbox::new(VmConfig::from_spec(spec))
@@ -35,19 +30,6 @@ fn open(ws: &Path, layers: CowLayers) -> Result<VmSandbox, Error> {
 hako_conformance::cow_tests!(kit, |ws: &Path, layers: CowLayers| {
     Ok(Box::new(open(ws, layers)?))
 });
-
-/// Whether the vm backend runs here; prints why not (a failure under
-/// `HAKO_MUST_WORK`).
-fn ready() -> bool {
-    match hako_vm::readiness() {
-        Ok(()) => true,
-        Err(reason) => {
-            assert!(!hako_conformance::must_work(), "{reason}");
-            eprintln!("SKIPPED: {reason}");
-            false
-        }
-    }
-}
 
 /// The mounts of the host's table (this process's) that name `needle`.
 fn mounted(needle: &Path) -> Vec<String> {

@@ -6,19 +6,13 @@
 
 use std::path::Path;
 
-use hako_core::{Error, NetworkPolicy};
+use hako_core::NetworkPolicy;
 use hako_vm::{VmConfig, VmSandbox};
 
-fn skip(reason: &str) -> Error {
-    eprintln!("vm backend unavailable: {reason}");
-    Error::Unsupported {
-        backend: "vm".into(),
-        capability: "running on this host (see the reason printed above)",
-    }
-}
+mod support;
 
 hako_conformance::network_tests!(vm_network, |ws: &Path, net: NetworkPolicy| {
-    hako_vm::readiness().map_err(|reason| skip(&reason.to_string()))?;
+    support::readiness()?;
     let mut spec = hako_core::SandboxSpec::new(ws.to_path_buf());
     spec.network = Some(net);
     Ok(Box::new(VmSandbox::new(VmConfig::from_spec(spec))?))

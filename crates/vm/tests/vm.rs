@@ -7,16 +7,8 @@
 use hako_core::{Command, ExitStatus, Isolation, Sandbox};
 use hako_vm::{VmConfig, VmSandbox};
 
-fn ready() -> bool {
-    match hako_vm::readiness() {
-        Ok(()) => true,
-        Err(reason) => {
-            assert!(!hako_conformance::must_work(), "{reason}");
-            eprintln!("SKIPPED: {reason}");
-            false
-        }
-    }
-}
+mod support;
+use support::ready;
 
 #[test]
 fn a_vm_sandbox_runs_its_commands_on_the_guest_s_kernel() {
