@@ -6,9 +6,9 @@
 //! `/proc`, no `/sys`, no home, no workspace (the shares reach it as
 //! descriptors, from `virtiofsd`); as root, uid and gid `nobody`
 //! (65534) and with them no capability; `no_new_privs`; hako's seccomp
-//! filter (its default policy), then QEMU's own on it (`-sandbox on`). What it needs beyond that (the QMP
-//! socket, the snapshot file, the shares' sockets) are descriptors hako
-//! hands it.
+//! filter (its default policy), then QEMU's own on it (`-sandbox on`).
+//! What it needs beyond that (the QMP socket, the snapshot file, the
+//! shares' sockets) are descriptors hako hands it.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
