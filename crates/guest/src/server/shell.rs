@@ -180,6 +180,10 @@ mod tests {
             from.read_line(&mut l).unwrap();
             l
         }
+        // As the guest does where its process tree starts: a test run as a
+        // shell's background job inherits SIGINT ignored, which the shells
+        // started here would keep, and a shell cannot trap.
+        hako_sys::signal::restore_ignored_signals().unwrap();
         let shells = shells();
         assert!(!shells.is_empty(), "no shell here");
         for argv in shells {
