@@ -24,6 +24,24 @@ pub(crate) fn status_ok(cmd: &mut std::process::Command) -> Result<(), String> {
     }
 }
 
+/// [`status_ok`] with pipes in place of `/dev/null`, for `runsc`, which
+/// hands the files of a sandbox's standard streams to the sandbox's user
+/// by changing their owner (for `/dev/null`, the host's own).
+pub(crate) fn status_ok_piped(cmd: &mut std::process::Command) -> Result<(), String> {
+    let out = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(std::process::Child::wait_with_output)
+        .map_err(|e| format!("{cmd:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd:?}: {}", out.status))
+    }
+}
+
 /// Runs `true`, the plain fork/exec every exec is compared with.
 pub(crate) fn fork_exec_true() -> Result<(), String> {
     status_ok(&mut std::process::Command::new("true"))

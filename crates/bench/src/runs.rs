@@ -10,7 +10,7 @@ use hako_runtime::{BackendKind, SandboxSpec};
 use crate::measure::{measure, measure_pair};
 use crate::reference::{
     bwrap_line, bwrap_true, default_image, find_in_path, fork_exec_true, status_ok,
-    ReferenceContainer,
+    status_ok_piped, ReferenceContainer,
 };
 use crate::report::{compare, Comparison};
 
@@ -93,7 +93,7 @@ pub(crate) fn bench_backend(
                 let runsc = hako_gvisor::runsc_path(None);
                 let root = workspace.join(".runsc-bench");
                 let runsc_do = || {
-                    status_ok(
+                    status_ok_piped(
                         std::process::Command::new(&runsc)
                             .arg("--root")
                             .arg(&root)

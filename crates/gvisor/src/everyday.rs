@@ -351,12 +351,21 @@ struct Output {
 
 /// Runs `command` in `/` with no input, its output going to files in
 /// `scratch` (`runsc`'s sandbox and gofer inherit them, and a pipe would
-/// stay open while either lingers), killed after [`DEADLINE`].
+/// stay open while either lingers), killed after [`DEADLINE`]. Its input
+/// is an empty file of `scratch`'s too, never `/dev/null`: `runsc` hands
+/// the files of a sandbox's standard streams to the sandbox's user by
+/// changing their owner, which for `/dev/null` would be the host's own
+/// (as root, to `nobody`).
 fn run(mut command: Command, scratch: &Path) -> std::io::Result<Output> {
-    let (out_path, err_path) = (scratch.join("stdout"), scratch.join("stderr"));
+    let (in_path, out_path, err_path) = (
+        scratch.join("stdin"),
+        scratch.join("stdout"),
+        scratch.join("stderr"),
+    );
+    std::fs::File::create(&in_path)?;
     let mut child = command
         .current_dir("/")
-        .stdin(Stdio::null())
+        .stdin(std::fs::File::open(&in_path)?)
         .stdout(std::fs::File::create(&out_path)?)
         .stderr(std::fs::File::create(&err_path)?)
         .spawn()?;

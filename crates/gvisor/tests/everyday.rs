@@ -147,3 +147,27 @@ fn ls_la_and_stat_work_in_a_gvisor_sandbox_exactly_when_runsc_is_judged_fit() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "still\n");
     sandbox.close().unwrap();
 }
+
+/// `runsc` hands the files of a sandbox's standard streams to the
+/// sandbox's user by changing their owner: given `/dev/null`, probing it
+/// (what `hako doctor` and `--backend auto` do) handed the host's own
+/// `/dev/null` to `nobody`. The probe gives it files of its own; the
+/// host's `/dev/null` keeps its owner and mode, and the probe still
+/// answers.
+#[test]
+fn probing_runsc_leaves_the_host_s_dev_null_owner_and_mode_as_they_were() {
+    use std::os::unix::fs::MetadataExt;
+    let Some((runsc, guest)) = runsc_and_guest() else {
+        return;
+    };
+    let before = std::fs::metadata("/dev/null").unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let probe = probe_stat(&runsc, &guest, scratch.path());
+    let after = std::fs::metadata("/dev/null").unwrap();
+    assert_eq!(
+        (after.uid(), after.gid(), after.mode()),
+        (before.uid(), before.gid(), before.mode()),
+        "the host's /dev/null changed"
+    );
+    assert!(probe.is_ok(), "{probe:?}");
+}
