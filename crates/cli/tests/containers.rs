@@ -589,8 +589,10 @@ fn ctrl_c_ctrl_backslash_and_ctrl_z_reach_the_foreground_job_of_hako_shell(backe
     let mut asked_again = false;
     while hako_shell_runs(&line) {
         // The shell may not have taken the killed job's end in yet and
-        // warn of stopped jobs: a second exit ends it, as at a terminal.
-        if !asked_again && tmux.screen().contains("You have stopped jobs") {
+        // warn of stopped jobs ("You have stopped jobs." or, from bash
+        // 5.2, "There are stopped jobs."): a second exit ends it, as at a
+        // terminal.
+        if !asked_again && tmux.screen().contains("stopped jobs.") {
             tmux.send(&["exit 7", "Enter"]);
             asked_again = true;
         }
